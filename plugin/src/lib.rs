@@ -1,0 +1,22 @@
+//! inlet-plugin: inlet's CSI drivers and the pieces they are built from.
+//!
+//! # Layout
+//! - [`error`]: the one error type of this crate and its mapping to gRPC codes.
+//! - [`mount`]: the mount layer (bind, tmpfs, overlay, remount, unmount, loop devices): a real Linux
+//!   implementation and a recording fake, so driver logic is testable without root.
+//! - [`local`]: the `local` driver: volumes as directories (or loop-attached files for raw block) under a
+//!   state dir, with snapshots, clones, expansion, attach, staging and KEP-596 ephemeral inline volumes.
+//! - [`server`]: serving a driver's CSI services on a unix socket.
+//! - [`quantity`]: Kubernetes quantities (`64Mi`) as bytes.
+//!
+//! The `inlet-plugin` binary (`src/main.rs`) is a thin CLI over [`server::serve_csi`].
+//! The kubelet-side volume plugin (`VolumePlugin`, `Mounter`, ...) joins this crate with the inline-volume
+//! contract; see ARCHITECTURE.md.
+
+pub mod error;
+pub mod local;
+pub mod mount;
+pub mod quantity;
+pub mod server;
+
+pub use error::{Error, Result};

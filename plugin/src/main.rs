@@ -1,0 +1,178 @@
+//! `inlet-plugin`: serves inlet's CSI drivers on a unix socket. See `inlet-plugin serve --help`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use inlet_plugin::local::{LocalConfig, LocalDriver, LocalService};
+use inlet_plugin::mount::{LinuxMounter, MountLayer, RecordingMounter, can_mount};
+use inlet_plugin::quantity::parse_bytes;
+use inlet_plugin::server::serve_csi;
+
+#[derive(Parser)]
+#[command(
+    name = "inlet-plugin",
+    version,
+    about = "inlet's CSI drivers, served on a unix socket"
+)]
+struct Cli {
+    /// Log format on stderr. The level comes from RUST_LOG (default: info).
+    #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true)]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve a CSI driver (Identity, Controller, Node) until SIGTERM or SIGINT.
+    Serve(ServeArgs),
+}
+
+#[derive(clap::Args)]
+struct ServeArgs {
+    /// Which driver to serve. `local`: volumes are directories under --state-dir.
+    #[arg(long, value_enum)]
+    driver: DriverKind,
+    /// The CSI driver name reported by GetPluginInfo, in domain-name form (for example local.inlet.dev).
+    #[arg(long, value_parser = parse_driver_name)]
+    name: String,
+    /// Where to listen: unix:///path/to/csi.sock. A stale socket file from a crash is replaced.
+    #[arg(long)]
+    endpoint: String,
+    /// This node's id, reported by NodeGetInfo and the only node ControllerPublishVolume accepts.
+    #[arg(long)]
+    node_id: String,
+    /// Where volume records and content are kept; they survive restarts.
+    #[arg(long)]
+    state_dir: PathBuf,
+    /// Offer ControllerPublish/Unpublish (attach) and require it before NodeStageVolume.
+    #[arg(long)]
+    enable_attach: bool,
+    /// Total size all volumes may allocate, as a Kubernetes quantity.
+    #[arg(long, default_value = "10Gi", value_parser = parse_bytes)]
+    capacity: u64,
+    /// Largest single volume, as a Kubernetes quantity (default: the whole --capacity).
+    #[arg(long, value_parser = parse_bytes)]
+    max_volume_size: Option<u64>,
+    /// Size of a volume whose request names none: CreateVolume without a capacity range, or an ephemeral
+    /// inline volume without a `size` attribute.
+    #[arg(long, default_value = "100Mi", value_parser = parse_bytes)]
+    default_volume_size: u64,
+    /// Target and staging paths must be inside this directory (the kubelet's root dir).
+    #[arg(long, default_value = "/var/lib/kubelet")]
+    kubelet_dir: PathBuf,
+    /// How to mount: `linux` (real mounts, needs root), `recording` (a fake that records calls and mounts
+    /// nothing), or `auto` (linux when root, else recording with a warning).
+    #[arg(long, value_enum, default_value_t = MounterKind::Auto)]
+    mounter: MounterKind,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum DriverKind {
+    /// Directories (or loop-attached files for raw block) under --state-dir.
+    Local,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum MounterKind {
+    Auto,
+    Linux,
+    Recording,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+/// The CSI spec's rule for plugin names: at most 63 characters, alphanumerics, '-', '.' and '_', beginning
+/// and ending with an alphanumeric.
+fn parse_driver_name(name: &str) -> Result<String, String> {
+    let edge_ok = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());
+    let body_ok = name
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_'));
+    if name.len() > 63 || !body_ok || !edge_ok(name.chars().next()) || !edge_ok(name.chars().last())
+    {
+        return Err(
+            "must be at most 63 characters of [a-z0-9.-_], beginning and ending with [a-z0-9]"
+                .into(),
+        );
+    }
+    Ok(name.to_string())
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.log_format);
+    let Command::Serve(args) = cli.command;
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(err) => {
+            tracing::error!(error = %err, "cannot start the async runtime");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(serve(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            tracing::error!(error = %err, "inlet-plugin stopped");
+            eprintln!("inlet-plugin: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let socket = inlet_proto::uds::socket_path(&args.endpoint)?;
+    let mounter: Arc<dyn MountLayer> = match (args.mounter, can_mount()) {
+        (MounterKind::Linux, _) | (MounterKind::Auto, true) => Arc::new(LinuxMounter),
+        (MounterKind::Recording, _) => Arc::new(RecordingMounter::new()),
+        (MounterKind::Auto, false) => {
+            tracing::warn!("not root: using the recording mounter, nothing will really be mounted");
+            Arc::new(RecordingMounter::new())
+        }
+    };
+    let DriverKind::Local = args.driver;
+    let config = LocalConfig {
+        name: args.name,
+        node_id: args.node_id,
+        state_dir: args.state_dir,
+        kubelet_dir: args.kubelet_dir,
+        capacity_bytes: args.capacity,
+        max_volume_bytes: args.max_volume_size.unwrap_or(args.capacity),
+        default_volume_bytes: args.default_volume_size,
+        enable_attach: args.enable_attach,
+    };
+    tracing::info!(driver = %config.name, node_id = %config.node_id, state_dir = %config.state_dir.display(), "starting local driver");
+    let driver = LocalDriver::open(config, mounter)?;
+    serve_csi(&socket, LocalService::new(driver), true, shutdown_signal()).await?;
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(_) => return std::future::pending().await,
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
+    }
+}
+
+fn init_logging(format: LogFormat) {
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}

@@ -1,0 +1,265 @@
+//! The real mount layer, for Linux.
+//!
+//! Mount points are read from `/proc/self/mountinfo` rather than by comparing device numbers, because a bind
+//! mount on the same filesystem has the same device as its parent (the reason upstream `mount-utils`'
+//! `IsLikelyNotMountPoint` misses bind mounts). Loop devices are handled by `losetup`, as the kubelet's
+//! `pkg/volume/util/volumepathhandler` does.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use nix::mount::{MntFlags, MsFlags, mount, umount2};
+
+use super::{MountFlags, MountLayer, Overlay};
+
+/// The mount layer that changes the host. Needs root (CAP_SYS_ADMIN).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct LinuxMounter;
+
+impl MountLayer for LinuxMounter {
+    fn bind(&self, source: &Path, target: &Path, flags: MountFlags) -> io::Result<()> {
+        mount(
+            Some(source),
+            target,
+            None::<&str>,
+            MsFlags::MS_BIND,
+            None::<&str>,
+        )?;
+        if flags.needs_remount() {
+            // Linux ignores per-mount flags on the first MS_BIND; they take effect on a bind remount.
+            let remount = MsFlags::MS_REMOUNT | MsFlags::MS_BIND | ms_flags(flags);
+            if let Err(err) = mount(None::<&str>, target, None::<&str>, remount, None::<&str>) {
+                let _ = umount2(target, MntFlags::empty());
+                return Err(err.into());
+            }
+        }
+        Ok(())
+    }
+
+    fn tmpfs(&self, target: &Path, size_bytes: u64) -> io::Result<()> {
+        let options = format!("size={size_bytes},mode=0755");
+        mount(
+            Some("tmpfs"),
+            target,
+            Some("tmpfs"),
+            MsFlags::empty(),
+            Some(options.as_str()),
+        )?;
+        Ok(())
+    }
+
+    fn overlay(&self, overlay: &Overlay, target: &Path) -> io::Result<()> {
+        let lower: Vec<String> = overlay
+            .lower
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect();
+        let mut options = format!("lowerdir={}", lower.join(":"));
+        let mut flags = MsFlags::empty();
+        match &overlay.upper {
+            Some((upper, work)) => options.push_str(&format!(
+                ",upperdir={},workdir={}",
+                upper.display(),
+                work.display()
+            )),
+            None => flags |= MsFlags::MS_RDONLY,
+        }
+        mount(
+            Some("overlay"),
+            target,
+            Some("overlay"),
+            flags,
+            Some(options.as_str()),
+        )?;
+        Ok(())
+    }
+
+    fn remount_read_only(&self, target: &Path) -> io::Result<()> {
+        let flags = MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::MS_RDONLY;
+        mount(None::<&str>, target, None::<&str>, flags, None::<&str>)?;
+        Ok(())
+    }
+
+    fn unmount(&self, target: &Path) -> io::Result<()> {
+        umount2(target, MntFlags::empty())?;
+        Ok(())
+    }
+
+    fn is_mount_point(&self, path: &Path) -> io::Result<bool> {
+        let path = match path.canonicalize() {
+            Ok(p) => p,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+            Err(e) => return Err(e),
+        };
+        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")?;
+        Ok(mount_points(&mountinfo).any(|mp| mp == path))
+    }
+
+    fn attach_loop(&self, file: &Path) -> io::Result<PathBuf> {
+        let out = losetup(&["--find", "--show", &file.display().to_string()])?;
+        Ok(PathBuf::from(out.trim()))
+    }
+
+    fn find_loop(&self, file: &Path) -> io::Result<Option<PathBuf>> {
+        // `losetup -j FILE` prints `/dev/loop0: [2049]:1234 (/path/to/file)`, one line per device.
+        let out = losetup(&["-j", &file.display().to_string()])?;
+        Ok(out
+            .lines()
+            .next()
+            .and_then(|l| l.split(':').next())
+            .map(PathBuf::from))
+    }
+
+    fn refresh_loop(&self, device: &Path) -> io::Result<()> {
+        losetup(&["-c", &device.display().to_string()]).map(drop)
+    }
+
+    fn detach_loop(&self, device: &Path) -> io::Result<()> {
+        losetup(&["-d", &device.display().to_string()]).map(drop)
+    }
+}
+
+fn ms_flags(flags: MountFlags) -> MsFlags {
+    let mut ms = MsFlags::empty();
+    for (set, flag) in [
+        (flags.read_only, MsFlags::MS_RDONLY),
+        (flags.no_exec, MsFlags::MS_NOEXEC),
+        (flags.no_suid, MsFlags::MS_NOSUID),
+        (flags.no_dev, MsFlags::MS_NODEV),
+        (flags.no_atime, MsFlags::MS_NOATIME),
+    ] {
+        if set {
+            ms |= flag;
+        }
+    }
+    ms
+}
+
+/// The mount points listed in a mountinfo text (field 5), with the kernel's octal escapes undone.
+pub(crate) fn mount_points(mountinfo: &str) -> impl Iterator<Item = PathBuf> + '_ {
+    mountinfo
+        .lines()
+        .filter_map(|line| line.split(' ').nth(4))
+        .map(unescape_octal)
+}
+
+/// mountinfo escapes space, tab, newline and backslash as `\040`-style octal.
+fn unescape_octal(field: &str) -> PathBuf {
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let octal = bytes
+            .get(i + 1..i + 4)
+            .and_then(|d| std::str::from_utf8(d).ok());
+        match (bytes[i], octal.and_then(|d| u8::from_str_radix(d, 8).ok())) {
+            (b'\\', Some(byte)) => {
+                out.push(byte);
+                i += 4;
+            }
+            (b, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    PathBuf::from(<std::ffi::OsString as std::os::unix::ffi::OsStringExt>::from_vec(out))
+}
+
+fn losetup(args: &[&str]) -> io::Result<String> {
+    let out = Command::new("losetup").args(args).output()?;
+    if !out.status.success() {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        return Err(io::Error::other(format!(
+            "losetup {}: {}",
+            args.join(" "),
+            stderr.trim()
+        )));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_mount_points_with_escapes() {
+        let info = "22 27 0:21 / /proc rw,relatime - proc proc rw\n\
+                    90 27 8:1 /data /var/lib/kubelet/pods/a/my\\040vol rw - ext4 /dev/sda1 rw\n";
+        let points: Vec<PathBuf> = mount_points(info).collect();
+        assert_eq!(
+            points,
+            [
+                PathBuf::from("/proc"),
+                PathBuf::from("/var/lib/kubelet/pods/a/my vol")
+            ]
+        );
+    }
+
+    #[test]
+    fn a_missing_path_is_not_a_mount_point() {
+        assert!(
+            !LinuxMounter
+                .is_mount_point(Path::new("/nonexistent/inlet/x"))
+                .unwrap()
+        );
+        assert!(LinuxMounter.is_mount_point(Path::new("/proc")).unwrap());
+    }
+
+    /// Real mounts need root; the message says so instead of passing silently.
+    #[test]
+    fn bind_read_only_tmpfs_and_overlay_when_root() {
+        if !super::super::can_mount() {
+            eprintln!(
+                "SKIPPED bind_read_only_tmpfs_and_overlay_when_root: needs root for real mounts"
+            );
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let (src, dst) = (dir.path().join("src"), dir.path().join("dst"));
+        std::fs::create_dir_all(&src).unwrap();
+        std::fs::create_dir_all(&dst).unwrap();
+        std::fs::write(src.join("f"), "x").unwrap();
+        let m = LinuxMounter;
+        m.bind(
+            &src,
+            &dst,
+            MountFlags {
+                read_only: true,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        assert!(m.is_mount_point(&dst).unwrap());
+        assert_eq!(std::fs::read_to_string(dst.join("f")).unwrap(), "x");
+        assert!(
+            std::fs::write(dst.join("g"), "y").is_err(),
+            "read-only bind must refuse writes"
+        );
+        m.unmount(&dst).unwrap();
+        assert!(!m.is_mount_point(&dst).unwrap());
+        assert!(
+            m.unmount(&dst).is_err(),
+            "unmounting twice fails as on Linux"
+        );
+
+        m.tmpfs(&dst, 1 << 20).unwrap();
+        std::fs::write(dst.join("t"), "tmp").unwrap();
+        m.unmount(&dst).unwrap();
+        assert!(!dst.join("t").exists());
+
+        let (upper, work) = (dir.path().join("upper"), dir.path().join("work"));
+        std::fs::create_dir_all(&upper).unwrap();
+        std::fs::create_dir_all(&work).unwrap();
+        let overlay = Overlay {
+            lower: vec![src.clone()],
+            upper: Some((upper.clone(), work)),
+        };
+        m.overlay(&overlay, &dst).unwrap();
+        std::fs::write(dst.join("new"), "copy-on-write").unwrap();
+        m.unmount(&dst).unwrap();
+        assert!(upper.join("new").exists() && !src.join("new").exists());
+    }
+}

@@ -1,0 +1,213 @@
+//! A recording fake of the mount layer, for tests and for running without root.
+//!
+//! It changes nothing on the host: calls are appended to a typed log and a table of "mounted" targets is kept,
+//! so `is_mount_point` and `unmount` answer consistently with what was mounted before.
+
+use std::collections::BTreeMap;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use parking_lot::Mutex;
+
+use super::{MountFlags, MountLayer, Overlay};
+
+/// One call made to the mount layer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MountCall {
+    /// `bind(source, target, flags)`.
+    Bind {
+        /// What was bound.
+        source: PathBuf,
+        /// Where.
+        target: PathBuf,
+        /// With which flags.
+        flags: MountFlags,
+    },
+    /// `tmpfs(target, size_bytes)`.
+    Tmpfs {
+        /// Where.
+        target: PathBuf,
+        /// The size limit.
+        size_bytes: u64,
+    },
+    /// `overlay(overlay, target)`.
+    Overlay {
+        /// The layers.
+        overlay: Overlay,
+        /// Where.
+        target: PathBuf,
+    },
+    /// `remount_read_only(target)`.
+    RemountReadOnly(PathBuf),
+    /// `unmount(target)`.
+    Unmount(PathBuf),
+    /// `attach_loop(file)`.
+    AttachLoop(PathBuf),
+    /// `refresh_loop(device)`.
+    RefreshLoop(PathBuf),
+    /// `detach_loop(device)`.
+    DetachLoop(PathBuf),
+}
+
+#[derive(Debug, Default)]
+struct State {
+    calls: Vec<MountCall>,
+    /// target -> what is mounted there (a path, or "tmpfs"/"overlay").
+    mounts: BTreeMap<PathBuf, PathBuf>,
+    /// backing file -> loop device.
+    loops: BTreeMap<PathBuf, PathBuf>,
+    next_loop: u32,
+}
+
+/// The recording fake. Cheap to clone the log out of; safe to share between threads.
+#[derive(Debug, Default)]
+pub struct RecordingMounter {
+    state: Mutex<State>,
+}
+
+impl RecordingMounter {
+    /// A fake with nothing mounted.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Every call so far, in order.
+    pub fn calls(&self) -> Vec<MountCall> {
+        self.state.lock().calls.clone()
+    }
+
+    /// The targets currently "mounted", with their sources.
+    pub fn mounts(&self) -> BTreeMap<PathBuf, PathBuf> {
+        self.state.lock().mounts.clone()
+    }
+
+    /// The backing files currently attached to a fake loop device.
+    pub fn loops(&self) -> BTreeMap<PathBuf, PathBuf> {
+        self.state.lock().loops.clone()
+    }
+
+    fn mount(&self, call: MountCall, target: &Path, source: PathBuf) -> io::Result<()> {
+        let mut state = self.state.lock();
+        state.calls.push(call);
+        if !target.exists() {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                "mount target does not exist",
+            ));
+        }
+        state.mounts.insert(target.to_path_buf(), source);
+        Ok(())
+    }
+}
+
+impl MountLayer for RecordingMounter {
+    fn bind(&self, source: &Path, target: &Path, flags: MountFlags) -> io::Result<()> {
+        let call = MountCall::Bind {
+            source: source.into(),
+            target: target.into(),
+            flags,
+        };
+        self.mount(call, target, source.into())
+    }
+
+    fn tmpfs(&self, target: &Path, size_bytes: u64) -> io::Result<()> {
+        self.mount(
+            MountCall::Tmpfs {
+                target: target.into(),
+                size_bytes,
+            },
+            target,
+            "tmpfs".into(),
+        )
+    }
+
+    fn overlay(&self, overlay: &Overlay, target: &Path) -> io::Result<()> {
+        let call = MountCall::Overlay {
+            overlay: overlay.clone(),
+            target: target.into(),
+        };
+        self.mount(call, target, "overlay".into())
+    }
+
+    fn remount_read_only(&self, target: &Path) -> io::Result<()> {
+        let mut state = self.state.lock();
+        state.calls.push(MountCall::RemountReadOnly(target.into()));
+        if !state.mounts.contains_key(target) {
+            return Err(io::Error::from_raw_os_error(nix::libc::EINVAL));
+        }
+        Ok(())
+    }
+
+    fn unmount(&self, target: &Path) -> io::Result<()> {
+        let mut state = self.state.lock();
+        state.calls.push(MountCall::Unmount(target.into()));
+        match state.mounts.remove(target) {
+            Some(_) => Ok(()),
+            None => Err(io::Error::from_raw_os_error(nix::libc::EINVAL)),
+        }
+    }
+
+    fn is_mount_point(&self, path: &Path) -> io::Result<bool> {
+        Ok(self.state.lock().mounts.contains_key(path))
+    }
+
+    fn attach_loop(&self, file: &Path) -> io::Result<PathBuf> {
+        let mut state = self.state.lock();
+        state.calls.push(MountCall::AttachLoop(file.into()));
+        let device = PathBuf::from(format!("/dev/fake-loop{}", state.next_loop));
+        state.next_loop += 1;
+        state.loops.insert(file.into(), device.clone());
+        Ok(device)
+    }
+
+    fn find_loop(&self, file: &Path) -> io::Result<Option<PathBuf>> {
+        Ok(self.state.lock().loops.get(file).cloned())
+    }
+
+    fn refresh_loop(&self, device: &Path) -> io::Result<()> {
+        self.state
+            .lock()
+            .calls
+            .push(MountCall::RefreshLoop(device.into()));
+        Ok(())
+    }
+
+    fn detach_loop(&self, device: &Path) -> io::Result<()> {
+        let mut state = self.state.lock();
+        state.calls.push(MountCall::DetachLoop(device.into()));
+        let before = state.loops.len();
+        state.loops.retain(|_, d| d != device);
+        if state.loops.len() == before {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                "no such loop device",
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keeps_a_consistent_mount_table() {
+        let dir = tempfile::tempdir().unwrap();
+        let m = RecordingMounter::new();
+        m.bind(Path::new("/src"), dir.path(), MountFlags::default())
+            .unwrap();
+        assert!(m.is_mount_point(dir.path()).unwrap());
+        m.unmount(dir.path()).unwrap();
+        assert!(m.unmount(dir.path()).is_err());
+        assert!(
+            m.bind(
+                Path::new("/src"),
+                Path::new("/nonexistent/target"),
+                MountFlags::default()
+            )
+            .is_err()
+        );
+        assert_eq!(m.calls().len(), 4);
+    }
+}

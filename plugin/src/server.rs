@@ -1,0 +1,47 @@
+//! Serving CSI on a unix socket: the one entry point both the `inlet-plugin` binary and tests use.
+
+use std::future::Future;
+use std::path::Path;
+
+use inlet_proto::csi::v1::controller_server::{Controller, ControllerServer};
+use inlet_proto::csi::v1::identity_server::{Identity, IdentityServer};
+use inlet_proto::csi::v1::node_server::{Node, NodeServer};
+use inlet_proto::uds;
+
+/// Why serving stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The socket could not be set up.
+    #[error(transparent)]
+    Endpoint(#[from] uds::EndpointError),
+    /// The gRPC server failed.
+    #[error("grpc server: {0}")]
+    Transport(#[from] tonic::transport::Error),
+}
+
+/// Serves the three CSI services on `socket` until `shutdown` resolves, then removes the socket.
+///
+/// A stale socket file from a crashed run is replaced; a live one is refused (see [`uds::listen`]).
+/// Drivers without a controller (node-only drivers) pass `None`, and the Controller RPCs answer UNIMPLEMENTED.
+pub async fn serve_csi<S>(
+    socket: &Path,
+    service: S,
+    with_controller: bool,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ServeError>
+where
+    S: Identity + Controller + Node + Clone,
+{
+    let incoming = uds::listen(socket).await?;
+    tracing::info!(socket = %socket.display(), "serving CSI");
+    let router = tonic::transport::Server::builder()
+        .add_service(IdentityServer::new(service.clone()))
+        .add_service(NodeServer::new(service.clone()))
+        .add_optional_service(with_controller.then(|| ControllerServer::new(service)));
+    let served = router
+        .serve_with_incoming_shutdown(incoming, shutdown)
+        .await;
+    let _ = std::fs::remove_file(socket);
+    tracing::info!(socket = %socket.display(), "stopped serving CSI");
+    Ok(served?)
+}

@@ -1,0 +1,21 @@
+//! Generated gRPC APIs that inlet serves and calls, plus the unix-socket transport they all use.
+//!
+//! # Layout
+//! - [`csi::v1`]: the Container Storage Interface spec v1.9.0 (Identity, Controller, Node; clients and servers).
+//! - [`runtime::v1`]: the Kubernetes Container Runtime Interface (RuntimeService, ImageService).
+//! - [`containerd`]: containerd's native API: `services::{snapshots, content, images, leases}::v1` and `types`.
+//! - [`pluginregistration`]: the kubelet plugin-registration API (`Registration` service, served by plugins).
+//! - [`uds`]: dial and listen on unix sockets, the transport of every API above.
+//!
+//! The module tree mirrors the protobuf packages. The .proto sources live unmodified under `protos/`, with
+//! their licence and `PROVENANCE.md`; `build.rs` compiles them with protox, so no system `protoc` is needed.
+//! Unimplemented server methods answer `UNIMPLEMENTED` (default stubs), as the CSI spec asks of optional RPCs.
+
+#[allow(missing_docs, clippy::all, clippy::pedantic, rustdoc::all)]
+mod generated {
+    include!(concat!(env!("OUT_DIR"), "/_includes.rs"));
+}
+
+pub use generated::{containerd, csi, pluginregistration, runtime};
+
+pub mod uds;

@@ -1,0 +1,134 @@
+//! Unix-domain-socket transport: every API inlet speaks (CSI, CRI, containerd, registration) runs over one.
+//!
+//! Endpoints are written as CSI and CRI write them, `unix:///run/csi.sock`; a bare absolute path is accepted too.
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+use hyper_util::rt::TokioIo;
+use tokio::net::{UnixListener, UnixStream};
+use tokio_stream::wrappers::UnixListenerStream;
+use tonic::transport::{Channel, Endpoint};
+
+/// Why an endpoint could not be used.
+#[derive(Debug)]
+pub enum EndpointError {
+    /// The endpoint is neither `unix:///abs/path` nor an absolute path.
+    Invalid(String),
+    /// Another live server already answers on this socket.
+    InUse(PathBuf),
+    /// The socket could not be created or reached.
+    Io(PathBuf, io::Error),
+    /// No server could be reached on the socket.
+    Connect(PathBuf, tonic::transport::Error),
+}
+
+impl std::fmt::Display for EndpointError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Invalid(ep) => {
+                write!(f, "invalid endpoint {ep:?}: expected unix:///absolute/path")
+            }
+            Self::InUse(p) => write!(f, "socket {} is in use by a live server", p.display()),
+            Self::Io(p, e) => write!(f, "socket {}: {e}", p.display()),
+            Self::Connect(p, e) => {
+                // tonic's own message is generic ("transport error"); the cause says what happened.
+                let cause = std::error::Error::source(e).map(|c| format!(": {c}")).unwrap_or_default();
+                write!(f, "cannot connect to socket {}: {e}{cause}", p.display())
+            }
+        }
+    }
+}
+
+impl std::error::Error for EndpointError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::Io(_, e) => Some(e),
+            Self::Connect(_, e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+/// Parses `unix:///path` (or a bare absolute path) into the socket path.
+pub fn socket_path(endpoint: &str) -> Result<PathBuf, EndpointError> {
+    let path = endpoint.strip_prefix("unix://").unwrap_or(endpoint);
+    if path.is_empty() || !path.starts_with('/') {
+        return Err(EndpointError::Invalid(endpoint.to_string()));
+    }
+    Ok(PathBuf::from(path))
+}
+
+/// Listens on a unix socket for a tonic server.
+///
+/// A socket file left behind by a crashed server is replaced; one that a live server still answers on is
+/// refused, so two drivers never silently steal each other's endpoint. The parent directory is created.
+pub async fn listen(path: &Path) -> Result<UnixListenerStream, EndpointError> {
+    let io_err = |e| EndpointError::Io(path.to_path_buf(), e);
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).map_err(io_err)?;
+    }
+    if path.exists() {
+        if UnixStream::connect(path).await.is_ok() {
+            return Err(EndpointError::InUse(path.to_path_buf()));
+        }
+        std::fs::remove_file(path).map_err(io_err)?;
+    }
+    let listener = UnixListener::bind(path).map_err(io_err)?;
+    Ok(UnixListenerStream::new(listener))
+}
+
+/// Opens a gRPC channel to a server on a unix socket. The connection is made now, so a wrong path fails here.
+pub async fn connect(path: &Path) -> Result<Channel, EndpointError> {
+    let path = path.to_path_buf();
+    let target = path.clone();
+    // The URI is required by tonic but unused: the connector below always dials the socket.
+    Endpoint::from_static("http://[::1]:50051")
+        .connect_with_connector(tower::service_fn(move |_| {
+            let target = target.clone();
+            async move { UnixStream::connect(target).await.map(TokioIo::new) }
+        }))
+        .await
+        .map_err(|e| EndpointError::Connect(path, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_endpoints() {
+        assert_eq!(
+            socket_path("unix:///run/a.sock").unwrap(),
+            PathBuf::from("/run/a.sock")
+        );
+        assert_eq!(
+            socket_path("/run/a.sock").unwrap(),
+            PathBuf::from("/run/a.sock")
+        );
+        assert!(socket_path("unix://relative.sock").is_err());
+        assert!(socket_path("tcp://127.0.0.1:1").is_err());
+        assert!(socket_path("").is_err());
+    }
+
+    #[tokio::test]
+    async fn replaces_a_stale_socket_and_refuses_a_live_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sub/csi.sock");
+        // A stale socket: bound once, listener dropped, file left behind (as after a crash).
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
+        assert!(path.exists());
+        let live = listen(&path).await.expect("stale socket is replaced");
+        assert!(matches!(listen(&path).await, Err(EndpointError::InUse(_))));
+        drop(live);
+    }
+
+    #[tokio::test]
+    async fn connect_to_missing_socket_names_the_path() {
+        let err = connect(Path::new("/nonexistent/inlet.sock"))
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("/nonexistent/inlet.sock"), "{err}");
+    }
+}
