@@ -33,7 +33,9 @@ impl std::fmt::Display for EndpointError {
             Self::Io(p, e) => write!(f, "socket {}: {e}", p.display()),
             Self::Connect(p, e) => {
                 // tonic's own message is generic ("transport error"); the cause says what happened.
-                let cause = std::error::Error::source(e).map(|c| format!(": {c}")).unwrap_or_default();
+                let cause = std::error::Error::source(e)
+                    .map(|c| format!(": {c}"))
+                    .unwrap_or_default();
                 write!(f, "cannot connect to socket {}: {e}{cause}", p.display())
             }
         }

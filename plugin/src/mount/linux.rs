@@ -89,7 +89,15 @@ impl MountLayer for LinuxMounter {
     fn is_mount_point(&self, path: &Path) -> io::Result<bool> {
         let path = match path.canonicalize() {
             Ok(p) => p,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+            // Neither a missing path nor one under a regular file can be a mount point.
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::NotFound | io::ErrorKind::NotADirectory
+                ) =>
+            {
+                return Ok(false);
+            }
             Err(e) => return Err(e),
         };
         let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")?;

@@ -1,0 +1,173 @@
+//! A restarted driver answers as if it never stopped: records, attachments, staging and publications survive,
+//! and a socket file left by a crash is replaced.
+
+use inlet_proto::csi::v1 as csi;
+use tonic::Code;
+
+use crate::fixture::*;
+
+#[tokio::test]
+async fn state_survives_a_restart() {
+    let mut f = Fixture::with(Options {
+        enable_attach: true,
+        ..Default::default()
+    })
+    .await;
+    let id = f
+        .controller
+        .create_volume(create("durable", 4 * MI))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap()
+        .volume_id;
+    let snap = csi::CreateSnapshotRequest {
+        source_volume_id: id.clone(),
+        name: "snap".into(),
+        ..Default::default()
+    };
+    let snap_id = f
+        .controller
+        .create_snapshot(snap.clone())
+        .await
+        .unwrap()
+        .into_inner()
+        .snapshot
+        .unwrap()
+        .snapshot_id;
+    let attach = csi::ControllerPublishVolumeRequest {
+        volume_id: id.clone(),
+        node_id: "node-1".into(),
+        volume_capability: Some(rwo()),
+        ..Default::default()
+    };
+    f.controller
+        .controller_publish_volume(attach.clone())
+        .await
+        .unwrap();
+    let staging = f.kubelet_path("plugins/kubernetes.io/csi/local.inlet.dev/d/globalmount");
+    let target = f.kubelet_path("pods/p/volumes/kubernetes.io~csi/pv/mount");
+    f.node
+        .node_stage_volume(stage(&id, &staging, rwo()))
+        .await
+        .unwrap();
+    f.node
+        .node_publish_volume(publish(&id, &staging, &target, rwo()))
+        .await
+        .unwrap();
+    let inline_target = f.kubelet_path("pods/p/volumes/kubernetes.io~csi/inline/mount");
+    f.node
+        .node_publish_volume(publish_ephemeral("csi-inline", &inline_target, &[]))
+        .await
+        .unwrap();
+
+    let mut f = f.restart().await;
+
+    let again = f
+        .controller
+        .create_volume(create("durable", 4 * MI))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    assert_eq!(
+        again.volume_id, id,
+        "CreateVolume is still idempotent by name"
+    );
+    assert_status(
+        f.controller.create_volume(create("durable", 8 * MI)).await,
+        Code::AlreadyExists,
+        "size",
+    );
+    let snap_again = f
+        .controller
+        .create_snapshot(snap)
+        .await
+        .unwrap()
+        .into_inner()
+        .snapshot
+        .unwrap();
+    assert_eq!(snap_again.snapshot_id, snap_id);
+    let get = f
+        .controller
+        .controller_get_volume(csi::ControllerGetVolumeRequest {
+            volume_id: id.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        get.status.unwrap().published_node_ids,
+        ["node-1"],
+        "the attachment is remembered"
+    );
+    f.node
+        .node_publish_volume(publish(&id, &staging, &target, rwo()))
+        .await
+        .expect("the publication is remembered");
+    assert_status(
+        f.node.node_unstage_volume(unstage(&id, &staging)).await,
+        Code::FailedPrecondition,
+        "still published",
+    );
+
+    f.node
+        .node_unpublish_volume(unpublish("csi-inline", &inline_target))
+        .await
+        .unwrap();
+    f.node
+        .node_unpublish_volume(unpublish(&id, &target))
+        .await
+        .unwrap();
+    f.node
+        .node_unstage_volume(unstage(&id, &staging))
+        .await
+        .unwrap();
+    f.controller
+        .controller_unpublish_volume(csi::ControllerUnpublishVolumeRequest {
+            volume_id: id.clone(),
+            node_id: "node-1".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    f.controller
+        .delete_volume(csi::DeleteVolumeRequest {
+            volume_id: id,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert!(f.volume_contents().is_empty());
+}
+
+#[tokio::test]
+async fn a_stale_socket_from_a_crash_is_replaced() {
+    let mut f = Fixture::start().await;
+    let id = f
+        .controller
+        .create_volume(create("before-crash", MI))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap()
+        .volume_id;
+    let mut f = f.crash_and_restart().await;
+    let listed = f
+        .controller
+        .list_volumes(csi::ListVolumesRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(listed.entries[0].volume.as_ref().unwrap().volume_id, id);
+}
+
+#[tokio::test]
+async fn a_live_socket_is_not_stolen() {
+    let f = Fixture::start().await;
+    let err = inlet_proto::uds::listen(&f.socket()).await.unwrap_err();
+    assert!(err.to_string().contains("in use"), "{err}");
+}
