@@ -123,7 +123,7 @@ async fn create_volume_is_idempotent_by_name() {
         Code::AlreadyExists,
         "different size",
     );
-    assert_eq!(f.volume_contents(), [first.volume_id.clone()]);
+    assert_eq!(f.volume_contents(), [first.volume_id]);
 }
 
 #[tokio::test]
