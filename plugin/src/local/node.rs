@@ -166,7 +166,9 @@ impl LocalDriver {
         };
 
         let created = match ephemeral_request(&req.volume_context)? {
-            true => self.ensure_ephemeral(id, &cap, &req.volume_context)?,
+            true => {
+                self.ensure_ephemeral(id, &cap, &req.volume_context, (&target, &publication))?
+            }
             false => false,
         };
         let source = match self.publish_source(id, &cap, &req.staging_target_path) {
@@ -230,7 +232,10 @@ impl LocalDriver {
         if volume.published.contains_key(&target) {
             self.unmount_target(&target, volume.access_type)?;
             volume.published.remove(&target);
-            self.store.put_volume(volume.clone())?;
+            // The last unpublish of an ephemeral volume deletes the record below; no need to rewrite it first.
+            if !(volume.ephemeral && volume.published.is_empty()) {
+                self.store.put_volume(volume.clone())?;
+            }
             tracing::info!(volume_id = id, target_path = %target.display(), "unpublished volume");
         } else {
             // Not ours at this target; clean up only an empty leftover directory, as the kubelet would.
@@ -340,12 +345,14 @@ impl LocalDriver {
         )
     }
 
-    /// Creates the ephemeral volume `id` if it does not exist yet; true when it was created by this call.
+    /// Creates the ephemeral volume `id` if it does not exist yet, with its first publication already in the
+    /// record so a new volume costs one record write; true when it was created by this call.
     fn ensure_ephemeral(
         &mut self,
         id: &str,
         cap: &Capability,
         context: &HashMap<String, String>,
+        (target, publication): (&Path, &Publication),
     ) -> Result<bool> {
         if cap.access_type == AccessType::Block {
             return Err(Error::invalid(
@@ -373,7 +380,7 @@ impl LocalDriver {
             ephemeral: true,
             attached_to: BTreeMap::new(),
             staged_at: None,
-            published: BTreeMap::new(),
+            published: BTreeMap::from([(target.to_path_buf(), publication.clone())]),
         };
         self.create_content(&volume, None)?;
         if let Err(err) = self.store.put_volume(volume) {

@@ -1,0 +1,186 @@
+//! The `inlet-plugin` binary as a user runs it: help, exit codes, clear messages for bad flags, logs on
+//! stderr, and a clean SIGTERM shutdown that removes the socket.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use inlet_proto::csi::v1::{GetPluginInfoRequest, identity_client::IdentityClient};
+
+const BIN: &str = env!("CARGO_BIN_EXE_inlet-plugin");
+
+fn run(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(BIN)
+        .args(args)
+        .output()
+        .expect("the binary runs");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
+
+fn serve_args<'a>(dir: &'a str, socket: &'a str) -> Vec<String> {
+    [
+        "serve",
+        "--driver",
+        "local",
+        "--name",
+        "local.inlet.dev",
+        "--endpoint",
+        socket,
+        "--node-id",
+        "node-1",
+        "--state-dir",
+        &format!("{dir}/state"),
+        "--kubelet-dir",
+        &format!("{dir}/kubelet"),
+        "--mounter",
+        "recording",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+#[test]
+fn help_explains_every_flag() {
+    let (code, stdout, _) = run(&["serve", "--help"]);
+    assert_eq!(code, 0);
+    for flag in [
+        "--driver",
+        "--name",
+        "--endpoint",
+        "--node-id",
+        "--state-dir",
+        "--enable-attach",
+        "--capacity",
+        "--max-volume-size",
+        "--default-volume-size",
+        "--kubelet-dir",
+        "--mounter",
+    ] {
+        assert!(stdout.contains(flag), "--help does not mention {flag}");
+    }
+    let (code, stdout, _) = run(&["--help"]);
+    assert!(code == 0 && stdout.contains("serve"));
+}
+
+#[test]
+fn bad_flags_exit_2_and_name_the_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let socket = format!("unix://{d}/csi.sock");
+    let with = |flag: &str, value: &str| {
+        let mut args = serve_args(d, &socket);
+        let i = args.iter().position(|a| a == flag).unwrap();
+        args[i + 1] = value.to_string();
+        args
+    };
+    for (args, needle) in [
+        (with("--name", "-bad-"), "--name"),
+        (with("--driver", "nfs"), "--driver"),
+        (with("--mounter", "magic"), "--mounter"),
+        (
+            [
+                serve_args(d, &socket),
+                vec!["--capacity".into(), "lots".into()],
+            ]
+            .concat(),
+            "--capacity",
+        ),
+        (serve_args(d, &socket)[..5].to_vec(), "--endpoint"),
+    ] {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (code, _, stderr) = run(&args);
+        assert_eq!(code, 2, "{args:?}: {stderr}");
+        assert!(stderr.contains(needle), "{args:?}: {stderr}");
+    }
+}
+
+#[test]
+fn bad_settings_exit_1_with_a_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let mut args = serve_args(d, "tcp://127.0.0.1:9");
+    let (code, _, stderr) = run(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(code, 1);
+    assert!(
+        stderr.contains("invalid endpoint \"tcp://127.0.0.1:9\""),
+        "{stderr}"
+    );
+    args = serve_args(d, &format!("unix://{d}/csi.sock"));
+    args.extend(["--capacity", "1Gi", "--max-volume-size", "2Gi"].map(String::from));
+    let (code, _, stderr) = run(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(code, 1);
+    assert!(
+        stderr.contains("max_volume_size: 2Gi is larger than the capacity 1Gi"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn serves_until_sigterm_then_removes_its_socket() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let socket = dir.path().join("csi.sock");
+    // A stale socket file, as a crash leaves, must not stop the start.
+    drop(std::os::unix::net::UnixListener::bind(&socket).unwrap());
+    let mut args = serve_args(d, &format!("unix://{}", socket.display()));
+    args.insert(0, "json".into());
+    args.insert(0, "--log-format".into());
+    let child = Command::new(BIN)
+        .args(&args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let name = runtime.block_on(async {
+        let channel = wait_for(&socket).await;
+        IdentityClient::new(channel)
+            .get_plugin_info(GetPluginInfoRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .name
+    });
+    assert_eq!(name, "local.inlet.dev");
+
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "a SIGTERM is a clean exit");
+    assert!(!socket.exists(), "the socket is removed on shutdown");
+    assert!(out.stdout.is_empty(), "logs go to stderr, not stdout");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    for line in stderr.lines() {
+        serde_json::from_str::<serde_json::Value>(line)
+            .unwrap_or_else(|e| panic!("not a JSON log line ({e}): {line}"));
+    }
+    assert!(
+        stderr.contains("SIGTERM") && stderr.contains("serving CSI"),
+        "{stderr}"
+    );
+}
+
+async fn wait_for(socket: &Path) -> tonic::transport::Channel {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        // The stale file exists from the start; only a live server accepts the connection.
+        if let Ok(channel) = inlet_proto::uds::connect(socket).await {
+            return channel;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the driver never listened on {}",
+            socket.display()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
