@@ -112,14 +112,13 @@ fn main() -> ExitCode {
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(err) => {
-            tracing::error!(error = %err, "cannot start the async runtime");
+            eprintln!("inlet-plugin: cannot start the async runtime: {err}");
             return ExitCode::FAILURE;
         }
     };
     match runtime.block_on(serve(args)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
-            tracing::error!(error = %err, "inlet-plugin stopped");
             eprintln!("inlet-plugin: {err}");
             ExitCode::FAILURE
         }
@@ -168,9 +167,12 @@ async fn shutdown_signal() {
 fn init_logging(format: LogFormat) {
     let filter =
         tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    // Colour only for a person at a terminal; files and log collectors get plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        .with_ansi(ansi);
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
