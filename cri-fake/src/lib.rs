@@ -1,5 +1,56 @@
-//! cri-fake: a fake CRI runtime (`runtime.v1` RuntimeService and ImageService on a unix socket) that real
-//! CRI clients accept, for scenarios without a container runtime.
+//! cri-fake: a fake CRI runtime that real CRI clients accept, for scenarios without a container runtime.
+//!
+//! It serves `runtime.v1` RuntimeService (sandboxes and containers) and ImageService on a unix socket, keeps
+//! the CRI's idempotency rules (stop and remove of something missing succeed), makes the checks a real runtime
+//! makes (a mount's host path must exist, names are reserved, a container needs a ready sandbox and a pulled
+//! image), logs every call for tests, and injects faults (an error or a delay per method).
+//! Containers are records, not processes: a started container is Running until stopped.
 //!
 //! # Layout
-//! Not built yet: this crate reserves its place in the workspace. The inline-volume contract issue (#3) fills it.
+//! - [`state`]: [`FakeRuntime`], the runtime's state and rules, the call log and fault application.
+//! - [`service`]: the tonic services over it.
+//! - [`faults`]: fault configuration from a file, flags or tests.
+//! - [`serve`]: serving both services on a socket until shutdown; the `cri-fake` binary wraps it.
+
+pub mod faults;
+pub mod service;
+pub mod state;
+
+use std::future::Future;
+use std::path::Path;
+use std::sync::Arc;
+
+use inlet_proto::runtime::v1::image_service_server::ImageServiceServer;
+use inlet_proto::runtime::v1::runtime_service_server::RuntimeServiceServer;
+use inlet_proto::uds;
+
+pub use state::FakeRuntime;
+
+/// Why serving stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The socket could not be set up.
+    #[error(transparent)]
+    Endpoint(#[from] uds::EndpointError),
+    /// The gRPC server failed.
+    #[error("grpc server: {0}")]
+    Transport(#[from] tonic::transport::Error),
+}
+
+/// Serves RuntimeService and ImageService for `runtime` on `socket` until `shutdown`, then removes the socket.
+pub async fn serve(
+    socket: &Path,
+    runtime: Arc<FakeRuntime>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ServeError> {
+    let incoming = uds::listen(socket).await?;
+    let service = service::CriService::new(runtime);
+    tracing::info!(socket = %socket.display(), "serving CRI");
+    let served = tonic::transport::Server::builder()
+        .add_service(RuntimeServiceServer::new(service.clone()))
+        .add_service(ImageServiceServer::new(service))
+        .serve_with_incoming_shutdown(incoming, shutdown)
+        .await;
+    let _ = std::fs::remove_file(socket);
+    Ok(served?)
+}

@@ -1,0 +1,577 @@
+//! The fake runtime's state: sandboxes, containers and images, a log of calls, and the faults to inject.
+//!
+//! It enforces what real runtimes enforce, so a client that passes here behaves on containerd too: names are
+//! reserved per sandbox and container (containerd's "name is reserved" error), a container needs a ready
+//! sandbox and a pulled image, every mount's host path must exist, and a ready sandbox cannot be removed.
+//! Stop and remove of something missing succeed, as the CRI asks.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::time::{Duration, SystemTime};
+
+use inlet_proto::runtime::v1 as cri;
+use parking_lot::Mutex;
+use tonic::Status;
+
+use crate::faults::{Fault, Faults};
+
+/// One call the runtime received.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CriCall {
+    /// The method, as on the wire (`RunPodSandbox`).
+    pub method: String,
+    /// What it was about: a sandbox or container id, an image reference; empty for none.
+    pub subject: String,
+}
+
+/// A sandbox the runtime holds.
+#[derive(Debug, Clone)]
+pub struct Sandbox {
+    /// The sandbox as ListPodSandbox reports it.
+    pub sandbox: cri::PodSandbox,
+    /// The config it was created with.
+    pub config: cri::PodSandboxConfig,
+}
+
+/// A container the runtime holds.
+#[derive(Debug, Clone)]
+pub struct Container {
+    /// The status ContainerStatus reports, including its mounts.
+    pub status: cri::ContainerStatus,
+    /// Its sandbox.
+    pub sandbox_id: String,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    sandboxes: BTreeMap<String, Sandbox>,
+    containers: BTreeMap<String, Container>,
+    /// Pulled images by id.
+    images: BTreeMap<String, cri::Image>,
+    /// Reserved names (sandbox and container) to the id holding them.
+    names: HashMap<String, String>,
+    calls: Vec<CriCall>,
+    /// Faults and how many calls each has affected.
+    faults: HashMap<String, (Fault, u32)>,
+}
+
+/// The fake runtime. Shared by both services; tests hold it to inspect calls and inject faults.
+#[derive(Debug)]
+pub struct FakeRuntime {
+    state: Mutex<State>,
+    root: PathBuf,
+}
+
+impl FakeRuntime {
+    /// A runtime keeping its image list under `root`, with faults to inject.
+    pub fn new(root: PathBuf, faults: Faults) -> std::io::Result<Self> {
+        std::fs::create_dir_all(&root)?;
+        let images = match std::fs::read(root.join("images.json")) {
+            Ok(bytes) => serde_json::from_slice::<Vec<StoredImage>>(&bytes)
+                .map_err(std::io::Error::other)?
+                .into_iter()
+                .map(|i| (i.id.clone(), i.into_image()))
+                .collect(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => BTreeMap::new(),
+            Err(e) => return Err(e),
+        };
+        let faults = faults.into_iter().map(|(m, f)| (m, (f, 0))).collect();
+        Ok(Self {
+            state: Mutex::new(State {
+                images,
+                faults,
+                ..Default::default()
+            }),
+            root,
+        })
+    }
+
+    /// Every call so far, in order.
+    pub fn calls(&self) -> Vec<CriCall> {
+        self.state.lock().calls.clone()
+    }
+
+    /// Injects (or replaces) a fault for one method.
+    pub fn set_fault(&self, method: &str, fault: Fault) {
+        self.state
+            .lock()
+            .faults
+            .insert(method.to_string(), (fault, 0));
+    }
+
+    /// Removes every fault.
+    pub fn clear_faults(&self) {
+        self.state.lock().faults.clear();
+    }
+
+    /// The sandboxes held now.
+    pub fn sandboxes(&self) -> Vec<Sandbox> {
+        self.state.lock().sandboxes.values().cloned().collect()
+    }
+
+    /// The containers held now.
+    pub fn containers(&self) -> Vec<Container> {
+        self.state.lock().containers.values().cloned().collect()
+    }
+
+    /// Records a call, then applies its fault: the delay (which a caller's deadline may cut short), then the
+    /// error. Every handler starts here.
+    pub async fn enter(&self, method: &str, subject: &str) -> Result<(), Status> {
+        let fault = {
+            let mut state = self.state.lock();
+            state.calls.push(CriCall {
+                method: method.to_string(),
+                subject: subject.to_string(),
+            });
+            match state.faults.get_mut(method) {
+                Some((fault, used)) if fault.times.is_none_or(|t| *used < t) => {
+                    *used += 1;
+                    Some(fault.clone())
+                }
+                _ => None,
+            }
+        };
+        let Some(fault) = fault else { return Ok(()) };
+        if let Some(delay) = fault.delay {
+            tokio::time::sleep(delay).await;
+        }
+        match fault.code {
+            Some(code) => Err(Status::new(code, fault.message)),
+            None => Ok(()),
+        }
+    }
+
+    /// Runs `f` on the state under the lock.
+    fn with<T>(&self, f: impl FnOnce(&mut State) -> T) -> T {
+        f(&mut self.state.lock())
+    }
+
+    // ---- runtime ----
+
+    /// RunPodSandbox: a ready sandbox, its name reserved.
+    pub fn run_sandbox(
+        &self,
+        config: cri::PodSandboxConfig,
+        runtime_handler: String,
+    ) -> Result<String, Status> {
+        let metadata = config
+            .metadata
+            .clone()
+            .ok_or_else(|| Status::invalid_argument("sandbox config has no metadata"))?;
+        let name = format!(
+            "k8s_POD_{}_{}_{}_{}",
+            metadata.name, metadata.namespace, metadata.uid, metadata.attempt
+        );
+        let id = new_id();
+        self.with(|s| {
+            reserve(&mut s.names, &name, &id)?;
+            let sandbox = cri::PodSandbox {
+                id: id.clone(),
+                metadata: Some(metadata),
+                state: cri::PodSandboxState::SandboxReady as i32,
+                created_at: now_nanos(),
+                labels: config.labels.clone(),
+                annotations: config.annotations.clone(),
+                runtime_handler,
+            };
+            s.sandboxes.insert(id.clone(), Sandbox { sandbox, config });
+            Ok(id)
+        })
+    }
+
+    /// StopPodSandbox: stops its containers and marks it not ready; a missing sandbox is already stopped.
+    pub fn stop_sandbox(&self, id: &str) {
+        self.with(|s| {
+            let Some(sandbox) = s.sandboxes.get_mut(id) else {
+                return;
+            };
+            sandbox.sandbox.state = cri::PodSandboxState::SandboxNotready as i32;
+            for c in s.containers.values_mut().filter(|c| c.sandbox_id == id) {
+                stop(&mut c.status);
+            }
+        })
+    }
+
+    /// RemovePodSandbox: removes it and its containers; a missing one is already removed. A ready sandbox must
+    /// be stopped first, as containerd requires.
+    pub fn remove_sandbox(&self, id: &str) -> Result<(), Status> {
+        self.with(|s| {
+            let Some(sandbox) = s.sandboxes.get(id) else {
+                return Ok(());
+            };
+            if sandbox.sandbox.state == cri::PodSandboxState::SandboxReady as i32 {
+                return Err(Status::failed_precondition(format!(
+                    "sandbox container {id:?} is not fully stopped"
+                )));
+            }
+            let removed: Vec<String> = s
+                .containers
+                .iter()
+                .filter(|(_, c)| c.sandbox_id == id)
+                .map(|(k, _)| k.clone())
+                .collect();
+            for cid in removed {
+                s.containers.remove(&cid);
+            }
+            s.sandboxes.remove(id);
+            s.names.retain(|_, holder| {
+                s.sandboxes.contains_key(holder) || s.containers.contains_key(holder)
+            });
+            Ok(())
+        })
+    }
+
+    /// PodSandboxStatus.
+    pub fn sandbox(&self, id: &str) -> Result<Sandbox, Status> {
+        self.with(|s| s.sandboxes.get(id).cloned()).ok_or_else(|| {
+            Status::not_found(format!(
+                "an error occurred when try to find sandbox {id:?}: not found"
+            ))
+        })
+    }
+
+    /// CreateContainer: needs a ready sandbox, a pulled image, and every mount's host path to exist.
+    pub fn create_container(
+        &self,
+        sandbox_id: &str,
+        config: cri::ContainerConfig,
+    ) -> Result<String, Status> {
+        let metadata = config
+            .metadata
+            .clone()
+            .ok_or_else(|| Status::invalid_argument("container config has no metadata"))?;
+        let image_name = config
+            .image
+            .as_ref()
+            .map(|i| i.image.clone())
+            .unwrap_or_default();
+        for mount in &config.mounts {
+            if mount.host_path.is_empty() {
+                continue;
+            }
+            if std::fs::symlink_metadata(&mount.host_path).is_err() {
+                return Err(Status::unknown(format!(
+                    "failed to generate container spec: failed to stat host path {:?} of mount {:?}: no such file or directory",
+                    mount.host_path, mount.container_path
+                )));
+            }
+        }
+        let id = new_id();
+        self.with(|s| {
+            let sandbox = s
+                .sandboxes
+                .get(sandbox_id)
+                .ok_or_else(|| Status::not_found(format!("sandbox {sandbox_id:?} not found")))?;
+            if sandbox.sandbox.state != cri::PodSandboxState::SandboxReady as i32 {
+                return Err(Status::failed_precondition(format!(
+                    "sandbox {sandbox_id:?} is not ready"
+                )));
+            }
+            let pod = sandbox.sandbox.metadata.clone().unwrap_or_default();
+            let image = find_image(&s.images, &image_name).cloned().ok_or_else(|| {
+                Status::not_found(format!(
+                    "failed to get image {image_name:?}: not found (pull it first)"
+                ))
+            })?;
+            let name = format!(
+                "k8s_{}_{}_{}_{}_{}",
+                metadata.name, pod.name, pod.namespace, pod.uid, metadata.attempt
+            );
+            reserve(&mut s.names, &name, &id)?;
+            let status = cri::ContainerStatus {
+                id: id.clone(),
+                metadata: Some(metadata),
+                state: cri::ContainerState::ContainerCreated as i32,
+                created_at: now_nanos(),
+                image: config.image.clone(),
+                image_ref: image.id.clone(),
+                image_id: image.id.clone(),
+                labels: config.labels.clone(),
+                annotations: config.annotations.clone(),
+                mounts: config.mounts.clone(),
+                log_path: config.log_path.clone(),
+                ..Default::default()
+            };
+            s.containers.insert(
+                id.clone(),
+                Container {
+                    status,
+                    sandbox_id: sandbox_id.to_string(),
+                },
+            );
+            Ok(id)
+        })
+    }
+
+    /// StartContainer: a created container starts running.
+    pub fn start_container(&self, id: &str) -> Result<(), Status> {
+        self.with(|s| {
+            let c = s
+                .containers
+                .get_mut(id)
+                .ok_or_else(|| Status::not_found(format!("container {id:?} not found")))?;
+            if c.status.state != cri::ContainerState::ContainerCreated as i32 {
+                let state = cri::ContainerState::try_from(c.status.state)
+                    .map(|s| s.as_str_name())
+                    .unwrap_or("UNKNOWN");
+                return Err(Status::failed_precondition(format!(
+                    "container {id:?} is in {state} state"
+                )));
+            }
+            c.status.state = cri::ContainerState::ContainerRunning as i32;
+            c.status.started_at = now_nanos();
+            Ok(())
+        })
+    }
+
+    /// StopContainer: a missing or exited container is already stopped.
+    pub fn stop_container(&self, id: &str) {
+        self.with(|s| {
+            if let Some(c) = s.containers.get_mut(id) {
+                stop(&mut c.status);
+            }
+        })
+    }
+
+    /// RemoveContainer: a missing container is already removed.
+    pub fn remove_container(&self, id: &str) {
+        self.with(|s| {
+            s.containers.remove(id);
+            s.names.retain(|_, holder| holder != id);
+        })
+    }
+
+    /// ContainerStatus.
+    pub fn container(&self, id: &str) -> Result<Container, Status> {
+        self.with(|s| s.containers.get(id).cloned()).ok_or_else(|| {
+            Status::not_found(format!(
+                "an error occurred when try to find container {id:?}: not found"
+            ))
+        })
+    }
+
+    // ---- images ----
+
+    /// PullImage: records the image under its normalized name and returns its id.
+    pub fn pull_image(&self, reference: &str) -> Result<String, Status> {
+        let normalized = normalize_reference(reference).map_err(|e| {
+            Status::invalid_argument(format!("failed to pull image {reference:?}: {e}"))
+        })?;
+        let id = format!(
+            "sha256:{}",
+            hex::encode(<sha2::Sha256 as sha2::Digest>::digest(
+                normalized.as_bytes()
+            ))
+        );
+        let image = cri::Image {
+            id: id.clone(),
+            repo_tags: vec![normalized],
+            repo_digests: Vec::new(),
+            size: 1 << 20,
+            spec: Some(cri::ImageSpec {
+                image: id.clone(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        self.with(|s| {
+            s.images.insert(id.clone(), image);
+            self.save_images(s)
+        })?;
+        Ok(id)
+    }
+
+    /// ImageStatus: None when the image is not present (not an error, as the CRI says).
+    pub fn image(&self, reference: &str) -> Option<cri::Image> {
+        self.with(|s| find_image(&s.images, reference).cloned())
+    }
+
+    /// ListImages, optionally only those matching a reference.
+    pub fn images(&self, reference: Option<&str>) -> Vec<cri::Image> {
+        self.with(|s| match reference {
+            Some(r) => find_image(&s.images, r).cloned().into_iter().collect(),
+            None => s.images.values().cloned().collect(),
+        })
+    }
+
+    /// RemoveImage: a missing image is already removed.
+    pub fn remove_image(&self, reference: &str) -> Result<(), Status> {
+        self.with(|s| {
+            if let Some(id) = find_image(&s.images, reference).map(|i| i.id.clone()) {
+                s.images.remove(&id);
+                self.save_images(s)?;
+            }
+            Ok(())
+        })
+    }
+
+    /// The directory images are recorded in (ImageFsInfo reports it).
+    pub fn root(&self) -> &std::path::Path {
+        &self.root
+    }
+
+    fn save_images(&self, s: &State) -> Result<(), Status> {
+        let stored: Vec<StoredImage> = s.images.values().map(StoredImage::from).collect();
+        let path = self.root.join("images.json");
+        let tmp = self.root.join("images.json.tmp");
+        let body =
+            serde_json::to_vec_pretty(&stored).map_err(|e| Status::internal(e.to_string()))?;
+        std::fs::write(&tmp, body)
+            .and_then(|_| std::fs::rename(&tmp, &path))
+            .map_err(|e| Status::internal(format!("saving {}: {e}", path.display())))
+    }
+}
+
+/// The image list on disk, so pulled images survive a restart as they do in a real runtime.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct StoredImage {
+    id: String,
+    repo_tags: Vec<String>,
+    size: u64,
+}
+
+impl From<&cri::Image> for StoredImage {
+    fn from(i: &cri::Image) -> Self {
+        Self {
+            id: i.id.clone(),
+            repo_tags: i.repo_tags.clone(),
+            size: i.size,
+        }
+    }
+}
+
+impl StoredImage {
+    fn into_image(self) -> cri::Image {
+        cri::Image {
+            spec: Some(cri::ImageSpec {
+                image: self.id.clone(),
+                ..Default::default()
+            }),
+            id: self.id,
+            repo_tags: self.repo_tags,
+            size: self.size,
+            ..Default::default()
+        }
+    }
+}
+
+fn reserve(names: &mut HashMap<String, String>, name: &str, id: &str) -> Result<(), Status> {
+    if let Some(holder) = names.get(name) {
+        return Err(Status::unknown(format!(
+            "failed to reserve name {name:?}: name {name:?} is reserved for {holder:?}"
+        )));
+    }
+    names.insert(name.to_string(), id.to_string());
+    Ok(())
+}
+
+fn stop(status: &mut cri::ContainerStatus) {
+    if status.state != cri::ContainerState::ContainerExited as i32 {
+        status.state = cri::ContainerState::ContainerExited as i32;
+        status.finished_at = now_nanos();
+        status.exit_code = 0;
+        status.reason = "Completed".into();
+    }
+}
+
+fn find_image<'a>(
+    images: &'a BTreeMap<String, cri::Image>,
+    reference: &str,
+) -> Option<&'a cri::Image> {
+    if let Some(image) = images.get(reference) {
+        return Some(image);
+    }
+    let normalized = normalize_reference(reference).ok()?;
+    images
+        .values()
+        .find(|i| i.repo_tags.contains(&normalized) || i.id.ends_with(reference))
+}
+
+/// Normalizes an image reference as containerd and the kubelet do: `busybox` is `docker.io/library/busybox:latest`.
+pub fn normalize_reference(reference: &str) -> Result<String, String> {
+    if reference.is_empty()
+        || reference
+            .chars()
+            .any(|c| c.is_whitespace() || c.is_control())
+    {
+        return Err("invalid reference format".into());
+    }
+    let (name, digest) = match reference.split_once('@') {
+        Some((n, d)) => (n, Some(d)),
+        None => (reference, None),
+    };
+    let (domain, path) = match name.split_once('/') {
+        Some((d, p)) if d.contains('.') || d.contains(':') || d == "localhost" => {
+            (d.to_string(), p.to_string())
+        }
+        _ => ("docker.io".to_string(), name.to_string()),
+    };
+    let path = if domain == "docker.io" && !path.contains('/') {
+        format!("library/{path}")
+    } else {
+        path
+    };
+    let last = path.rsplit('/').next().unwrap_or_default();
+    let (repo, tag) = match last.split_once(':') {
+        Some(_) => (path.clone(), None),
+        None => (path.clone(), Some("latest")),
+    };
+    let repo_name = repo.split(':').next().unwrap_or_default();
+    if repo_name.is_empty()
+        || repo_name.chars().any(|c| c.is_ascii_uppercase())
+        || repo_name.split('/').any(str::is_empty)
+    {
+        return Err("invalid reference format: repository name must be lowercase".into());
+    }
+    Ok(match (digest, tag) {
+        (Some(d), _) => format!("{domain}/{repo}@{d}"),
+        (None, Some(t)) => format!("{domain}/{repo}:{t}"),
+        (None, None) => format!("{domain}/{repo}"),
+    })
+}
+
+fn new_id() -> String {
+    let a = uuid::Uuid::new_v4().simple().to_string();
+    let b = uuid::Uuid::new_v4().simple().to_string();
+    format!("{a}{b}")
+}
+
+/// Nanoseconds since the epoch, as CRI timestamps are.
+pub fn now_nanos() -> i64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or(Duration::ZERO)
+        .as_nanos() as i64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn references_normalize_as_containerd_does() {
+        assert_eq!(
+            normalize_reference("busybox").unwrap(),
+            "docker.io/library/busybox:latest"
+        );
+        assert_eq!(
+            normalize_reference("busybox:1.36").unwrap(),
+            "docker.io/library/busybox:1.36"
+        );
+        assert_eq!(
+            normalize_reference("quay.io/org/app").unwrap(),
+            "quay.io/org/app:latest"
+        );
+        assert_eq!(
+            normalize_reference("127.0.0.1:5000/data:v1").unwrap(),
+            "127.0.0.1:5000/data:v1"
+        );
+        assert_eq!(
+            normalize_reference("localhost/x@sha256:abc").unwrap(),
+            "localhost/x@sha256:abc"
+        );
+        assert!(normalize_reference("Upper/Case").is_err());
+        assert!(normalize_reference("has space").is_err());
+        assert!(normalize_reference("").is_err());
+    }
+}
