@@ -8,15 +8,16 @@
 //!   state dir, with snapshots, clones, expansion, attach, staging and KEP-596 ephemeral inline volumes.
 //! - [`server`]: serving a driver's CSI services on a unix socket.
 //! - [`quantity`]: Kubernetes quantities (`64Mi`) as bytes.
+//! - [`volume`]: the kubelet-side volume plugin framework (`VolumePlugin`, `Mounter`, `Unmounter`,
+//!   `Attacher`, `Detacher`, `VolumeHost`) and the `kubernetes.io/csi` plugin with the KEP-596 contract.
 //!
 //! The `inlet-plugin` binary (`src/main.rs`) is a thin CLI over [`server::serve_csi`].
-//! The kubelet-side volume plugin (`VolumePlugin`, `Mounter`, ...) joins this crate with the inline-volume
-//! contract; see ARCHITECTURE.md.
 
 pub mod error;
 pub mod local;
 pub mod mount;
 pub mod quantity;
 pub mod server;
+pub mod volume;
 
 pub use error::{Error, Result};

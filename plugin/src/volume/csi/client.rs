@@ -1,0 +1,353 @@
+//! A CSI client for one registered driver, as the kubelet's `csi_client.go`: each call has the kubelet's
+//! two-minute timeout, and every call is reported to an observer (the simulated kubelet's report) with
+//! secret names but never their values, and service-account tokens redacted.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use inlet_proto::csi::v1::{
+    self as csi, controller_client::ControllerClient, node_client::NodeClient,
+};
+use tonic::transport::Channel;
+use tonic::{Request, Status};
+
+/// The kubelet's timeout for one CSI call (`csiTimeout`).
+pub const CSI_TIMEOUT: Duration = Duration::from_secs(120);
+/// The volume-context key whose value carries service-account tokens: never reported.
+pub const TOKENS_KEY: &str = "csi.storage.k8s.io/serviceAccount.tokens";
+
+/// One CSI call as the report shows it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct CsiCall {
+    /// The driver's name.
+    pub driver: String,
+    /// The RPC (`NodePublishVolume`).
+    pub method: String,
+    /// The volume handle.
+    pub volume_id: String,
+    /// `target_path`, when the call has one.
+    pub target_path: String,
+    /// `staging_target_path`, when the call has one.
+    pub staging_path: String,
+    /// The `readonly` flag.
+    pub readonly: bool,
+    /// The volume context (tokens redacted).
+    pub volume_context: BTreeMap<String, String>,
+    /// The names of the secrets' keys, never their values.
+    pub secret_keys: Vec<String>,
+    /// The publish context.
+    pub publish_context: BTreeMap<String, String>,
+    /// `OK` or the gRPC code's name.
+    pub code: String,
+}
+
+/// Receives every CSI call made.
+pub trait CsiObserver: Send + Sync {
+    /// One call, after it returned.
+    fn observe(&self, call: CsiCall);
+}
+
+/// The client for one driver. Cheap to clone.
+#[derive(Clone)]
+pub struct CsiClient {
+    driver: String,
+    node: NodeClient<Channel>,
+    controller: ControllerClient<Channel>,
+    observer: Option<Arc<dyn CsiObserver>>,
+}
+
+impl std::fmt::Debug for CsiClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CsiClient")
+            .field("driver", &self.driver)
+            .finish()
+    }
+}
+
+/// What a call's report needs from its request.
+#[derive(Default)]
+struct CallInfo<'a> {
+    volume_id: &'a str,
+    target_path: &'a str,
+    staging_path: &'a str,
+    readonly: bool,
+    volume_context: Option<&'a HashMap<String, String>>,
+    secrets: Option<&'a HashMap<String, String>>,
+    publish_context: Option<&'a HashMap<String, String>>,
+}
+
+impl CsiClient {
+    /// A client for `driver` over `channel`, reporting to `observer`.
+    pub fn new(driver: &str, channel: Channel, observer: Option<Arc<dyn CsiObserver>>) -> Self {
+        Self {
+            driver: driver.to_string(),
+            node: NodeClient::new(channel.clone()),
+            controller: ControllerClient::new(channel),
+            observer,
+        }
+    }
+
+    /// The driver's name.
+    pub fn driver(&self) -> &str {
+        &self.driver
+    }
+
+    fn report(&self, method: &str, info: CallInfo<'_>, result: &Result<(), &Status>) {
+        let Some(observer) = &self.observer else {
+            return;
+        };
+        let map = |m: Option<&HashMap<String, String>>| -> BTreeMap<String, String> {
+            m.map(|m| {
+                m.iter()
+                    .map(|(k, v)| {
+                        (
+                            k.clone(),
+                            if k == TOKENS_KEY {
+                                "<redacted>".into()
+                            } else {
+                                v.clone()
+                            },
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+        };
+        let mut secret_keys: Vec<String> = info
+            .secrets
+            .map(|s| s.keys().cloned().collect())
+            .unwrap_or_default();
+        secret_keys.sort();
+        observer.observe(CsiCall {
+            driver: self.driver.clone(),
+            method: method.to_string(),
+            volume_id: info.volume_id.to_string(),
+            target_path: info.target_path.to_string(),
+            staging_path: info.staging_path.to_string(),
+            readonly: info.readonly,
+            volume_context: map(info.volume_context),
+            secret_keys,
+            publish_context: map(info.publish_context),
+            code: match result {
+                Ok(()) => "OK".into(),
+                Err(status) => format!("{:?}", status.code()),
+            },
+        });
+    }
+
+    fn timed<T>(message: T) -> Request<T> {
+        let mut request = Request::new(message);
+        request.set_timeout(CSI_TIMEOUT);
+        request
+    }
+
+    /// NodePublishVolume.
+    pub async fn node_publish(&self, req: csi::NodePublishVolumeRequest) -> Result<(), Status> {
+        let result = self
+            .node
+            .clone()
+            .node_publish_volume(Self::timed(req.clone()))
+            .await
+            .map(drop);
+        let info = CallInfo {
+            volume_id: &req.volume_id,
+            target_path: &req.target_path,
+            staging_path: &req.staging_target_path,
+            readonly: req.readonly,
+            volume_context: Some(&req.volume_context),
+            secrets: Some(&req.secrets),
+            publish_context: Some(&req.publish_context),
+        };
+        self.report("NodePublishVolume", info, &result.as_ref().map(|_| ()));
+        result
+    }
+
+    /// NodeUnpublishVolume (no secrets, no context: the kubelet sends none).
+    pub async fn node_unpublish(&self, volume_id: &str, target_path: &str) -> Result<(), Status> {
+        let req = csi::NodeUnpublishVolumeRequest {
+            volume_id: volume_id.into(),
+            target_path: target_path.into(),
+        };
+        let result = self
+            .node
+            .clone()
+            .node_unpublish_volume(Self::timed(req))
+            .await
+            .map(drop);
+        self.report(
+            "NodeUnpublishVolume",
+            CallInfo {
+                volume_id,
+                target_path,
+                ..Default::default()
+            },
+            &result.as_ref().map(|_| ()),
+        );
+        result
+    }
+
+    /// NodeStageVolume.
+    pub async fn node_stage(&self, req: csi::NodeStageVolumeRequest) -> Result<(), Status> {
+        let result = self
+            .node
+            .clone()
+            .node_stage_volume(Self::timed(req.clone()))
+            .await
+            .map(drop);
+        let info = CallInfo {
+            volume_id: &req.volume_id,
+            staging_path: &req.staging_target_path,
+            volume_context: Some(&req.volume_context),
+            secrets: Some(&req.secrets),
+            publish_context: Some(&req.publish_context),
+            ..Default::default()
+        };
+        self.report("NodeStageVolume", info, &result.as_ref().map(|_| ()));
+        result
+    }
+
+    /// NodeUnstageVolume.
+    pub async fn node_unstage(&self, volume_id: &str, staging_path: &str) -> Result<(), Status> {
+        let req = csi::NodeUnstageVolumeRequest {
+            volume_id: volume_id.into(),
+            staging_target_path: staging_path.into(),
+        };
+        let result = self
+            .node
+            .clone()
+            .node_unstage_volume(Self::timed(req))
+            .await
+            .map(drop);
+        self.report(
+            "NodeUnstageVolume",
+            CallInfo {
+                volume_id,
+                staging_path,
+                ..Default::default()
+            },
+            &result.as_ref().map(|_| ()),
+        );
+        result
+    }
+
+    /// NodeGetCapabilities, as the RPC types the driver advertises.
+    pub async fn node_capabilities(
+        &self,
+    ) -> Result<Vec<csi::node_service_capability::rpc::Type>, Status> {
+        let result = self
+            .node
+            .clone()
+            .node_get_capabilities(Self::timed(csi::NodeGetCapabilitiesRequest {}))
+            .await;
+        self.report(
+            "NodeGetCapabilities",
+            CallInfo::default(),
+            &result.as_ref().map(|_| ()),
+        );
+        Ok(result?
+            .into_inner()
+            .capabilities
+            .into_iter()
+            .filter_map(|c| match c.r#type {
+                Some(csi::node_service_capability::Type::Rpc(rpc)) => {
+                    csi::node_service_capability::rpc::Type::try_from(rpc.r#type).ok()
+                }
+                _ => None,
+            })
+            .collect())
+    }
+
+    /// NodeGetInfo.
+    pub async fn node_info(&self) -> Result<csi::NodeGetInfoResponse, Status> {
+        let result = self
+            .node
+            .clone()
+            .node_get_info(Self::timed(csi::NodeGetInfoRequest {}))
+            .await;
+        self.report(
+            "NodeGetInfo",
+            CallInfo::default(),
+            &result.as_ref().map(|_| ()),
+        );
+        Ok(result?.into_inner())
+    }
+
+    /// ControllerGetCapabilities, as the RPC types the driver advertises.
+    pub async fn controller_capabilities(
+        &self,
+    ) -> Result<Vec<csi::controller_service_capability::rpc::Type>, Status> {
+        let result = self
+            .controller
+            .clone()
+            .controller_get_capabilities(Self::timed(csi::ControllerGetCapabilitiesRequest {}))
+            .await;
+        self.report(
+            "ControllerGetCapabilities",
+            CallInfo::default(),
+            &result.as_ref().map(|_| ()),
+        );
+        Ok(result?
+            .into_inner()
+            .capabilities
+            .into_iter()
+            .filter_map(|c| match c.r#type {
+                Some(csi::controller_service_capability::Type::Rpc(rpc)) => {
+                    csi::controller_service_capability::rpc::Type::try_from(rpc.r#type).ok()
+                }
+                _ => None,
+            })
+            .collect())
+    }
+
+    /// ControllerPublishVolume; returns the publish context.
+    pub async fn controller_publish(
+        &self,
+        req: csi::ControllerPublishVolumeRequest,
+    ) -> Result<HashMap<String, String>, Status> {
+        let result = self
+            .controller
+            .clone()
+            .controller_publish_volume(Self::timed(req.clone()))
+            .await
+            .map(|r| r.into_inner().publish_context);
+        let info = CallInfo {
+            volume_id: &req.volume_id,
+            readonly: req.readonly,
+            volume_context: Some(&req.volume_context),
+            secrets: Some(&req.secrets),
+            publish_context: result.as_ref().ok(),
+            ..Default::default()
+        };
+        self.report(
+            "ControllerPublishVolume",
+            info,
+            &result.as_ref().map(|_| ()),
+        );
+        result
+    }
+
+    /// ControllerUnpublishVolume.
+    pub async fn controller_unpublish(
+        &self,
+        req: csi::ControllerUnpublishVolumeRequest,
+    ) -> Result<(), Status> {
+        let result = self
+            .controller
+            .clone()
+            .controller_unpublish_volume(Self::timed(req.clone()))
+            .await
+            .map(drop);
+        let info = CallInfo {
+            volume_id: &req.volume_id,
+            secrets: Some(&req.secrets),
+            ..Default::default()
+        };
+        self.report(
+            "ControllerUnpublishVolume",
+            info,
+            &result.as_ref().map(|_| ()),
+        );
+        result
+    }
+}

@@ -1,0 +1,104 @@
+//! What a volume is, as the volume manager hands it to plugins (`volume.Spec` upstream): a pod's inline
+//! volume, or a PersistentVolume.
+
+use k8s_openapi::api::core::v1::{CSIVolumeSource, PersistentVolume, Pod, SecretReference, Volume};
+
+/// The inline CSI source as the early KEP-596 draft had it: the shipped `CSIVolumeSource` plus the draft's
+/// `volumeHandle` and controller-publish / node-stage secret references (upstream never shipped these; they
+/// are read from the manifest beside the standard fields).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct InlineCsi {
+    /// The standard source.
+    pub source: CSIVolumeSource,
+    /// The draft's user-supplied handle. Ignored for ephemeral volumes.
+    pub volume_handle: Option<String>,
+    /// The draft's `controllerPublishSecretRef` (a name in the pod's namespace).
+    pub controller_publish_secret: Option<String>,
+    /// The draft's `nodeStageSecretRef` (a name in the pod's namespace).
+    pub node_stage_secret: Option<String>,
+}
+
+/// One volume, with what plugins need to act on it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Spec {
+    /// A volume written in the pod: `spec.volumes[i]`.
+    Inline {
+        /// The pod's volume (name and source).
+        volume: Box<Volume>,
+        /// The inline CSI source with the draft fields, when the volume is `csi`.
+        csi: Option<InlineCsi>,
+    },
+    /// A PersistentVolume the pod reaches through a bound claim.
+    Persistent {
+        /// The PV.
+        pv: Box<PersistentVolume>,
+        /// The claim's `readOnly` in the pod.
+        read_only: bool,
+    },
+}
+
+impl Spec {
+    /// The spec's name: the pod's volume name, or the PV's name (upstream `Spec.Name()`).
+    pub fn name(&self) -> &str {
+        match self {
+            Spec::Inline { volume, .. } => &volume.name,
+            Spec::Persistent { pv, .. } => pv.metadata.name.as_deref().unwrap_or_default(),
+        }
+    }
+}
+
+/// The pod a volume is mounted for: the fields mounters read.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PodInfo {
+    /// `metadata.uid`.
+    pub uid: String,
+    /// `metadata.name`.
+    pub name: String,
+    /// `metadata.namespace`.
+    pub namespace: String,
+    /// `spec.serviceAccountName` (`default` when unset).
+    pub service_account: String,
+    /// `spec.securityContext.fsGroup`.
+    pub fs_group: Option<i64>,
+}
+
+impl PodInfo {
+    /// Reads the fields from a pod.
+    pub fn from_pod(pod: &Pod) -> Self {
+        let spec = pod.spec.as_ref();
+        Self {
+            uid: pod.metadata.uid.clone().unwrap_or_default(),
+            name: pod.metadata.name.clone().unwrap_or_default(),
+            namespace: pod
+                .metadata
+                .namespace
+                .clone()
+                .unwrap_or_else(|| "default".into()),
+            service_account: spec
+                .and_then(|s| s.service_account_name.clone())
+                .unwrap_or_else(|| "default".into()),
+            fs_group: spec
+                .and_then(|s| s.security_context.as_ref())
+                .and_then(|c| c.fs_group),
+        }
+    }
+}
+
+/// A reference to a secret with its namespace resolved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SecretRef {
+    /// The namespace the secret is read from.
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
+}
+
+impl SecretRef {
+    /// From a PV's `SecretReference` (which names its namespace).
+    pub fn from_pv(r: &SecretReference) -> Option<Self> {
+        Some(Self {
+            namespace: r.namespace.clone().unwrap_or_else(|| "default".into()),
+            name: r.name.clone()?,
+        })
+    }
+}
