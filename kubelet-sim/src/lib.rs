@@ -1,6 +1,21 @@
-//! kubelet-sim: a simulated kubelet (volume manager, pod workers, an in-memory API) that runs CSI drivers
-//! through exactly what a kubelet would do with inline and persistent volumes.
+//! kubelet-sim: a simulated kubelet that runs CSI drivers through exactly what a kubelet does with inline
+//! (KEP-596) and persistent volumes, in seconds, without a cluster: real unix sockets to the drivers and to
+//! a CRI runtime, real mounts when root, an embedded in-memory API.
 //!
 //! # Layout
-//! Not built yet: this crate reserves its place in the workspace. The inline-volume contract issue (#3) fills
-//! it; ARCHITECTURE.md describes the planned shape (desired/actual state, populator, reconciler, pod workers).
+//! - [`api`]: the embedded API (objects, admission with the inline-driver policy, manifests, events, tokens).
+//! - [`node`]: one simulated kubelet: desired/actual state, populator, reconciler, operations with backoff,
+//!   pod workers, the `VolumeHost` for plugins, and the CSI driver registry.
+//! - [`controllers`]: the attach/detach controller and the external attacher (VolumeAttachments).
+//! - [`drivers`]: `--driver NAME=local|unix:///PATH`; [`cri`]: the CRI client; [`specs`]: pod volume -> spec.
+//! - [`sim`]: a whole simulated cluster; [`report`]: the JSON report and the summary table.
+//! - `main.rs`: the `kubelet-sim run` CLI.
+
+pub mod api;
+pub mod controllers;
+pub mod cri;
+pub mod drivers;
+pub mod node;
+pub mod report;
+pub mod sim;
+pub mod specs;

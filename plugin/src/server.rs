@@ -7,6 +7,7 @@ use inlet_proto::csi::v1::controller_server::{Controller, ControllerServer};
 use inlet_proto::csi::v1::identity_server::{Identity, IdentityServer};
 use inlet_proto::csi::v1::node_server::{Node, NodeServer};
 use inlet_proto::uds;
+use tokio_stream::wrappers::UnixListenerStream;
 
 /// Why serving stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -22,7 +23,8 @@ pub enum ServeError {
 /// Serves the three CSI services on `socket` until `shutdown` resolves, then removes the socket.
 ///
 /// A stale socket file from a crashed run is replaced; a live one is refused (see [`uds::listen`]).
-/// Drivers without a controller (node-only drivers) pass `None`, and the Controller RPCs answer UNIMPLEMENTED.
+/// Drivers without a controller (node-only drivers) pass `with_controller: false`, and the Controller RPCs
+/// answer UNIMPLEMENTED.
 pub async fn serve_csi<S>(
     socket: &Path,
     service: S,
@@ -33,6 +35,20 @@ where
     S: Identity + Controller + Node + Clone,
 {
     let incoming = uds::listen(socket).await?;
+    serve_csi_on(incoming, socket, service, with_controller, shutdown).await
+}
+
+/// Like [`serve_csi`], on a socket the caller already bound (so it is accepting before this is spawned).
+pub async fn serve_csi_on<S>(
+    incoming: UnixListenerStream,
+    socket: &Path,
+    service: S,
+    with_controller: bool,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ServeError>
+where
+    S: Identity + Controller + Node + Clone,
+{
     tracing::info!(socket = %socket.display(), "serving CSI");
     let router = tonic::transport::Server::builder()
         .add_service(IdentityServer::new(service.clone()))

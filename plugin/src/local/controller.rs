@@ -36,8 +36,8 @@ impl LocalDriver {
             .collect()
     }
 
-    /// CreateVolume. Idempotent by name: the same name with the same size, access type, parameters and source
-    /// returns the existing volume; any difference is ALREADY_EXISTS.
+    /// CreateVolume. The volume's id is its name. Idempotent by name: the same name with the same size,
+    /// access type, parameters and source returns the existing volume; any difference is ALREADY_EXISTS.
     pub fn create_volume(
         &mut self,
         req: csi::CreateVolumeRequest,
@@ -53,12 +53,12 @@ impl LocalDriver {
         };
         let capacity_bytes = self.size_for(req.capacity_range.as_ref(), source_size)?;
 
-        if let Some(existing) = self
-            .store
-            .volumes()
-            .values()
-            .find(|v| v.name == name && !v.ephemeral)
-        {
+        if let Some(existing) = self.store.volume(name) {
+            if existing.ephemeral {
+                return Err(Error::AlreadyExists(format!(
+                    "volume {name:?} is an ephemeral inline volume"
+                )));
+            }
             let differs = [
                 (existing.capacity_bytes != capacity_bytes, "size"),
                 (existing.access_type != access_type, "access type"),
@@ -77,8 +77,9 @@ impl LocalDriver {
         }
 
         self.check_allocation(capacity_bytes)?;
+        // The id is the name: stable, and an administrator can name it in a pre-provisioned PV.
         let volume = VolumeRecord {
-            id: uuid::Uuid::new_v4().to_string(),
+            id: name.to_string(),
             name: name.to_string(),
             capacity_bytes,
             access_type,

@@ -52,7 +52,7 @@ pub struct Publication {
 pub struct VolumeRecord {
     /// The CSI volume id.
     pub id: String,
-    /// The name CreateVolume was called with (idempotency key); the id itself for ephemeral volumes.
+    /// The name CreateVolume was called with (always equal to the id: local volume ids are their names).
     pub name: String,
     /// Allocated size, counted against the driver's capacity.
     pub capacity_bytes: u64,

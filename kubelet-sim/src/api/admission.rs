@@ -1,0 +1,332 @@
+//! Admission in the embedded API: defaults the API server would set, validation with the API server's
+//! message shapes, and the operator's inline-driver policy.
+//!
+//! # The inline-driver policy
+//! The successor of PodSecurityPolicy's `allowedCSIDrivers`. `None` (no `--allowed-inline-drivers`) allows
+//! every driver inline. A list allows only the drivers it names; an **empty list allows none**: an operator
+//! who sets the policy and lists nothing has asked for no inline drivers (the KEP's own wording, and the
+//! opposite of the 2019 PSP API comment, which is why it is written down here).
+
+use std::collections::BTreeSet;
+
+use k8s_openapi::api::core::v1::{Pod, Secret, ServiceAccount, Volume};
+use k8s_openapi::api::storage::v1::CSIDriver;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use super::{Api, now};
+
+/// Why an object was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Rejected(pub String);
+
+/// The admission settings.
+#[derive(Debug, Clone, Default)]
+pub struct Admission {
+    /// Drivers allowed in inline `csi` volumes; None allows all (see the module doc).
+    pub allowed_inline_drivers: Option<BTreeSet<String>>,
+}
+
+/// The API's names: DNS-1123 subdomains (lowercase alphanumerics, '-' and '.', at most 253).
+fn valid_subdomain(name: &str) -> bool {
+    let edge = |c: Option<char>| c.is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
+    !name.is_empty()
+        && name.len() <= 253
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
+        && edge(name.chars().next())
+        && edge(name.chars().last())
+}
+
+fn sources(volume: &Volume) -> usize {
+    let v = serde_json::to_value(volume).unwrap_or_default();
+    v.as_object()
+        .map_or(0, |o| o.keys().filter(|k| *k != "name").count())
+}
+
+impl Admission {
+    /// Admits a pod: defaults (namespace, uid, service account), validation, then the inline policy.
+    pub fn admit_pod(&self, api: &Api, mut pod: Pod) -> Result<Pod, Rejected> {
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        let invalid = |detail: String| Rejected(format!("Pod {name:?} is invalid: {detail}"));
+        if !valid_subdomain(&name) {
+            return Err(invalid(format!(
+                "metadata.name: Invalid value: {name:?}: a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.'"
+            )));
+        }
+        let namespace = pod
+            .metadata
+            .namespace
+            .get_or_insert_with(|| "default".into())
+            .clone();
+        pod.metadata
+            .uid
+            .get_or_insert_with(|| uuid::Uuid::new_v4().to_string());
+        pod.metadata.creation_timestamp.get_or_insert_with(now);
+        let spec = pod
+            .spec
+            .as_mut()
+            .ok_or_else(|| invalid("spec: Required value".into()))?;
+        let service_account = spec
+            .service_account_name
+            .get_or_insert_with(|| "default".into())
+            .clone();
+        if spec.containers.is_empty() {
+            return Err(invalid("spec.containers: Required value".into()));
+        }
+        let volumes = spec.volumes.clone().unwrap_or_default();
+        let mut names = BTreeSet::new();
+        for (i, volume) in volumes.iter().enumerate() {
+            if !names.insert(volume.name.clone()) {
+                return Err(invalid(format!(
+                    "spec.volumes[{i}].name: Duplicate value: {:?}",
+                    volume.name
+                )));
+            }
+            match sources(volume) {
+                0 => {
+                    return Err(invalid(format!(
+                        "spec.volumes[{i}]: Required value: must specify a volume type"
+                    )));
+                }
+                1 => {}
+                _ => {
+                    return Err(invalid(format!(
+                        "spec.volumes[{i}]: Forbidden: may not specify more than 1 volume type"
+                    )));
+                }
+            }
+            if let Some(csi) = &volume.csi {
+                if csi.driver.is_empty() {
+                    return Err(invalid(format!(
+                        "spec.volumes[{i}].csi.driver: Required value"
+                    )));
+                }
+            }
+        }
+        for (c, container) in spec.containers.iter().enumerate() {
+            if container.image.as_deref().unwrap_or_default().is_empty() {
+                return Err(invalid(format!(
+                    "spec.containers[{c}].image: Required value"
+                )));
+            }
+            for (m, mount) in container.volume_mounts.iter().flatten().enumerate() {
+                if !names.contains(&mount.name) {
+                    return Err(invalid(format!(
+                        "spec.containers[{c}].volumeMounts[{m}].name: Not found: {:?}",
+                        mount.name
+                    )));
+                }
+            }
+        }
+        if let Some(allowed) = &self.allowed_inline_drivers {
+            for (i, volume) in volumes.iter().enumerate() {
+                let Some(csi) = &volume.csi else { continue };
+                if !allowed.contains(&csi.driver) {
+                    let list = if allowed.is_empty() {
+                        "none".to_string()
+                    } else {
+                        allowed.iter().cloned().collect::<Vec<_>>().join(", ")
+                    };
+                    return Err(Rejected(format!(
+                        "pods {name:?} is forbidden: spec.volumes[{i}].csi.driver: Forbidden: inline CSI driver {:?} is not allowed by the inline-driver policy (allowed: {list})",
+                        csi.driver
+                    )));
+                }
+            }
+        }
+        // Every namespace has its default service account, as the service-account controller ensures.
+        if api
+            .peek::<ServiceAccount>(&namespace, &service_account)
+            .is_none()
+            && service_account == "default"
+        {
+            api.put(ServiceAccount {
+                metadata: ObjectMeta {
+                    name: Some("default".into()),
+                    namespace: Some(namespace),
+                    ..Default::default()
+                },
+                ..Default::default()
+            });
+        }
+        Ok(pod)
+    }
+
+    /// Admits a CSIDriver: the API server's defaults, and validation of modes and token requests.
+    pub fn admit_csi_driver(&self, mut driver: CSIDriver) -> Result<CSIDriver, Rejected> {
+        let name = driver.metadata.name.clone().unwrap_or_default();
+        let invalid = |detail: String| {
+            Rejected(format!(
+                "CSIDriver.storage.k8s.io {name:?} is invalid: {detail}"
+            ))
+        };
+        let spec = &mut driver.spec;
+        spec.attach_required.get_or_insert(true);
+        spec.pod_info_on_mount.get_or_insert(false);
+        spec.requires_republish.get_or_insert(false);
+        spec.storage_capacity.get_or_insert(false);
+        spec.se_linux_mount.get_or_insert(false);
+        spec.fs_group_policy
+            .get_or_insert_with(|| "ReadWriteOnceWithFSType".into());
+        let modes = spec.volume_lifecycle_modes.get_or_insert_with(Vec::new);
+        if modes.is_empty() {
+            modes.push("Persistent".into());
+        }
+        for (i, mode) in modes.iter().enumerate() {
+            if mode != "Persistent" && mode != "Ephemeral" {
+                return Err(invalid(format!(
+                    "spec.volumeLifecycleModes[{i}]: Unsupported value: {mode:?}: supported values: \"Ephemeral\", \"Persistent\""
+                )));
+            }
+        }
+        if let Some(policy) = &spec.fs_group_policy {
+            if !["None", "File", "ReadWriteOnceWithFSType"].contains(&policy.as_str()) {
+                return Err(invalid(format!(
+                    "spec.fsGroupPolicy: Unsupported value: {policy:?}"
+                )));
+            }
+        }
+        let mut audiences = BTreeSet::new();
+        for (i, request) in spec.token_requests.iter().flatten().enumerate() {
+            if !audiences.insert(request.audience.clone()) {
+                return Err(invalid(format!(
+                    "spec.tokenRequests[{i}].audience: Duplicate value: {:?}",
+                    request.audience
+                )));
+            }
+            if let Some(seconds) = request.expiration_seconds {
+                if !(600..1 << 32).contains(&seconds) {
+                    return Err(invalid(format!(
+                        "spec.tokenRequests[{i}].expirationSeconds: Invalid value: {seconds}: may not be less than 10 minutes"
+                    )));
+                }
+            }
+        }
+        Ok(driver)
+    }
+
+    /// Admits a secret: `stringData` merged into `data`, as the API server does on write.
+    pub fn admit_secret(&self, mut secret: Secret) -> Result<Secret, Rejected> {
+        secret
+            .metadata
+            .namespace
+            .get_or_insert_with(|| "default".into());
+        if let Some(strings) = secret.string_data.take() {
+            let data = secret.data.get_or_insert_with(Default::default);
+            for (k, v) in strings {
+                data.insert(k, k8s_openapi::ByteString(v.into_bytes()));
+            }
+        }
+        Ok(secret)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{CSIVolumeSource, Container, PodSpec, VolumeMount};
+
+    fn pod(driver: &str, mount: &str) -> Pod {
+        Pod {
+            metadata: ObjectMeta {
+                name: Some("web".into()),
+                ..Default::default()
+            },
+            spec: Some(PodSpec {
+                containers: vec![Container {
+                    name: "app".into(),
+                    image: Some("busybox".into()),
+                    volume_mounts: Some(vec![VolumeMount {
+                        name: mount.into(),
+                        mount_path: "/data".into(),
+                        ..Default::default()
+                    }]),
+                    ..Default::default()
+                }],
+                volumes: Some(vec![Volume {
+                    name: "data".into(),
+                    csi: Some(CSIVolumeSource {
+                        driver: driver.into(),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+            status: None,
+        }
+    }
+
+    #[test]
+    fn validates_like_the_api_server() {
+        let api = Api::new();
+        let open = Admission::default();
+        let admitted = open.admit_pod(&api, pod("d.example.com", "data")).unwrap();
+        assert_eq!(admitted.metadata.namespace.as_deref(), Some("default"));
+        assert!(admitted.metadata.uid.is_some());
+        assert!(
+            api.peek::<ServiceAccount>("default", "default").is_some(),
+            "the default service account exists"
+        );
+        let err = open.admit_pod(&api, pod("", "data")).unwrap_err().0;
+        assert_eq!(
+            err,
+            "Pod \"web\" is invalid: spec.volumes[0].csi.driver: Required value"
+        );
+        let err = open.admit_pod(&api, pod("d", "other")).unwrap_err().0;
+        assert!(
+            err.ends_with("spec.containers[0].volumeMounts[0].name: Not found: \"other\""),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn the_inline_policy_allows_listed_drivers_and_an_empty_list_allows_none() {
+        let api = Api::new();
+        let policy = |drivers: &[&str]| Admission {
+            allowed_inline_drivers: Some(drivers.iter().map(|d| d.to_string()).collect()),
+        };
+        assert!(
+            policy(&["a.example.com"])
+                .admit_pod(&api, pod("a.example.com", "data"))
+                .is_ok()
+        );
+        let err = policy(&["a.example.com"])
+            .admit_pod(&api, pod("b.example.com", "data"))
+            .unwrap_err()
+            .0;
+        assert!(err.starts_with("pods \"web\" is forbidden: spec.volumes[0].csi.driver: Forbidden: inline CSI driver \"b.example.com\""), "{err}");
+        assert!(
+            policy(&[])
+                .admit_pod(&api, pod("a.example.com", "data"))
+                .unwrap_err()
+                .0
+                .contains("(allowed: none)")
+        );
+    }
+
+    #[test]
+    fn csi_drivers_get_the_api_defaults() {
+        let d = Admission::default()
+            .admit_csi_driver(CSIDriver {
+                metadata: ObjectMeta {
+                    name: Some("d".into()),
+                    ..Default::default()
+                },
+                ..Default::default()
+            })
+            .unwrap();
+        assert_eq!(d.spec.attach_required, Some(true));
+        assert_eq!(d.spec.pod_info_on_mount, Some(false));
+        assert_eq!(
+            d.spec.volume_lifecycle_modes,
+            Some(vec!["Persistent".to_string()])
+        );
+        assert_eq!(
+            d.spec.fs_group_policy.as_deref(),
+            Some("ReadWriteOnceWithFSType")
+        );
+    }
+}

@@ -1,0 +1,99 @@
+//! The embedded API server: objects ([`store`]), admission (defaults, validation, the inline-driver policy),
+//! manifests (Kubernetes YAML), events, and a simulated token service.
+
+pub mod admission;
+pub mod manifest;
+pub mod store;
+
+use k8s_openapi::api::core::v1::{Event, ObjectReference, Pod, ServiceAccount};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+pub use store::{Api, ApiRead, Key, now};
+
+/// The reporting component of events the simulator records.
+pub const COMPONENT: &str = "kubelet-sim";
+
+impl Api {
+    /// Records an event on a pod; a repeat of the same type, reason and message bumps its count, as the
+    /// API server's event aggregation does.
+    pub fn record_event(&self, pod: &Pod, type_: &str, reason: &str, message: &str) {
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let namespace = pod.metadata.namespace.clone().unwrap_or_default();
+        let existing = self.list::<Event>().into_iter().find(|e| {
+            e.involved_object.uid.as_deref() == Some(&uid)
+                && e.reason.as_deref() == Some(reason)
+                && e.message.as_deref() == Some(message)
+        });
+        if let Some(event) = existing {
+            self.update::<Event>(
+                &namespace,
+                event.metadata.name.as_deref().unwrap_or_default(),
+                |e| {
+                    e.count = Some(e.count.unwrap_or(1) + 1);
+                    e.last_timestamp = Some(now());
+                },
+            );
+            return;
+        }
+        let name = format!(
+            "{}.{}",
+            pod.metadata.name.as_deref().unwrap_or_default(),
+            uuid::Uuid::new_v4().simple()
+        );
+        self.put(Event {
+            metadata: ObjectMeta {
+                name: Some(name),
+                namespace: Some(namespace.clone()),
+                ..Default::default()
+            },
+            involved_object: ObjectReference {
+                kind: Some("Pod".into()),
+                namespace: Some(namespace),
+                name: pod.metadata.name.clone(),
+                uid: Some(uid),
+                ..Default::default()
+            },
+            type_: Some(type_.into()),
+            reason: Some(reason.into()),
+            message: Some(message.into()),
+            count: Some(1),
+            first_timestamp: Some(now()),
+            last_timestamp: Some(now()),
+            reporting_component: Some(COMPONENT.into()),
+            ..Default::default()
+        });
+    }
+
+    /// A pod's events, oldest first.
+    pub fn events_for(&self, pod_uid: &str) -> Vec<Event> {
+        let mut events: Vec<Event> = self
+            .list::<Event>()
+            .into_iter()
+            .filter(|e| e.involved_object.uid.as_deref() == Some(pod_uid))
+            .collect();
+        events.sort_by_key(|e| e.first_timestamp.as_ref().map(|t| t.0));
+        events
+    }
+
+    /// The TokenRequest API, simulated: a token for an existing service account, bound to a pod. The value is
+    /// random and never logged or reported.
+    pub fn create_token(
+        &self,
+        namespace: &str,
+        service_account: &str,
+        expiration_seconds: Option<i64>,
+    ) -> Result<(String, String), String> {
+        if self
+            .get::<ServiceAccount>(namespace, service_account)
+            .is_none()
+        {
+            return Err(format!("serviceaccounts {service_account:?} not found"));
+        }
+        let seconds = expiration_seconds.unwrap_or(3600);
+        let expires = store::after(std::time::Duration::from_secs(seconds.max(0) as u64));
+        Ok((
+            format!("sim-token-{}", uuid::Uuid::new_v4().simple()),
+            expires.0.to_string(),
+        ))
+    }
+}

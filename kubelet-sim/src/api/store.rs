@@ -1,0 +1,213 @@
+//! The embedded, in-memory API: Kubernetes objects (k8s-openapi types) by kind, namespace and name, with
+//! a revision that every change bumps, so controllers wake on change as they would on a watch.
+//!
+//! Every read a node makes of a Secret, CSIDriver, PV, PVC or VolumeAttachment is recorded
+//! ([`Api::reads`]), so scenarios can check the kubelet read only what it had to.
+
+use std::any::{Any, TypeId};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use k8s_openapi::Metadata;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use parking_lot::{Mutex, RwLock};
+use serde::Serialize;
+
+/// `namespace/name`, or `name` for cluster-scoped objects (namespace empty).
+pub type Key = (String, String);
+
+/// One read of the API, as the report lists it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ApiRead {
+    /// `get` or `list`.
+    pub verb: String,
+    /// The kind (`Secret`).
+    pub kind: String,
+    /// The namespace; empty for cluster-scoped kinds.
+    pub namespace: String,
+    /// The name; empty for a list.
+    pub name: String,
+}
+
+/// A kind the API stores.
+pub trait Kind:
+    k8s_openapi::Resource + Metadata<Ty = ObjectMeta> + Clone + Send + Sync + 'static
+{
+}
+impl<T: k8s_openapi::Resource + Metadata<Ty = ObjectMeta> + Clone + Send + Sync + 'static> Kind
+    for T
+{
+}
+
+/// The API. Shared by nodes and controllers through an `Arc`.
+#[derive(Default)]
+pub struct Api {
+    objects: RwLock<HashMap<TypeId, Box<dyn Any + Send + Sync>>>,
+    reads: Mutex<Vec<ApiRead>>,
+    revision: Arc<tokio::sync::watch::Sender<u64>>,
+}
+
+impl std::fmt::Debug for Api {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Api")
+            .field("revision", &*self.revision.borrow())
+            .finish()
+    }
+}
+
+fn key_of(meta: &ObjectMeta) -> Key {
+    (
+        meta.namespace.clone().unwrap_or_default(),
+        meta.name.clone().unwrap_or_default(),
+    )
+}
+
+/// The current time as an API timestamp.
+pub fn now() -> Time {
+    after(std::time::Duration::ZERO)
+}
+
+/// The time `delay` from now as an API timestamp.
+pub fn after(delay: std::time::Duration) -> Time {
+    let since_epoch = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        + delay;
+    let millis = i64::try_from(since_epoch.as_millis()).unwrap_or(i64::MAX);
+    Time(
+        k8s_openapi::jiff::Timestamp::from_millisecond(millis)
+            .unwrap_or(k8s_openapi::jiff::Timestamp::MAX),
+    )
+}
+
+impl Api {
+    /// An empty API.
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self::default())
+    }
+
+    /// A receiver that sees every change (the revision).
+    pub fn watch(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.revision.subscribe()
+    }
+
+    fn changed(&self) {
+        self.revision.send_modify(|r| *r += 1);
+    }
+
+    fn with_map<T: Kind, R>(&self, f: impl FnOnce(&BTreeMap<Key, T>) -> R) -> R {
+        let objects = self.objects.read();
+        match objects
+            .get(&TypeId::of::<T>())
+            .and_then(|m| m.downcast_ref::<BTreeMap<Key, T>>())
+        {
+            Some(map) => f(map),
+            None => f(&BTreeMap::new()),
+        }
+    }
+
+    fn with_map_mut<T: Kind, R>(&self, f: impl FnOnce(&mut BTreeMap<Key, T>) -> R) -> R {
+        let mut objects = self.objects.write();
+        let map = objects
+            .entry(TypeId::of::<T>())
+            .or_insert_with(|| Box::new(BTreeMap::<Key, T>::new()));
+        let result = f(map
+            .downcast_mut::<BTreeMap<Key, T>>()
+            .expect("one map type per TypeId"));
+        drop(objects);
+        self.changed();
+        result
+    }
+
+    /// Reads one object without recording the read (the simulator's own bookkeeping).
+    pub fn peek<T: Kind>(&self, namespace: &str, name: &str) -> Option<T> {
+        self.with_map::<T, _>(|m| m.get(&(namespace.to_string(), name.to_string())).cloned())
+    }
+
+    /// Reads one object, recording the read as the report's `api_reads`.
+    pub fn get<T: Kind>(&self, namespace: &str, name: &str) -> Option<T> {
+        self.reads.lock().push(ApiRead {
+            verb: "get".into(),
+            kind: T::KIND.into(),
+            namespace: namespace.into(),
+            name: name.into(),
+        });
+        self.peek(namespace, name)
+    }
+
+    /// Every object of a kind (not recorded: informers list once, and the simulator lists often).
+    pub fn list<T: Kind>(&self) -> Vec<T> {
+        self.with_map::<T, _>(|m| m.values().cloned().collect())
+    }
+
+    /// Stores an object, replacing one of the same name.
+    pub fn put<T: Kind>(&self, object: T) {
+        let key = key_of(object.metadata());
+        self.with_map_mut::<T, _>(|m| m.insert(key, object));
+    }
+
+    /// Changes an object in place; false when it does not exist.
+    pub fn update<T: Kind>(&self, namespace: &str, name: &str, f: impl FnOnce(&mut T)) -> bool {
+        self.with_map_mut::<T, _>(
+            |m| match m.get_mut(&(namespace.to_string(), name.to_string())) {
+                Some(object) => {
+                    f(object);
+                    true
+                }
+                None => false,
+            },
+        )
+    }
+
+    /// Removes an object; the removed one, if it existed.
+    pub fn remove<T: Kind>(&self, namespace: &str, name: &str) -> Option<T> {
+        self.with_map_mut::<T, _>(|m| m.remove(&(namespace.to_string(), name.to_string())))
+    }
+
+    /// Every read so far.
+    pub fn reads(&self) -> Vec<ApiRead> {
+        self.reads.lock().clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{Pod, Secret};
+
+    #[test]
+    fn stores_by_kind_and_records_reads() {
+        let api = Api::new();
+        let mut watch = api.watch();
+        api.put(Secret {
+            metadata: ObjectMeta {
+                name: Some("s".into()),
+                namespace: Some("ns".into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        });
+        assert!(watch.has_changed().unwrap());
+        watch.mark_unchanged();
+        assert!(api.get::<Secret>("ns", "s").is_some());
+        assert!(
+            api.get::<Secret>("other", "s").is_none(),
+            "namespaces are separate"
+        );
+        assert!(api.get::<Pod>("ns", "s").is_none(), "kinds are separate");
+        assert_eq!(api.reads().len(), 3);
+        assert_eq!(
+            api.reads()[0],
+            ApiRead {
+                verb: "get".into(),
+                kind: "Secret".into(),
+                namespace: "ns".into(),
+                name: "s".into()
+            }
+        );
+        assert!(api.update::<Secret>("ns", "s", |s| s.type_ = Some("Opaque".into())));
+        assert!(watch.has_changed().unwrap());
+        assert!(api.remove::<Secret>("ns", "s").is_some());
+        assert!(api.list::<Secret>().is_empty());
+    }
+}

@@ -1,0 +1,457 @@
+//! The attach/detach controller (kube-controller-manager) and the external attacher (csi-attacher sidecar),
+//! together, over VolumeAttachment objects.
+//!
+//! - Attach: for every attachable volume of a pod bound to a node, the CSI plugin's `Attacher` writes a
+//!   VolumeAttachment (csi-sha256(handle + driver + node)); pods on one node using one handle share it.
+//! - External attacher: ControllerPublishVolume for each unattached VolumeAttachment (with the
+//!   controllerPublishSecretRef's secret), then `status.attached` and the publish context; an error becomes
+//!   `status.attachError` and a FailedAttachVolume event on every pod waiting for it. A driver without
+//!   PUBLISH_UNPUBLISH_VOLUME is attached trivially, as csi-attacher does.
+//! - Detach: when no pod on the node wants the volume and the node no longer reports it in
+//!   `status.volumesInUse`, the attachment is deleted; the attacher calls ControllerUnpublishVolume, then
+//!   removes it. A persistent inline attachment carries its own copy of the source, so detach needs no pod;
+//!   its secret is read, at detach time, from the namespace of the pod it was made for. If that secret was
+//!   deleted, the detach fails and is retried (the volume stays attached), as the KEP draft said.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use inlet_plugin::volume::PodInfo;
+use inlet_proto::csi::v1::{
+    self as csi, controller_service_capability::rpc::Type as ControllerCap,
+};
+use k8s_openapi::api::core::v1::{CSIPersistentVolumeSource, Node, PersistentVolume, Pod, Secret};
+use k8s_openapi::api::storage::v1::{
+    VolumeAttachment, VolumeAttachmentStatus, VolumeError as ApiVolumeError,
+};
+use parking_lot::Mutex;
+
+use crate::api::{Api, now};
+use crate::node::Kubelet;
+use crate::node::operations::{BackoffPolicy, OpKey, Operations};
+use crate::specs::{Reads, volume_spec};
+
+/// A VolumeAttachment as the report lists it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct AttachmentReport {
+    /// Its name.
+    pub name: String,
+    /// The driver.
+    pub attacher: String,
+    /// The node.
+    pub node: String,
+    /// The volume handle.
+    pub volume_handle: String,
+    /// Attached when last seen.
+    pub attached: bool,
+    /// The last attach error, if any.
+    pub attach_error: Option<String>,
+    /// The last detach error, if any.
+    pub detach_error: Option<String>,
+    /// Deleted (detached) by the end of the run.
+    pub deleted: bool,
+}
+
+/// The controller. One per simulation.
+pub struct AttachDetach {
+    api: Arc<Api>,
+    nodes: BTreeMap<String, Arc<Kubelet>>,
+    ops: Mutex<Operations>,
+    /// Every attachment seen, for the report.
+    seen: Mutex<BTreeMap<String, AttachmentReport>>,
+}
+
+impl AttachDetach {
+    /// A controller for `nodes`.
+    pub fn new(api: Arc<Api>, nodes: &[Arc<Kubelet>], backoff: BackoffPolicy) -> Arc<Self> {
+        let nodes = nodes
+            .iter()
+            .map(|n| (n.config.name.clone(), Arc::clone(n)))
+            .collect();
+        Arc::new(Self {
+            api,
+            nodes,
+            ops: Mutex::new(Operations::new(backoff)),
+            seen: Mutex::default(),
+        })
+    }
+
+    /// Runs until `stop`: one pass on every API change, and when a backoff expires.
+    pub async fn run(self: Arc<Self>, stop: impl std::future::Future<Output = ()>) {
+        tokio::pin!(stop);
+        let mut watch = self.api.watch();
+        loop {
+            self.sync().await;
+            let next = self
+                .ops
+                .lock()
+                .next_retry()
+                .unwrap_or_else(|| Instant::now() + Duration::from_secs(1));
+            tokio::select! {
+                _ = watch.changed() => {}
+                _ = tokio::time::sleep_until(next.into()) => {}
+                _ = &mut stop => return,
+            }
+        }
+    }
+
+    /// Every attachment seen so far, with its last state.
+    pub fn report(&self) -> Vec<AttachmentReport> {
+        self.seen.lock().values().cloned().collect()
+    }
+
+    async fn sync(&self) {
+        let waiting = self.attach_desired().await;
+        self.detach_unwanted(&waiting);
+        for attachment in self.api.list::<VolumeAttachment>() {
+            self.external_attacher(attachment, &waiting).await;
+        }
+    }
+
+    /// Writes the attachments pods want; returns, per attachment, the pods waiting for it (for events).
+    async fn attach_desired(&self) -> HashMap<String, Vec<(Pod, String)>> {
+        let mut waiting: HashMap<String, Vec<(Pod, String)>> = HashMap::new();
+        for pod in self.api.list::<Pod>() {
+            let Some(node) = pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.node_name.clone())
+                .and_then(|n| self.nodes.get(&n).cloned())
+            else {
+                continue;
+            };
+            let info = PodInfo::from_pod(&pod);
+            for volume in pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.volumes.clone())
+                .unwrap_or_default()
+            {
+                let outer = volume.name.clone();
+                let Ok((spec, _)) = volume_spec(&self.api, Reads::Cached, &pod, &info, volume)
+                else {
+                    continue;
+                };
+                let plugin = node.volume_plugin(&spec);
+                let Some(attachable) = plugin.attachable() else {
+                    continue;
+                };
+                if !attachable.can_attach(&spec, &info).await.unwrap_or(false) {
+                    continue;
+                }
+                let key = OpKey {
+                    volume: format!("attach/{}/{}", info.uid, outer),
+                    pod: None,
+                };
+                if !self.ops.lock().try_start(&key) {
+                    continue;
+                }
+                let result = attachable
+                    .new_attacher()
+                    .attach(&spec, &info, &node.config.name)
+                    .await;
+                self.ops.lock().finish(&key, result.is_ok());
+                match result {
+                    Ok(name) => waiting.entry(name).or_default().push((pod.clone(), outer)),
+                    Err(e) => {
+                        let message = format!(
+                            "AttachVolume.Attach failed for volume {outer:?} : {}",
+                            e.message
+                        );
+                        self.api
+                            .record_event(&pod, "Warning", "FailedAttachVolume", &message);
+                    }
+                }
+            }
+        }
+        waiting
+    }
+
+    /// Deletes attachments no pod wants once their node stopped using the volume.
+    fn detach_unwanted(&self, wanted: &HashMap<String, Vec<(Pod, String)>>) {
+        for attachment in self.api.list::<VolumeAttachment>() {
+            let name = attachment.metadata.name.clone().unwrap_or_default();
+            if wanted.contains_key(&name) || attachment.metadata.deletion_timestamp.is_some() {
+                continue;
+            }
+            let Some((driver, handle)) = self
+                .source_of(&attachment)
+                .map(|s| (s.driver, s.volume_handle))
+            else {
+                continue;
+            };
+            let unique = format!("kubernetes.io/csi/{driver}^{handle}");
+            let in_use = self
+                .api
+                .peek::<Node>("", &attachment.spec.node_name)
+                .and_then(|n| n.status)
+                .and_then(|s| s.volumes_in_use)
+                .is_some_and(|v| v.contains(&unique));
+            if !in_use {
+                self.api.update::<VolumeAttachment>("", &name, |va| {
+                    va.metadata.deletion_timestamp.get_or_insert_with(now);
+                });
+            }
+        }
+    }
+
+    /// The CSI source an attachment is for: its PV's, or the inline copy it carries.
+    fn source_of(&self, attachment: &VolumeAttachment) -> Option<CSIPersistentVolumeSource> {
+        let source = &attachment.spec.source;
+        if let Some(inline) = &source.inline_volume_spec {
+            return inline.csi.clone();
+        }
+        let pv = self
+            .api
+            .peek::<PersistentVolume>("", source.persistent_volume_name.as_deref()?)?;
+        pv.spec?.csi
+    }
+
+    /// csi-attacher: ControllerPublish unattached attachments, ControllerUnpublish deleted ones.
+    async fn external_attacher(
+        &self,
+        attachment: VolumeAttachment,
+        waiting: &HashMap<String, Vec<(Pod, String)>>,
+    ) {
+        let name = attachment.metadata.name.clone().unwrap_or_default();
+        let deleting = attachment.metadata.deletion_timestamp.is_some();
+        let attached = attachment.status.as_ref().is_some_and(|s| s.attached);
+        self.remember(&attachment);
+        if !deleting && attached {
+            return;
+        }
+        let key = OpKey {
+            volume: format!("va/{name}"),
+            pod: None,
+        };
+        if !self.ops.lock().try_start(&key) {
+            return;
+        }
+        let result = match deleting {
+            false => self.publish(&attachment).await.map(Some),
+            true => self.unpublish(&attachment).await.map(|()| None),
+        };
+        self.ops.lock().finish(&key, result.is_ok());
+        match (deleting, result) {
+            (false, Ok(context)) => {
+                self.api.update::<VolumeAttachment>("", &name, |va| {
+                    va.status = Some(VolumeAttachmentStatus {
+                        attached: true,
+                        attachment_metadata: context.flatten(),
+                        ..Default::default()
+                    });
+                });
+            }
+            (false, Err(message)) => {
+                self.api.update::<VolumeAttachment>("", &name, |va| {
+                    va.status = Some(VolumeAttachmentStatus {
+                        attached: false,
+                        attach_error: Some(ApiVolumeError {
+                            message: Some(message.clone()),
+                            time: Some(now()),
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    });
+                });
+                for (pod, outer) in waiting.get(&name).into_iter().flatten() {
+                    self.api.record_event(
+                        pod,
+                        "Warning",
+                        "FailedAttachVolume",
+                        &format!("AttachVolume.Attach failed for volume {outer:?} : {message}"),
+                    );
+                }
+            }
+            (true, Ok(_)) => {
+                self.api.remove::<VolumeAttachment>("", &name);
+                if let Some(seen) = self.seen.lock().get_mut(&name) {
+                    seen.deleted = true;
+                    seen.attached = false;
+                }
+            }
+            (true, Err(message)) => {
+                tracing::warn!(attachment = name, "detach failed: {message}");
+                self.api.update::<VolumeAttachment>("", &name, |va| {
+                    let status = va.status.get_or_insert_with(Default::default);
+                    status.detach_error = Some(ApiVolumeError {
+                        message: Some(message.clone()),
+                        time: Some(now()),
+                        ..Default::default()
+                    });
+                });
+            }
+        }
+    }
+
+    fn remember(&self, attachment: &VolumeAttachment) {
+        let name = attachment.metadata.name.clone().unwrap_or_default();
+        let status = attachment.status.clone().unwrap_or_default();
+        let report = AttachmentReport {
+            name: name.clone(),
+            attacher: attachment.spec.attacher.clone(),
+            node: attachment.spec.node_name.clone(),
+            volume_handle: self
+                .source_of(attachment)
+                .map(|s| s.volume_handle)
+                .unwrap_or_default(),
+            attached: status.attached,
+            attach_error: status.attach_error.and_then(|e| e.message),
+            detach_error: status.detach_error.and_then(|e| e.message),
+            deleted: false,
+        };
+        self.seen.lock().insert(name, report);
+    }
+
+    /// ControllerPublishVolume for an attachment; the publish context (None for a trivial attach).
+    async fn publish(
+        &self,
+        attachment: &VolumeAttachment,
+    ) -> Result<Option<BTreeMap<String, String>>, String> {
+        let (source, registered) = self.target(attachment)?;
+        let client = registered.client;
+        let caps = client
+            .controller_capabilities()
+            .await
+            .map_err(|s| rpc_error(&s))?;
+        if !caps.contains(&ControllerCap::PublishUnpublishVolume) {
+            return Ok(None);
+        }
+        let read_only = source.read_only.unwrap_or(false);
+        let access_mode = self.access_mode(attachment);
+        let request = csi::ControllerPublishVolumeRequest {
+            volume_id: source.volume_handle.clone(),
+            node_id: registered.node_id,
+            volume_capability: Some(csi::VolumeCapability {
+                access_mode: Some(csi::volume_capability::AccessMode {
+                    mode: access_mode as i32,
+                }),
+                access_type: Some(csi::volume_capability::AccessType::Mount(
+                    csi::volume_capability::MountVolume {
+                        fs_type: source.fs_type.clone().unwrap_or_default(),
+                        ..Default::default()
+                    },
+                )),
+            }),
+            readonly: read_only,
+            secrets: self.secrets(source.controller_publish_secret_ref.as_ref())?,
+            volume_context: source
+                .volume_attributes
+                .clone()
+                .unwrap_or_default()
+                .into_iter()
+                .collect(),
+        };
+        let context = client
+            .controller_publish(request)
+            .await
+            .map_err(|s| rpc_error(&s))?;
+        Ok(Some(context.into_iter().collect()))
+    }
+
+    /// ControllerUnpublishVolume for a deleted attachment.
+    async fn unpublish(&self, attachment: &VolumeAttachment) -> Result<(), String> {
+        let (source, registered) = self.target(attachment)?;
+        let caps = registered
+            .client
+            .controller_capabilities()
+            .await
+            .map_err(|s| rpc_error(&s))?;
+        if !caps.contains(&ControllerCap::PublishUnpublishVolume) {
+            return Ok(());
+        }
+        let request = csi::ControllerUnpublishVolumeRequest {
+            volume_id: source.volume_handle.clone(),
+            node_id: registered.node_id,
+            secrets: self.secrets(source.controller_publish_secret_ref.as_ref())?,
+        };
+        registered
+            .client
+            .controller_unpublish(request)
+            .await
+            .map_err(|s| rpc_error(&s))
+    }
+
+    /// The attachment's source and its driver as registered on the attachment's node.
+    fn target(
+        &self,
+        attachment: &VolumeAttachment,
+    ) -> Result<(CSIPersistentVolumeSource, crate::node::registry::Registered), String> {
+        let node_name = &attachment.spec.node_name;
+        let node = self
+            .nodes
+            .get(node_name)
+            .cloned()
+            .ok_or_else(|| format!("node {node_name:?} not found"))?;
+        let source = self
+            .source_of(attachment)
+            .ok_or_else(|| "the attachment's volume source is gone".to_string())?;
+        let registered = node
+            .registry
+            .get(&attachment.spec.attacher)
+            .ok_or_else(|| {
+                format!(
+                    "CSINode {node_name} does not contain driver {}",
+                    attachment.spec.attacher
+                )
+            })?;
+        Ok((source, registered))
+    }
+
+    fn access_mode(
+        &self,
+        attachment: &VolumeAttachment,
+    ) -> csi::volume_capability::access_mode::Mode {
+        use csi::volume_capability::access_mode::Mode;
+        let modes = match &attachment.spec.source.inline_volume_spec {
+            Some(spec) => spec.access_modes.clone(),
+            None => attachment
+                .spec
+                .source
+                .persistent_volume_name
+                .as_deref()
+                .and_then(|n| self.api.peek::<PersistentVolume>("", n))
+                .and_then(|pv| pv.spec)
+                .and_then(|s| s.access_modes),
+        };
+        match modes.unwrap_or_default().first().map(String::as_str) {
+            Some("ReadOnlyMany") => Mode::MultiNodeReaderOnly,
+            Some("ReadWriteMany") => Mode::MultiNodeMultiWriter,
+            Some("ReadWriteOncePod") => Mode::SingleNodeSingleWriter,
+            _ => Mode::SingleNodeWriter,
+        }
+    }
+
+    /// The secret a reference names: every data key as a string. A missing secret fails the call.
+    fn secrets(
+        &self,
+        reference: Option<&k8s_openapi::api::core::v1::SecretReference>,
+    ) -> Result<HashMap<String, String>, String> {
+        let Some(reference) = reference else {
+            return Ok(HashMap::new());
+        };
+        let (namespace, name) = (
+            reference.namespace.clone().unwrap_or_default(),
+            reference.name.clone().unwrap_or_default(),
+        );
+        let secret = self
+            .api
+            .get::<Secret>(&namespace, &name)
+            .ok_or_else(|| format!("secrets {name:?} not found in namespace {namespace:?}"))?;
+        Ok(secret
+            .data
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(k, v)| (k, String::from_utf8_lossy(&v.0).into_owned()))
+            .collect())
+    }
+}
+
+fn rpc_error(status: &tonic::Status) -> String {
+    format!(
+        "rpc error: code = {:?} desc = {}",
+        status.code(),
+        status.message()
+    )
+}

@@ -1,0 +1,147 @@
+//! The CSI drivers a simulation runs against: `NAME=local` starts inlet's local driver in-process for each
+//! node, on that node's own socket (as a DaemonSet would); `NAME=unix:///PATH` uses a driver already
+//! serving there (one a user is developing), shared by every simulated node.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use inlet_plugin::local::{LocalConfig, LocalDriver, LocalService};
+use inlet_plugin::mount::MountLayer;
+use inlet_plugin::server::serve_csi_on;
+
+/// Where a driver comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DriverSource {
+    /// inlet's local driver, started per node.
+    Local,
+    /// An external driver on a socket.
+    Socket(PathBuf),
+}
+
+/// `--driver NAME=local|unix:///PATH`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DriverArg {
+    /// The CSI driver name.
+    pub name: String,
+    /// Where it runs.
+    pub source: DriverSource,
+}
+
+impl std::str::FromStr for DriverArg {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        let (name, source) = text
+            .split_once('=')
+            .ok_or_else(|| format!("{text:?}: expected NAME=local or NAME=unix:///PATH"))?;
+        if name.is_empty() {
+            return Err(format!("{text:?}: the driver name is empty"));
+        }
+        let source = match source {
+            "local" => DriverSource::Local,
+            endpoint => DriverSource::Socket(
+                inlet_proto::uds::socket_path(endpoint).map_err(|e| format!("{text:?}: {e}"))?,
+            ),
+        };
+        Ok(Self {
+            name: name.to_string(),
+            source,
+        })
+    }
+}
+
+/// A local driver serving for one node until the simulation stops.
+pub struct LocalDriverHandle {
+    /// The driver's name.
+    pub name: String,
+    /// The node it serves.
+    pub node: String,
+    /// Its socket.
+    pub socket: PathBuf,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl LocalDriverHandle {
+    /// Starts the local driver `name` for `node`: socket and state under the node's
+    /// `plugins/<name>/`, target paths confined to the node's kubelet root.
+    pub async fn start(
+        name: &str,
+        node: &str,
+        node_root: &Path,
+        mounter: Arc<dyn MountLayer>,
+    ) -> Result<Self, String> {
+        let dir = node_root.join("plugins").join(name);
+        let config = LocalConfig {
+            name: name.to_string(),
+            node_id: node.to_string(),
+            state_dir: dir.join("state"),
+            kubelet_dir: node_root.to_path_buf(),
+            capacity_bytes: 10 << 30,
+            max_volume_bytes: 10 << 30,
+            default_volume_bytes: 100 << 20,
+            enable_attach: false,
+        };
+        let driver = LocalDriver::open(config, mounter)
+            .map_err(|e| format!("local driver {name} on {node}: {e}"))?;
+        let socket = dir.join("csi.sock");
+        let incoming = inlet_proto::uds::listen(&socket)
+            .await
+            .map_err(|e| format!("local driver {name} on {node}: {e}"))?;
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let serve_socket = socket.clone();
+        let task = tokio::spawn(async move {
+            if let Err(e) = serve_csi_on(
+                incoming,
+                &serve_socket,
+                LocalService::new(driver),
+                true,
+                async { drop(stopped.await) },
+            )
+            .await
+            {
+                tracing::error!("local driver stopped: {e}");
+            }
+        });
+        Ok(Self {
+            name: name.to_string(),
+            node: node.to_string(),
+            socket,
+            stop: Some(stop),
+            task: Some(task),
+        })
+    }
+
+    /// Stops the driver and waits for it.
+    pub async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_driver_flags() {
+        assert_eq!(
+            "a.dev=local".parse::<DriverArg>().unwrap().source,
+            DriverSource::Local
+        );
+        assert_eq!(
+            "a.dev=unix:///run/x.sock"
+                .parse::<DriverArg>()
+                .unwrap()
+                .source,
+            DriverSource::Socket("/run/x.sock".into())
+        );
+        assert!("a.dev".parse::<DriverArg>().is_err());
+        assert!("=local".parse::<DriverArg>().is_err());
+        assert!("a.dev=tcp://x".parse::<DriverArg>().is_err());
+    }
+}

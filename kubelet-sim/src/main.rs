@@ -1,0 +1,209 @@
+//! `kubelet-sim`: runs pods' volumes through what a kubelet does, against real CSI drivers, without a
+//! cluster. See `kubelet-sim run --help` and the README.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use inlet_plugin::mount::{LinuxMounter, MountLayer, RecordingMounter, can_mount};
+use kubelet_sim::api::manifest;
+use kubelet_sim::drivers::DriverArg;
+use kubelet_sim::node::BackoffPolicy;
+use kubelet_sim::sim::{SimConfig, Simulation};
+
+#[derive(Parser)]
+#[command(
+    name = "kubelet-sim",
+    version,
+    about = "A simulated kubelet for CSI inline (KEP-596) and persistent volumes"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Apply manifests, run every pod until it is Running (or as its manifest expects), report.
+    Run(RunArgs),
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    /// Kubernetes YAML files or directories: Pods, Secrets, CSIDrivers, PVs, PVCs, ServiceAccounts.
+    #[arg(long, required = true, num_args = 1..)]
+    manifests: Vec<PathBuf>,
+    /// A CSI driver: NAME=local starts inlet's local driver on every node; NAME=unix:///PATH uses a driver
+    /// serving there. Repeatable.
+    #[arg(long = "driver")]
+    drivers: Vec<DriverArg>,
+    /// A CRI runtime's socket (for example containerd's). Without it, cri-fake runs in-process.
+    #[arg(long)]
+    cri: Option<String>,
+    /// Where node state lives (`<root>/node-N/` is each kubelet's root). Default: a new temp dir.
+    #[arg(long)]
+    root: Option<PathBuf>,
+    /// How many simulated nodes.
+    #[arg(long, default_value_t = 1)]
+    nodes: usize,
+    /// Feature gates, KEY=true|false,...: PersistentInlineCSI (default false).
+    #[arg(long, value_parser = parse_gates, default_value = "")]
+    feature_gates: BTreeSet<String>,
+    /// Drivers allowed in inline csi volumes, comma-separated. Unset: all allowed. Set but empty: none.
+    #[arg(long)]
+    allowed_inline_drivers: Option<String>,
+    /// After the pods settle, delete them all and run until their volumes are gone.
+    #[arg(long)]
+    teardown: bool,
+    /// How long to wait for pods to settle (and again for teardown).
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    timeout: Duration,
+    /// Write the JSON report here.
+    #[arg(long)]
+    report: Option<PathBuf>,
+    /// Mounts: linux (needs root), recording (a fake that mounts nothing), or auto.
+    #[arg(long, value_enum, default_value_t = MounterKind::Auto)]
+    mounter: MounterKind,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum MounterKind {
+    Auto,
+    Linux,
+    Recording,
+}
+
+fn parse_gates(text: &str) -> Result<BTreeSet<String>, String> {
+    let mut on = BTreeSet::new();
+    for pair in text.split(',').filter(|p| !p.is_empty()) {
+        let (key, value) = pair
+            .split_once('=')
+            .ok_or_else(|| format!("{pair:?}: expected KEY=true|false"))?;
+        if key != "PersistentInlineCSI" {
+            return Err(format!(
+                "unknown feature gate {key:?} (known: PersistentInlineCSI)"
+            ));
+        }
+        match value {
+            "true" => on.insert(key.to_string()),
+            "false" => on.remove(key),
+            _ => return Err(format!("{pair:?}: the value must be true or false")),
+        };
+    }
+    Ok(on)
+}
+
+fn main() -> ExitCode {
+    let Command::Run(args) = Cli::parse().command;
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into());
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(ansi)
+        .init();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("kubelet-sim: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(args)) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("kubelet-sim: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: RunArgs) -> Result<bool, String> {
+    let manifests = manifest::load(&args.manifests).map_err(|e| e.to_string())?;
+    let mounter: Arc<dyn MountLayer> = match (args.mounter, can_mount()) {
+        (MounterKind::Linux, _) | (MounterKind::Auto, true) => Arc::new(LinuxMounter),
+        (MounterKind::Recording, _) | (MounterKind::Auto, false) => {
+            if matches!(args.mounter, MounterKind::Auto) {
+                eprintln!(
+                    "kubelet-sim: not root: using the recording mounter, nothing will really be mounted"
+                );
+            }
+            Arc::new(RecordingMounter::new())
+        }
+    };
+    let temp_root = args.root.is_none();
+    let root = match args.root {
+        Some(root) => root,
+        None => tempfile::Builder::new()
+            .prefix("kubelet-sim-")
+            .tempdir()
+            .map_err(|e| format!("temp dir: {e}"))?
+            .keep(),
+    };
+    let cri = args
+        .cri
+        .as_deref()
+        .map(inlet_proto::uds::socket_path)
+        .transpose()
+        .map_err(|e| format!("--cri: {e}"))?;
+    let allowed = args.allowed_inline_drivers.map(|list| {
+        list.split(',')
+            .map(str::trim)
+            .filter(|d| !d.is_empty())
+            .map(String::from)
+            .collect()
+    });
+    let config = SimConfig {
+        root: root.clone(),
+        nodes: args.nodes,
+        drivers: args.drivers,
+        cri,
+        gates: args.feature_gates,
+        allowed_inline_drivers: allowed,
+        backoff: BackoffPolicy::default(),
+        volume_wait_timeout: Duration::from_secs(123),
+        republish_period: Duration::from_secs(60),
+        mounter,
+    };
+    let mut sim = Simulation::start(config).await?;
+    sim.apply(manifests).await;
+    let settled = sim
+        .wait_until(args.timeout, |r| r.pods.iter().all(|p| p.as_expected()))
+        .await;
+    let mut report = sim.report();
+    if !settled {
+        eprintln!(
+            "kubelet-sim: not every pod reached its expected state within {}",
+            humantime::format_duration(args.timeout)
+        );
+    }
+    if args.teardown {
+        let teardown = sim.teardown(args.timeout).await;
+        let after = sim.report();
+        report.csi_calls = after.csi_calls;
+        report.api_reads = after.api_reads;
+        report.volume_attachments = after.volume_attachments;
+        report.teardown = Some(teardown);
+    }
+    sim.shutdown().await;
+    let mut stdout = std::io::stdout();
+    report
+        .write_summary(&mut stdout)
+        .map_err(|e| e.to_string())?;
+    if let Some(path) = &args.report {
+        let json = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
+        std::fs::write(path, json).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    let clean = report.teardown.as_ref().is_some_and(|t| t.clean());
+    if temp_root && clean {
+        let _ = std::fs::remove_dir_all(&root);
+    } else {
+        println!("state kept in {}", root.display());
+    }
+    Ok(report.as_expected())
+}

@@ -1,0 +1,118 @@
+//! Actual state of world: what is attached, staged and mounted on this node, including what may be
+//! mounted after an uncertain failure (`actual_state_of_world.go`). Changed only by finished operations.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use inlet_plugin::volume::{PodInfo, Spec};
+
+/// Whether a mount surely exists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MountState {
+    /// The operation succeeded.
+    Mounted,
+    /// The operation failed in a way that may have left it mounted: tear it down if no longer wanted.
+    Uncertain,
+}
+
+/// One pod's mount of a volume.
+#[derive(Debug, Clone)]
+pub struct MountedPod {
+    /// The pod.
+    pub pod: PodInfo,
+    /// The pod's name for the volume.
+    pub outer_name: String,
+    /// The spec's name (the pod's volume name, or the PV's), which names the mount dir.
+    pub spec_name: String,
+    /// The mount dir.
+    pub path: PathBuf,
+    /// Mounted or uncertain.
+    pub state: MountState,
+    /// When it was last (re)published, for `requiresRepublish`.
+    pub published_at: Instant,
+}
+
+/// A volume known on this node.
+#[derive(Debug, Clone)]
+pub struct ActualVolume {
+    /// The spec it was set up from.
+    pub spec: Spec,
+    /// Attached (or needs no attach).
+    pub attached: bool,
+    /// The staging path and its state, once staged (or possibly staged).
+    pub device: Option<(PathBuf, MountState)>,
+    /// The pods it is mounted for.
+    pub pods: BTreeMap<String, MountedPod>,
+}
+
+/// What is on this node.
+#[derive(Debug, Default)]
+pub struct ActualState {
+    volumes: BTreeMap<String, ActualVolume>,
+}
+
+impl ActualState {
+    /// Records a volume as attached (creating its entry).
+    pub fn mark_attached(&mut self, unique: &str, spec: &Spec) {
+        self.volumes
+            .entry(unique.to_string())
+            .or_insert_with(|| ActualVolume {
+                spec: spec.clone(),
+                attached: true,
+                device: None,
+                pods: BTreeMap::new(),
+            })
+            .attached = true;
+    }
+
+    /// Records the staging state.
+    pub fn set_device(&mut self, unique: &str, device: Option<(PathBuf, MountState)>) {
+        if let Some(v) = self.volumes.get_mut(unique) {
+            v.device = device;
+        }
+    }
+
+    /// Records a pod's mount.
+    pub fn set_pod(&mut self, unique: &str, mount: MountedPod) {
+        if let Some(v) = self.volumes.get_mut(unique) {
+            v.pods.insert(mount.pod.uid.clone(), mount);
+        }
+    }
+
+    /// Forgets a pod's mount.
+    pub fn remove_pod(&mut self, unique: &str, uid: &str) {
+        if let Some(v) = self.volumes.get_mut(unique) {
+            v.pods.remove(uid);
+        }
+    }
+
+    /// Forgets a volume.
+    pub fn remove(&mut self, unique: &str) {
+        self.volumes.remove(unique);
+    }
+
+    /// All volumes.
+    pub fn volumes(&self) -> &BTreeMap<String, ActualVolume> {
+        &self.volumes
+    }
+
+    /// One volume.
+    pub fn volume(&self, unique: &str) -> Option<&ActualVolume> {
+        self.volumes.get(unique)
+    }
+
+    /// The pod's mount of a volume, if surely mounted.
+    pub fn mounted(&self, unique: &str, uid: &str) -> Option<&MountedPod> {
+        self.volumes
+            .get(unique)?
+            .pods
+            .get(uid)
+            .filter(|m| m.state == MountState::Mounted)
+    }
+
+    /// True when any volume is (possibly) mounted for the pod.
+    pub fn pod_has_mounts(&self, uid: &str) -> bool {
+        self.volumes.values().any(|v| v.pods.contains_key(uid))
+    }
+}

@@ -1,0 +1,91 @@
+//! Desired state of world: the volumes this node's pods want, by unique volume name, with the pods that
+//! want each (`pkg/kubelet/volumemanager/cache/desired_state_of_world.go`). Filled by the populator.
+
+use std::collections::BTreeMap;
+
+use inlet_plugin::volume::{PodInfo, Spec};
+
+/// One pod's use of a volume.
+#[derive(Debug, Clone)]
+pub struct PodVolume {
+    /// The pod.
+    pub pod: PodInfo,
+    /// The pod's name for the volume (`spec.volumes[i].name`): what events and volumeMounts use.
+    pub outer_name: String,
+    /// The volume as the plugin sees it (for a PVC: the bound PV).
+    pub spec: Spec,
+    /// The volume's own read-only flag (inline `csi.readOnly`, the PV's or the claim's): the CRI mount is
+    /// read-only when this or the volumeMount says so.
+    pub read_only: bool,
+    /// The driver asks to be published again periodically (CSIDriver `requiresRepublish`).
+    pub requires_republish: bool,
+}
+
+/// A volume some pods want.
+#[derive(Debug, Clone)]
+pub struct DesiredVolume {
+    /// Must be attached (VolumeAttachment) before use.
+    pub attachable: bool,
+    /// Must be staged (NodeStage) before use.
+    pub device_mountable: bool,
+    /// The pods that want it, by UID.
+    pub pods: BTreeMap<String, PodVolume>,
+}
+
+/// The volumes wanted on this node.
+#[derive(Debug, Default)]
+pub struct DesiredState {
+    volumes: BTreeMap<String, DesiredVolume>,
+}
+
+impl DesiredState {
+    /// Adds a pod's use of a volume.
+    pub fn add(
+        &mut self,
+        unique: &str,
+        attachable: bool,
+        device_mountable: bool,
+        volume: PodVolume,
+    ) {
+        let entry = self
+            .volumes
+            .entry(unique.to_string())
+            .or_insert_with(|| DesiredVolume {
+                attachable,
+                device_mountable,
+                pods: BTreeMap::new(),
+            });
+        entry.pods.insert(volume.pod.uid.clone(), volume);
+    }
+
+    /// Removes every volume use of a pod; volumes no pod wants any more go.
+    pub fn remove_pod(&mut self, uid: &str) {
+        for volume in self.volumes.values_mut() {
+            volume.pods.remove(uid);
+        }
+        self.volumes.retain(|_, v| !v.pods.is_empty());
+    }
+
+    /// True when the pod's volumes have been added.
+    pub fn has_pod(&self, uid: &str) -> bool {
+        self.volumes.values().any(|v| v.pods.contains_key(uid))
+    }
+
+    /// A pod's volumes: (unique name, its use by the pod).
+    pub fn pod_volumes(&self, uid: &str) -> Vec<(String, PodVolume)> {
+        self.volumes
+            .iter()
+            .filter_map(|(name, v)| v.pods.get(uid).map(|p| (name.clone(), p.clone())))
+            .collect()
+    }
+
+    /// All wanted volumes.
+    pub fn volumes(&self) -> &BTreeMap<String, DesiredVolume> {
+        &self.volumes
+    }
+
+    /// One volume.
+    pub fn volume(&self, unique: &str) -> Option<&DesiredVolume> {
+        self.volumes.get(unique)
+    }
+}

@@ -1,0 +1,99 @@
+//! [`NodeHost`]: the [`VolumeHost`] a simulated node gives its volume plugins, over the embedded API and the
+//! node's driver registry. Reads go through `Api::get`, so each one is recorded.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use inlet_plugin::mount::MountLayer;
+use inlet_plugin::volume::csi::CsiClient;
+use inlet_plugin::volume::{TokenRequestArgs, VolumeHost};
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::storage::v1::{CSIDriver, VolumeAttachment};
+
+use super::registry::DriverRegistry;
+use crate::api::{Api, now};
+
+/// A node's host for volume plugins (also used by the attach/detach controller, with its own name).
+pub struct NodeHost {
+    /// The node's name.
+    pub node: String,
+    /// The kubelet root dir.
+    pub root: PathBuf,
+    /// The API.
+    pub api: Arc<Api>,
+    /// The node's registered drivers.
+    pub registry: Arc<DriverRegistry>,
+    /// The mount layer.
+    pub mounter: Arc<dyn MountLayer>,
+    /// Feature gates that are on.
+    pub gates: BTreeSet<String>,
+}
+
+#[async_trait]
+impl VolumeHost for NodeHost {
+    fn node_name(&self) -> &str {
+        &self.node
+    }
+
+    fn root_dir(&self) -> &Path {
+        &self.root
+    }
+
+    fn mounter(&self) -> Arc<dyn MountLayer> {
+        Arc::clone(&self.mounter)
+    }
+
+    fn feature_enabled(&self, gate: &str) -> bool {
+        self.gates.contains(gate)
+    }
+
+    async fn secret(&self, namespace: &str, name: &str) -> Result<Option<Secret>, String> {
+        Ok(self.api.get::<Secret>(namespace, name))
+    }
+
+    async fn csi_driver(&self, name: &str) -> Result<Option<CSIDriver>, String> {
+        Ok(self.api.get::<CSIDriver>("", name))
+    }
+
+    async fn csi_client(&self, driver: &str) -> Result<CsiClient, String> {
+        if driver.is_empty() {
+            return Err("driver name is empty".into());
+        }
+        self.registry.get(driver).map(|r| r.client).ok_or_else(|| {
+            format!("driver name {driver} not found in the list of registered CSI drivers")
+        })
+    }
+
+    async fn service_account_token(
+        &self,
+        request: TokenRequestArgs,
+    ) -> Result<(String, String), String> {
+        self.api.create_token(
+            &request.namespace,
+            &request.service_account,
+            request.expiration_seconds,
+        )
+    }
+
+    async fn volume_attachment(&self, name: &str) -> Result<Option<VolumeAttachment>, String> {
+        Ok(self.api.get::<VolumeAttachment>("", name))
+    }
+
+    async fn create_volume_attachment(&self, attachment: VolumeAttachment) -> Result<(), String> {
+        let name = attachment.metadata.name.clone().unwrap_or_default();
+        if self.api.peek::<VolumeAttachment>("", &name).is_none() {
+            self.api.put(attachment);
+        }
+        Ok(())
+    }
+
+    async fn delete_volume_attachment(&self, name: &str) -> Result<(), String> {
+        // Deletion is graceful: the external attacher's finalizer keeps the object until ControllerUnpublish.
+        self.api.update::<VolumeAttachment>("", name, |va| {
+            va.metadata.deletion_timestamp.get_or_insert_with(now);
+        });
+        Ok(())
+    }
+}

@@ -1,0 +1,208 @@
+//! One simulated node: a kubelet's volume manager and pod workers, over the embedded API, real CSI sockets
+//! and a CRI runtime.
+//!
+//! # Layout
+//! - `desired_state.rs`, `actual_state.rs`: what pods want, and what is attached/staged/mounted.
+//! - `populator.rs`: pods bound to this node -> desired state (PVCs resolved to their PVs).
+//! - `reconciler.rs`: unmount what is unwanted, then attach-check, stage and mount what is missing.
+//! - `operations.rs`: one operation per volume at a time, exponential backoff.
+//! - `pod_worker.rs`: start pods whose volumes are mounted (CRI), stop and clean up deleted pods.
+//! - `host.rs`: the `VolumeHost` plugins get; `registry.rs`: registered CSI drivers.
+
+mod actual_state;
+mod desired_state;
+pub mod host;
+pub mod operations;
+mod pod_worker;
+mod populator;
+mod reconciler;
+pub mod registry;
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use inlet_plugin::mount::MountLayer;
+use inlet_plugin::volume::VolumePlugin;
+use inlet_plugin::volume::csi::{CsiObserver, CsiPlugin};
+use k8s_openapi::api::core::v1::{Node, NodeStatus, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use parking_lot::Mutex;
+use tokio::sync::Notify;
+
+use actual_state::ActualState;
+pub use actual_state::MountState;
+use desired_state::DesiredState;
+use host::NodeHost;
+pub use operations::BackoffPolicy;
+use operations::Operations;
+pub use pod_worker::{ContainerReport, PodRuntime};
+use registry::DriverRegistry;
+
+use crate::api::Api;
+use crate::cri::Cri;
+
+/// How a node is set up.
+#[derive(Debug, Clone)]
+pub struct NodeConfig {
+    /// The node's name.
+    pub name: String,
+    /// The kubelet root dir of this node.
+    pub root: PathBuf,
+    /// Feature gates that are on.
+    pub gates: BTreeSet<String>,
+    /// Retry backoff for volume and pod operations.
+    pub backoff: BackoffPolicy,
+    /// How long a pod waits for its volumes before the kubelet's "Unable to attach or mount volumes" event
+    /// (upstream: 2 min 3 s).
+    pub volume_wait_timeout: Duration,
+    /// How often volumes of drivers with `requiresRepublish` are published again.
+    pub republish_period: Duration,
+}
+
+/// A simulated kubelet.
+pub struct Kubelet {
+    /// Its config.
+    pub config: NodeConfig,
+    /// The API.
+    pub api: Arc<Api>,
+    /// The registered CSI drivers.
+    pub registry: Arc<DriverRegistry>,
+    host: Arc<NodeHost>,
+    plugins: Vec<Arc<dyn VolumePlugin>>,
+    cri: Cri,
+    dsw: Mutex<DesiredState>,
+    asw: Mutex<ActualState>,
+    ops: Mutex<Operations>,
+    pods: Mutex<HashMap<String, PodRuntime>>,
+    kick: Notify,
+}
+
+impl Kubelet {
+    /// A node over `api`, reaching its runtime through `cri`.
+    pub fn new(
+        config: NodeConfig,
+        api: Arc<Api>,
+        cri: Cri,
+        mounter: Arc<dyn MountLayer>,
+        observer: Arc<dyn CsiObserver>,
+    ) -> Arc<Self> {
+        let registry = Arc::new(DriverRegistry::new(
+            &config.name,
+            Arc::clone(&api),
+            observer,
+        ));
+        let host = Arc::new(NodeHost {
+            node: config.name.clone(),
+            root: config.root.clone(),
+            api: Arc::clone(&api),
+            registry: Arc::clone(&registry),
+            mounter,
+            gates: config.gates.clone(),
+        });
+        let plugins: Vec<Arc<dyn VolumePlugin>> = vec![Arc::new(CsiPlugin::new(host.clone()))];
+        api.put(Node {
+            metadata: ObjectMeta {
+                name: Some(config.name.clone()),
+                ..Default::default()
+            },
+            ..Default::default()
+        });
+        Arc::new(Self {
+            ops: Mutex::new(Operations::new(config.backoff)),
+            config,
+            api,
+            registry,
+            host,
+            plugins,
+            cri,
+            dsw: Mutex::default(),
+            asw: Mutex::default(),
+            pods: Mutex::default(),
+            kick: Notify::new(),
+        })
+    }
+
+    /// Runs the node until `stop` resolves: on every API change, finished operation or expired backoff,
+    /// the populator, the reconciler and the pod workers each take one pass.
+    pub async fn run(self: Arc<Self>, stop: impl std::future::Future<Output = ()>) {
+        tokio::pin!(stop);
+        let mut watch = self.api.watch();
+        loop {
+            self.sync().await;
+            let next = self
+                .ops
+                .lock()
+                .next_retry()
+                .unwrap_or_else(|| Instant::now() + Duration::from_secs(1));
+            tokio::select! {
+                _ = watch.changed() => {}
+                _ = self.kick.notified() => {}
+                _ = tokio::time::sleep_until(next.into()) => {}
+                _ = &mut stop => return,
+            }
+        }
+    }
+
+    async fn sync(self: &Arc<Self>) {
+        self.populate().await;
+        self.reconcile().await;
+        self.sync_pods().await;
+        self.report_volumes_in_use();
+    }
+
+    /// Pods bound to this node.
+    fn my_pods(&self) -> Vec<Pod> {
+        self.api
+            .list::<Pod>()
+            .into_iter()
+            .filter(|p| {
+                p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(&self.config.name)
+            })
+            .collect()
+    }
+
+    /// `node.status.volumesInUse`: what the attach/detach controller must not detach. Written only when it
+    /// changes, so the node does not wake itself.
+    fn report_volumes_in_use(&self) {
+        let mut in_use: BTreeSet<String> = self.dsw.lock().volumes().keys().cloned().collect();
+        in_use.extend(self.asw.lock().volumes().keys().cloned());
+        let in_use: Vec<String> = in_use.into_iter().collect();
+        let current = self
+            .api
+            .peek::<Node>("", &self.config.name)
+            .and_then(|n| n.status)
+            .and_then(|s| s.volumes_in_use)
+            .unwrap_or_default();
+        if current != in_use {
+            self.api.update::<Node>("", &self.config.name, |n| {
+                n.status
+                    .get_or_insert_with(NodeStatus::default)
+                    .volumes_in_use = Some(in_use)
+            });
+        }
+    }
+
+    /// What the pod workers know of a pod (None before its first sync).
+    pub fn pod_runtime(&self, uid: &str) -> Option<PodRuntime> {
+        self.pods.lock().get(uid).cloned()
+    }
+
+    /// True when nothing is wanted, nothing is attached, staged or mounted, and no operation runs.
+    pub fn idle(&self) -> bool {
+        !self.ops.lock().busy()
+            && self.dsw.lock().volumes().is_empty()
+            && self.asw.lock().volumes().is_empty()
+    }
+
+    /// The plugin that handles `spec` on this node.
+    pub fn volume_plugin(&self, spec: &inlet_plugin::volume::Spec) -> Arc<dyn VolumePlugin> {
+        self.plugin_for(spec)
+    }
+
+    /// Wakes the node's loop now.
+    pub fn wake(&self) {
+        self.kick.notify_one();
+    }
+}

@@ -1,0 +1,707 @@
+//! Pod workers (`pod_workers.go`, `kuberuntime_manager.go`, much reduced): a pod starts once every volume
+//! is mounted (images, sandbox, containers with the volumes as CRI mounts); a deleted pod is stopped, its
+//! volumes are torn down by the reconciler, its directory removed, and then it leaves the API.
+
+use std::collections::HashMap;
+use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use inlet_proto::runtime::v1 as cri;
+use k8s_openapi::api::core::v1::{
+    Container, ContainerState, ContainerStateRunning, ContainerStatus, Pod, PodCondition, PodStatus,
+};
+
+use super::Kubelet;
+use super::operations::OpKey;
+use crate::api::now;
+
+/// Where a pod is in its life on the node.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub enum PodState {
+    /// Waiting for volumes (or retrying a failed start).
+    #[default]
+    Waiting,
+    /// Being started through CRI.
+    Starting,
+    /// Containers started.
+    Running,
+    /// Being stopped through CRI.
+    Killing,
+    /// Containers and sandbox gone; volumes are being torn down.
+    Terminated,
+}
+
+/// One container as the runtime reports it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ContainerReport {
+    /// The container's name.
+    pub name: String,
+    /// Its runtime id.
+    pub id: String,
+    /// Its mounts, from the runtime's ContainerStatus.
+    pub mounts: Vec<MountReport>,
+}
+
+/// One CRI mount.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct MountReport {
+    /// Where the container sees it.
+    pub container_path: String,
+    /// The host path (the volume's mount dir, or a subPath in it).
+    pub host_path: String,
+    /// Read-only in the container.
+    pub readonly: bool,
+}
+
+/// What the pod workers know of one pod.
+#[derive(Debug, Clone, Default)]
+pub struct PodRuntime {
+    /// The populator added its volumes.
+    pub volumes_added: bool,
+    /// Its state.
+    pub state: PodState,
+    /// When the node first saw it.
+    pub seen_at: Option<Instant>,
+    /// The volume-wait timeout event was recorded.
+    pub warned: bool,
+    /// The sandbox, once created.
+    pub sandbox_id: Option<String>,
+    /// Its containers, once created.
+    pub containers: Vec<ContainerReport>,
+}
+
+impl PodRuntime {
+    /// True once containers and sandbox are gone.
+    pub fn terminated(&self) -> bool {
+        self.state == PodState::Terminated
+    }
+}
+
+impl Kubelet {
+    pub(super) async fn sync_pods(self: &Arc<Self>) {
+        for pod in self.my_pods() {
+            let uid = pod.metadata.uid.clone().unwrap_or_default();
+            let (state, volumes_added, seen_at, warned) = {
+                let mut pods = self.pods.lock();
+                let rt = pods.entry(uid.clone()).or_default();
+                let seen = *rt.seen_at.get_or_insert_with(Instant::now);
+                (rt.state, rt.volumes_added, seen, rt.warned)
+            };
+            let key = OpKey {
+                volume: format!("pod/{uid}"),
+                pod: None,
+            };
+            if pod.metadata.deletion_timestamp.is_some() {
+                match state {
+                    PodState::Waiting | PodState::Running => {
+                        self.set_state(&uid, PodState::Killing);
+                        let object = pod.clone();
+                        self.spawn_pod_op(key, &uid, state, move |me| me.kill(object));
+                    }
+                    PodState::Terminated => self.finish_termination(&pod, &uid),
+                    PodState::Starting | PodState::Killing => {}
+                }
+                continue;
+            }
+            if state != PodState::Waiting || !volumes_added {
+                if state == PodState::Waiting
+                    && !warned
+                    && seen_at.elapsed() >= self.config.volume_wait_timeout
+                {
+                    self.warn_volume_timeout(&pod, &uid);
+                }
+                continue;
+            }
+            let (unmounted, unattached) = self.missing_volumes(&uid);
+            if unmounted.is_empty() {
+                self.set_state(&uid, PodState::Starting);
+                let object = pod.clone();
+                self.spawn_pod_op(key, &uid, PodState::Waiting, move |me| me.start(object));
+            } else if !warned && seen_at.elapsed() >= self.config.volume_wait_timeout {
+                self.warn_volume_timeout(&pod, &uid);
+                let _ = unattached;
+            }
+        }
+    }
+
+    /// (unmounted, unattached) volume names of a pod, by its names for them.
+    fn missing_volumes(&self, uid: &str) -> (Vec<String>, Vec<String>) {
+        let dsw = self.dsw.lock();
+        let asw = self.asw.lock();
+        let mut unmounted = Vec::new();
+        let mut unattached = Vec::new();
+        for (unique, volume) in dsw.pod_volumes(uid) {
+            if asw.mounted(&unique, uid).is_none() {
+                unmounted.push(volume.outer_name.clone());
+            }
+            if dsw.volume(&unique).is_some_and(|v| v.attachable)
+                && !asw.volume(&unique).is_some_and(|v| v.attached)
+            {
+                unattached.push(volume.outer_name);
+            }
+        }
+        (unmounted, unattached)
+    }
+
+    /// The kubelet's event after waiting too long for volumes (`volume_manager.go` WaitForAttachAndMount).
+    fn warn_volume_timeout(&self, pod: &Pod, uid: &str) {
+        let (mut unmounted, unattached) = self.missing_volumes(uid);
+        if unmounted.is_empty() {
+            unmounted = pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.volumes.as_ref())
+                .map(|v| v.iter().map(|v| v.name.clone()).collect())
+                .unwrap_or_default();
+        }
+        let message = format!(
+            "Unable to attach or mount volumes: unmounted volumes=[{}], unattached volumes=[{}]: timed out waiting for the condition",
+            unmounted.join(" "),
+            unattached.join(" ")
+        );
+        self.api
+            .record_event(pod, "Warning", "FailedMount", &message);
+        if let Some(rt) = self.pods.lock().get_mut(uid) {
+            rt.warned = true;
+        }
+    }
+
+    fn set_state(&self, uid: &str, state: PodState) {
+        if let Some(rt) = self.pods.lock().get_mut(uid) {
+            rt.state = state;
+        }
+    }
+
+    /// Runs a pod operation; on failure the pod goes back to `retry_state` and is retried after backoff.
+    fn spawn_pod_op<F, Fut>(self: &Arc<Self>, key: OpKey, uid: &str, retry_state: PodState, op: F)
+    where
+        F: FnOnce(Arc<Self>) -> Fut,
+        Fut: std::future::Future<Output = bool> + Send + 'static,
+    {
+        if !self.ops.lock().try_start(&key) {
+            self.set_state(uid, retry_state);
+            return;
+        }
+        let me = Arc::clone(self);
+        let uid = uid.to_string();
+        let run = op(Arc::clone(self));
+        tokio::spawn(async move {
+            let ok = run.await;
+            if !ok {
+                me.set_state(&uid, retry_state);
+            }
+            me.ops.lock().finish(&key, ok);
+            me.kick.notify_one();
+        });
+    }
+
+    async fn start(self: Arc<Self>, pod: Pod) -> bool {
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let spec = pod.spec.clone().unwrap_or_default();
+        for container in &spec.containers {
+            if !self.ensure_image(&pod, container).await {
+                return false;
+            }
+        }
+        let sandbox_config = self.sandbox_config(&pod);
+        let request = cri::RunPodSandboxRequest {
+            config: Some(sandbox_config.clone()),
+            runtime_handler: String::new(),
+        };
+        let sandbox_id = match self.cri.runtime.clone().run_pod_sandbox(request).await {
+            Ok(reply) => reply.into_inner().pod_sandbox_id,
+            Err(s) => {
+                let message = format!(
+                    "Failed to create pod sandbox: rpc error: code = {:?} desc = {}",
+                    s.code(),
+                    s.message()
+                );
+                self.api
+                    .record_event(&pod, "Warning", "FailedCreatePodSandBox", &message);
+                return false;
+            }
+        };
+        let mut reports = Vec::new();
+        for container in &spec.containers {
+            match self
+                .start_container(&pod, container, &sandbox_id, &sandbox_config)
+                .await
+            {
+                Ok(report) => reports.push(report),
+                Err(message) => {
+                    self.api
+                        .record_event(&pod, "Warning", "Failed", &format!("Error: {message}"));
+                    // Leave nothing half-started: the next attempt starts from a clean sandbox.
+                    let _ = self
+                        .cri
+                        .runtime
+                        .clone()
+                        .stop_pod_sandbox(cri::StopPodSandboxRequest {
+                            pod_sandbox_id: sandbox_id.clone(),
+                        })
+                        .await;
+                    let _ = self
+                        .cri
+                        .runtime
+                        .clone()
+                        .remove_pod_sandbox(cri::RemovePodSandboxRequest {
+                            pod_sandbox_id: sandbox_id.clone(),
+                        })
+                        .await;
+                    return false;
+                }
+            }
+        }
+        self.set_running_status(&pod, &reports);
+        if let Some(rt) = self.pods.lock().get_mut(&uid) {
+            rt.state = super::pod_worker::PodState::Running;
+            rt.sandbox_id = Some(sandbox_id);
+            rt.containers = reports;
+        }
+        true
+    }
+
+    /// Pulls per the container's pull policy (default: Always for `:latest` or no tag, else IfNotPresent).
+    async fn ensure_image(&self, pod: &Pod, container: &Container) -> bool {
+        let image = container.image.clone().unwrap_or_default();
+        let tagged = image
+            .rsplit('/')
+            .next()
+            .is_some_and(|last| last.contains(':') || last.contains('@'));
+        let latest = !tagged || image.ends_with(":latest");
+        let policy = container.image_pull_policy.clone().unwrap_or_else(|| {
+            if latest {
+                "Always".into()
+            } else {
+                "IfNotPresent".into()
+            }
+        });
+        let spec = cri::ImageSpec {
+            image: image.clone(),
+            ..Default::default()
+        };
+        let present = self
+            .cri
+            .image
+            .clone()
+            .image_status(cri::ImageStatusRequest {
+                image: Some(spec.clone()),
+                verbose: false,
+            })
+            .await
+            .map(|r| r.into_inner().image.is_some())
+            .unwrap_or(false);
+        match (policy.as_str(), present) {
+            ("Never", false) => {
+                let message =
+                    format!("Container image {image:?} is not present with pull policy of Never");
+                self.api
+                    .record_event(pod, "Warning", "ErrImageNeverPull", &message);
+                false
+            }
+            ("Never", true) | ("IfNotPresent", true) => true,
+            _ => {
+                self.api.record_event(
+                    pod,
+                    "Normal",
+                    "Pulling",
+                    &format!("Pulling image {image:?}"),
+                );
+                let request = cri::PullImageRequest {
+                    image: Some(spec),
+                    auth: None,
+                    sandbox_config: Some(self.sandbox_config(pod)),
+                };
+                match self.cri.image.clone().pull_image(request).await {
+                    Ok(_) => {
+                        self.api.record_event(
+                            pod,
+                            "Normal",
+                            "Pulled",
+                            &format!("Successfully pulled image {image:?}"),
+                        );
+                        true
+                    }
+                    Err(s) => {
+                        let message = format!(
+                            "Failed to pull image {image:?}: rpc error: code = {:?} desc = {}",
+                            s.code(),
+                            s.message()
+                        );
+                        self.api.record_event(pod, "Warning", "Failed", &message);
+                        false
+                    }
+                }
+            }
+        }
+    }
+
+    fn sandbox_config(&self, pod: &Pod) -> cri::PodSandboxConfig {
+        let meta = &pod.metadata;
+        let (name, namespace, uid) = (
+            meta.name.clone().unwrap_or_default(),
+            meta.namespace.clone().unwrap_or_default(),
+            meta.uid.clone().unwrap_or_default(),
+        );
+        let log_directory = self
+            .config
+            .root
+            .join("logs")
+            .join(format!("{namespace}_{name}_{uid}"));
+        let _ = std::fs::create_dir_all(&log_directory);
+        let host_network = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.host_network)
+            .unwrap_or(false);
+        cri::PodSandboxConfig {
+            metadata: Some(cri::PodSandboxMetadata {
+                name: name.clone(),
+                uid: uid.clone(),
+                namespace: namespace.clone(),
+                attempt: 0,
+            }),
+            hostname: name.clone(),
+            log_directory: log_directory.display().to_string(),
+            labels: HashMap::from([
+                ("io.kubernetes.pod.name".to_string(), name),
+                ("io.kubernetes.pod.namespace".to_string(), namespace),
+                ("io.kubernetes.pod.uid".to_string(), uid),
+            ]),
+            linux: Some(cri::LinuxPodSandboxConfig {
+                security_context: Some(cri::LinuxSandboxSecurityContext {
+                    namespace_options: Some(cri::NamespaceOption {
+                        network: if host_network {
+                            cri::NamespaceMode::Node as i32
+                        } else {
+                            cri::NamespaceMode::Pod as i32
+                        },
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    async fn start_container(
+        &self,
+        pod: &Pod,
+        container: &Container,
+        sandbox_id: &str,
+        sandbox_config: &cri::PodSandboxConfig,
+    ) -> Result<ContainerReport, String> {
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let mounts = self.container_mounts(&uid, container)?;
+        let config = cri::ContainerConfig {
+            metadata: Some(cri::ContainerMetadata {
+                name: container.name.clone(),
+                attempt: 0,
+            }),
+            image: Some(cri::ImageSpec {
+                image: container.image.clone().unwrap_or_default(),
+                ..Default::default()
+            }),
+            command: container.command.clone().unwrap_or_default(),
+            args: container.args.clone().unwrap_or_default(),
+            working_dir: container.working_dir.clone().unwrap_or_default(),
+            envs: container
+                .env
+                .iter()
+                .flatten()
+                .filter_map(|e| {
+                    e.value.clone().map(|value| cri::KeyValue {
+                        key: e.name.clone(),
+                        value,
+                    })
+                })
+                .collect(),
+            mounts,
+            labels: HashMap::from([(
+                "io.kubernetes.container.name".to_string(),
+                container.name.clone(),
+            )]),
+            log_path: format!("{}/0.log", container.name),
+            ..Default::default()
+        };
+        let rpc =
+            |s: tonic::Status| format!("rpc error: code = {:?} desc = {}", s.code(), s.message());
+        let request = cri::CreateContainerRequest {
+            pod_sandbox_id: sandbox_id.to_string(),
+            config: Some(config),
+            sandbox_config: Some(sandbox_config.clone()),
+        };
+        let id = self
+            .cri
+            .runtime
+            .clone()
+            .create_container(request)
+            .await
+            .map_err(rpc)?
+            .into_inner()
+            .container_id;
+        self.api.record_event(
+            pod,
+            "Normal",
+            "Created",
+            &format!("Created container {}", container.name),
+        );
+        self.cri
+            .runtime
+            .clone()
+            .start_container(cri::StartContainerRequest {
+                container_id: id.clone(),
+            })
+            .await
+            .map_err(rpc)?;
+        self.api.record_event(
+            pod,
+            "Normal",
+            "Started",
+            &format!("Started container {}", container.name),
+        );
+        let status = self
+            .cri
+            .runtime
+            .clone()
+            .container_status(cri::ContainerStatusRequest {
+                container_id: id.clone(),
+                verbose: false,
+            })
+            .await
+            .map_err(rpc)?;
+        let mounts = status
+            .into_inner()
+            .status
+            .map(|s| s.mounts)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|m| MountReport {
+                container_path: m.container_path,
+                host_path: m.host_path,
+                readonly: m.readonly,
+            })
+            .collect();
+        Ok(ContainerReport {
+            name: container.name.clone(),
+            id,
+            mounts,
+        })
+    }
+
+    /// The CRI mounts of a container: each volumeMount's volume dir (or subPath in it), read-only when the
+    /// volumeMount or the volume itself says so (`kubelet_pods.go` makeMounts).
+    fn container_mounts(
+        &self,
+        uid: &str,
+        container: &Container,
+    ) -> Result<Vec<cri::Mount>, String> {
+        let volumes: HashMap<String, (String, bool)> = {
+            let dsw = self.dsw.lock();
+            dsw.pod_volumes(uid)
+                .into_iter()
+                .map(|(unique, v)| (v.outer_name.clone(), (unique, v.read_only)))
+                .collect()
+        };
+        let mut mounts = Vec::new();
+        for mount in container.volume_mounts.iter().flatten() {
+            let (unique, volume_read_only) = volumes
+                .get(&mount.name)
+                .ok_or_else(|| format!("volume {:?} is not mounted", mount.name))?;
+            let dir = self
+                .asw
+                .lock()
+                .mounted(unique, uid)
+                .map(|m| m.path.clone())
+                .ok_or_else(|| format!("volume {:?} is not mounted", mount.name))?;
+            let host_path = match mount.sub_path.as_deref().filter(|s| !s.is_empty()) {
+                Some(sub) => sub_path(&dir, sub)?,
+                None => dir,
+            };
+            let propagation = match mount.mount_propagation.as_deref() {
+                Some("HostToContainer") => cri::MountPropagation::PropagationHostToContainer,
+                Some("Bidirectional") => cri::MountPropagation::PropagationBidirectional,
+                _ => cri::MountPropagation::PropagationPrivate,
+            };
+            mounts.push(cri::Mount {
+                container_path: mount.mount_path.clone(),
+                host_path: host_path.display().to_string(),
+                readonly: mount.read_only.unwrap_or(false) || *volume_read_only,
+                propagation: propagation as i32,
+                ..Default::default()
+            });
+        }
+        Ok(mounts)
+    }
+
+    fn set_running_status(&self, pod: &Pod, containers: &[ContainerReport]) {
+        let (namespace, name) = (
+            pod.metadata.namespace.clone().unwrap_or_default(),
+            pod.metadata.name.clone().unwrap_or_default(),
+        );
+        let condition = |t: &str| PodCondition {
+            type_: t.into(),
+            status: "True".into(),
+            last_transition_time: Some(now()),
+            ..Default::default()
+        };
+        let images: HashMap<String, String> = pod
+            .spec
+            .iter()
+            .flat_map(|s| s.containers.iter())
+            .map(|c| (c.name.clone(), c.image.clone().unwrap_or_default()))
+            .collect();
+        let statuses = containers
+            .iter()
+            .map(|c| ContainerStatus {
+                name: c.name.clone(),
+                container_id: Some(format!("cri://{}", c.id)),
+                image: images.get(&c.name).cloned().unwrap_or_default(),
+                ready: true,
+                started: Some(true),
+                state: Some(ContainerState {
+                    running: Some(ContainerStateRunning {
+                        started_at: Some(now()),
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })
+            .collect();
+        self.api.update::<Pod>(&namespace, &name, |p| {
+            p.status = Some(PodStatus {
+                phase: Some("Running".into()),
+                conditions: Some(
+                    [
+                        "PodReadyToStartContainers",
+                        "Initialized",
+                        "ContainersReady",
+                        "Ready",
+                        "PodScheduled",
+                    ]
+                    .map(condition)
+                    .to_vec(),
+                ),
+                container_statuses: Some(statuses),
+                host_ip: Some("127.0.0.1".into()),
+                start_time: Some(now()),
+                ..Default::default()
+            });
+        });
+    }
+
+    async fn kill(self: Arc<Self>, pod: Pod) -> bool {
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let (sandbox, containers) = self
+            .pods
+            .lock()
+            .get(&uid)
+            .map(|r| (r.sandbox_id.clone(), r.containers.clone()))
+            .unwrap_or_default();
+        let mut runtime = self.cri.runtime.clone();
+        for container in &containers {
+            self.api.record_event(
+                &pod,
+                "Normal",
+                "Killing",
+                &format!("Stopping container {}", container.name),
+            );
+            if runtime
+                .stop_container(cri::StopContainerRequest {
+                    container_id: container.id.clone(),
+                    timeout: 30,
+                })
+                .await
+                .is_err()
+            {
+                return false;
+            }
+        }
+        if let Some(sandbox) = sandbox {
+            if runtime
+                .stop_pod_sandbox(cri::StopPodSandboxRequest {
+                    pod_sandbox_id: sandbox.clone(),
+                })
+                .await
+                .is_err()
+                || runtime
+                    .remove_pod_sandbox(cri::RemovePodSandboxRequest {
+                        pod_sandbox_id: sandbox,
+                    })
+                    .await
+                    .is_err()
+            {
+                return false;
+            }
+        }
+        self.set_state(&uid, PodState::Terminated);
+        true
+    }
+
+    /// Once a terminated pod has no volume left, removes its directory (never through a mount) and the
+    /// pod object.
+    fn finish_termination(&self, pod: &Pod, uid: &str) {
+        if self.asw.lock().pod_has_mounts(uid) || self.dsw.lock().has_pod(uid) {
+            return;
+        }
+        let dir = self.config.root.join("pods").join(uid);
+        let mounter = self.host.mounter.clone();
+        let mounted = walk_dirs(&dir)
+            .into_iter()
+            .any(|d| mounter.is_mount_point(&d).unwrap_or(true));
+        if mounted {
+            tracing::warn!(
+                pod = uid,
+                "something is still mounted under {}; leaving it",
+                dir.display()
+            );
+            return;
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+        let meta = &pod.metadata;
+        let log_dir = self.config.root.join("logs").join(format!(
+            "{}_{}_{uid}",
+            meta.namespace.as_deref().unwrap_or_default(),
+            meta.name.as_deref().unwrap_or_default()
+        ));
+        let _ = std::fs::remove_dir_all(log_dir);
+        self.api.remove::<Pod>(
+            meta.namespace.as_deref().unwrap_or_default(),
+            meta.name.as_deref().unwrap_or_default(),
+        );
+        self.pods.lock().remove(uid);
+    }
+}
+
+/// A subPath inside a volume dir: relative, without `..`, created if missing (as the kubelet does).
+fn sub_path(dir: &Path, sub: &str) -> Result<PathBuf, String> {
+    let rel = Path::new(sub);
+    if rel.is_absolute() || rel.components().any(|c| matches!(c, Component::ParentDir)) {
+        return Err(format!(
+            "subPath {sub:?} must be a relative path without '..'"
+        ));
+    }
+    let path = dir.join(rel);
+    std::fs::create_dir_all(&path)
+        .map_err(|e| format!("failed to prepare subPath {sub:?}: {e}"))?;
+    Ok(path)
+}
+
+fn walk_dirs(dir: &Path) -> Vec<PathBuf> {
+    let mut dirs = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        if let Ok(entries) = std::fs::read_dir(&d) {
+            for e in entries.flatten() {
+                if e.file_type().is_ok_and(|t| t.is_dir()) {
+                    stack.push(e.path());
+                }
+            }
+        }
+        dirs.push(d);
+    }
+    dirs
+}

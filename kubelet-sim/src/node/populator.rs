@@ -1,0 +1,105 @@
+//! The desired-state populator (`desired_state_of_world_populator.go`): adds the volumes of pods bound to
+//! this node, resolving claims to their bound PVs, and removes the pods that are gone or terminated.
+
+use std::sync::Arc;
+
+use inlet_plugin::volume::PodInfo;
+use k8s_openapi::api::core::v1::Pod;
+
+use super::Kubelet;
+use super::desired_state::PodVolume;
+use crate::specs::{Reads, volume_spec};
+
+impl Kubelet {
+    pub(super) async fn populate(self: &Arc<Self>) {
+        let pods = self.my_pods();
+        // Remove pods deleted from the API, or whose containers are gone while they terminate.
+        let known: Vec<String> = pods.iter().filter_map(|p| p.metadata.uid.clone()).collect();
+        let gone: Vec<String> = {
+            let runtime = self.pods.lock();
+            let dsw = self.dsw.lock();
+            dsw.volumes()
+                .values()
+                .flat_map(|v| v.pods.keys())
+                .filter(|uid| {
+                    !known.contains(uid) || runtime.get(*uid).is_some_and(|r| r.terminated())
+                })
+                .cloned()
+                .collect()
+        };
+        for uid in gone {
+            self.dsw.lock().remove_pod(&uid);
+        }
+        for pod in pods {
+            let uid = pod.metadata.uid.clone().unwrap_or_default();
+            if pod.metadata.deletion_timestamp.is_some()
+                || self.pods.lock().get(&uid).is_some_and(|r| r.volumes_added)
+            {
+                continue;
+            }
+            match self.pod_volumes(&pod).await {
+                Ok(volumes) => {
+                    let mut dsw = self.dsw.lock();
+                    for (unique, attachable, device_mountable, volume) in volumes {
+                        dsw.add(&unique, attachable, device_mountable, volume);
+                    }
+                    drop(dsw);
+                    self.pods.lock().entry(uid).or_default().volumes_added = true;
+                }
+                Err(message) => self
+                    .api
+                    .record_event(&pod, "Warning", "FailedMount", &message),
+            }
+        }
+    }
+
+    /// Every volume of a pod with its plugin's answers; the first error names the volume.
+    async fn pod_volumes(&self, pod: &Pod) -> Result<Vec<(String, bool, bool, PodVolume)>, String> {
+        let info = PodInfo::from_pod(pod);
+        let mut out = Vec::new();
+        for volume in pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.volumes.clone())
+            .unwrap_or_default()
+        {
+            let name = volume.name.clone();
+            let fail = |e: String| format!("MountVolume.SetUp failed for volume {name:?} : {e}");
+            let (spec, read_only) =
+                volume_spec(&self.api, Reads::Recorded, pod, &info, volume).map_err(fail)?;
+            let plugin = self
+                .plugins
+                .iter()
+                .find(|p| p.can_support(&spec))
+                .ok_or_else(|| fail("no volume plugin matched".into()))?;
+            let unique = plugin
+                .unique_volume_name(&spec, &info)
+                .await
+                .map_err(|e| fail(e.message))?;
+            let attachable = match plugin.attachable() {
+                Some(a) => a
+                    .can_attach(&spec, &info)
+                    .await
+                    .map_err(|e| fail(e.message))?,
+                None => false,
+            };
+            let device_mountable = match plugin.device_mountable() {
+                Some(d) => d
+                    .can_device_mount(&spec, &info)
+                    .await
+                    .map_err(|e| fail(e.message))?,
+                None => false,
+            };
+            let requires_republish = plugin.requires_remount(&spec, &info).await;
+            let volume = PodVolume {
+                pod: info.clone(),
+                outer_name: name,
+                spec,
+                read_only,
+                requires_republish,
+            };
+            out.push((unique, attachable, device_mountable, volume));
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,380 @@
+//! The reconciler (`reconciler.go`): each pass first unmounts what no pod wants (TearDown, then
+//! UnmountDevice once no pod uses the volume), then makes wanted volumes real (attach check, MountDevice,
+//! SetUp). Work is planned under the state locks and run as operations, one per volume at a time.
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use inlet_plugin::volume::{ErrorClass, MounterArgs, PodInfo, Spec, VolumeError, VolumePlugin};
+use k8s_openapi::api::core::v1::Pod;
+
+use super::Kubelet;
+use super::actual_state::{MountState, MountedPod};
+use super::desired_state::PodVolume;
+use super::operations::OpKey;
+
+/// One piece of work a pass decided on.
+enum Action {
+    TearDown {
+        unique: String,
+        mount: MountedPod,
+        spec: Spec,
+    },
+    UnmountDevice {
+        unique: String,
+        spec: Spec,
+        path: PathBuf,
+    },
+    Forget {
+        unique: String,
+    },
+    CheckAttach {
+        unique: String,
+        volume: PodVolume,
+    },
+    MarkAttached {
+        unique: String,
+        volume: PodVolume,
+    },
+    MountDevice {
+        unique: String,
+        volume: PodVolume,
+        waiting: Vec<PodVolume>,
+    },
+    SetUp {
+        unique: String,
+        volume: PodVolume,
+    },
+}
+
+impl Kubelet {
+    pub(super) async fn reconcile(self: &Arc<Self>) {
+        for action in self.plan() {
+            match action {
+                Action::Forget { unique } => self.asw.lock().remove(&unique),
+                Action::MarkAttached { unique, volume } => {
+                    self.asw.lock().mark_attached(&unique, &volume.spec)
+                }
+                Action::CheckAttach { unique, volume } => {
+                    let owner = self.plugin_for(&volume.spec);
+                    let Some(attacher) = owner.attachable().map(|a| a.new_attacher()) else {
+                        continue;
+                    };
+                    if attacher
+                        .wait_for_attach(&volume.spec, &volume.pod, &self.config.name)
+                        .await
+                        .is_ok()
+                    {
+                        self.asw.lock().mark_attached(&unique, &volume.spec);
+                        self.kick.notify_one();
+                    }
+                }
+                Action::TearDown {
+                    unique,
+                    mount,
+                    spec,
+                } => {
+                    let key = OpKey {
+                        volume: unique.clone(),
+                        pod: Some(mount.pod.uid.clone()),
+                    };
+                    self.spawn_op(key, move |me| me.tear_down(unique, mount, spec));
+                }
+                Action::UnmountDevice { unique, spec, path } => {
+                    self.spawn_op(
+                        OpKey {
+                            volume: unique.clone(),
+                            pod: None,
+                        },
+                        move |me| me.unmount_device(unique, spec, path),
+                    );
+                }
+                Action::MountDevice {
+                    unique,
+                    volume,
+                    waiting,
+                } => {
+                    self.spawn_op(
+                        OpKey {
+                            volume: unique.clone(),
+                            pod: None,
+                        },
+                        move |me| me.mount_device(unique, volume, waiting),
+                    );
+                }
+                Action::SetUp { unique, volume } => {
+                    let key = OpKey {
+                        volume: unique.clone(),
+                        pod: Some(volume.pod.uid.clone()),
+                    };
+                    self.spawn_op(key, move |me| me.set_up(unique, volume));
+                }
+            }
+        }
+    }
+
+    fn plan(&self) -> Vec<Action> {
+        let dsw = self.dsw.lock();
+        let asw = self.asw.lock();
+        let mut actions = Vec::new();
+        // Unmount first: mounts no pod wants, then staging no pod uses, then forget what is gone.
+        for (unique, actual) in asw.volumes() {
+            let wanted = dsw.volume(unique);
+            for (uid, mount) in &actual.pods {
+                if wanted.is_none_or(|w| !w.pods.contains_key(uid)) {
+                    actions.push(Action::TearDown {
+                        unique: unique.clone(),
+                        mount: mount.clone(),
+                        spec: actual.spec.clone(),
+                    });
+                }
+            }
+            if actual.pods.is_empty() && wanted.is_none() {
+                actions.push(match &actual.device {
+                    Some((path, _)) => Action::UnmountDevice {
+                        unique: unique.clone(),
+                        spec: actual.spec.clone(),
+                        path: path.clone(),
+                    },
+                    None => Action::Forget {
+                        unique: unique.clone(),
+                    },
+                });
+            }
+        }
+        // Then mount what is wanted.
+        for (unique, desired) in dsw.volumes() {
+            let Some(first) = desired.pods.values().next() else {
+                continue;
+            };
+            let Some(actual) = asw.volume(unique) else {
+                actions.push(match desired.attachable {
+                    true => Action::CheckAttach {
+                        unique: unique.clone(),
+                        volume: first.clone(),
+                    },
+                    false => Action::MarkAttached {
+                        unique: unique.clone(),
+                        volume: first.clone(),
+                    },
+                });
+                continue;
+            };
+            if desired.device_mountable
+                && actual.device.as_ref().map(|(_, s)| *s) != Some(MountState::Mounted)
+            {
+                let waiting = desired.pods.values().cloned().collect();
+                actions.push(Action::MountDevice {
+                    unique: unique.clone(),
+                    volume: first.clone(),
+                    waiting,
+                });
+                continue;
+            }
+            for (uid, volume) in &desired.pods {
+                let republish_due = asw.mounted(unique, uid).is_some_and(|m| {
+                    volume.requires_republish
+                        && m.published_at.elapsed() >= self.config.republish_period
+                });
+                if asw.mounted(unique, uid).is_none() || republish_due {
+                    actions.push(Action::SetUp {
+                        unique: unique.clone(),
+                        volume: volume.clone(),
+                    });
+                }
+            }
+        }
+        actions
+    }
+
+    /// Starts an operation unless one conflicts or backs off; when it ends, records the outcome and wakes
+    /// the loop.
+    fn spawn_op<F, Fut>(self: &Arc<Self>, key: OpKey, op: F)
+    where
+        F: FnOnce(Arc<Self>) -> Fut,
+        Fut: Future<Output = bool> + Send + 'static,
+    {
+        if !self.ops.lock().try_start(&key) {
+            return;
+        }
+        let me = Arc::clone(self);
+        let run = op(Arc::clone(self));
+        tokio::spawn(async move {
+            let ok = run.await;
+            me.ops.lock().finish(&key, ok);
+            me.kick.notify_one();
+        });
+    }
+
+    pub(super) fn plugin_for(&self, spec: &Spec) -> Arc<dyn VolumePlugin> {
+        // The populator only adds specs some plugin supports.
+        Arc::clone(
+            self.plugins
+                .iter()
+                .find(|p| p.can_support(spec))
+                .unwrap_or(&self.plugins[0]),
+        )
+    }
+
+    fn pod_object(&self, pod: &PodInfo) -> Option<Pod> {
+        self.api
+            .peek::<Pod>(&pod.namespace, &pod.name)
+            .filter(|p| p.metadata.uid.as_deref() == Some(&pod.uid))
+    }
+
+    fn warn(&self, pod: &PodInfo, message: &str) {
+        match self.pod_object(pod) {
+            Some(object) => self
+                .api
+                .record_event(&object, "Warning", "FailedMount", message),
+            None => tracing::warn!(node = %self.config.name, pod = %pod.name, "{message}"),
+        }
+    }
+
+    async fn set_up(self: Arc<Self>, unique: String, volume: PodVolume) -> bool {
+        let plugin = self.plugin_for(&volume.spec);
+        let mounter = match plugin.new_mounter(&volume.spec, &volume.pod) {
+            Ok(m) => m,
+            Err(e) => return self.failed(&volume, "MountVolume.NewMounter", &e),
+        };
+        let path = mounter.path();
+        match mounter
+            .set_up_at(
+                &path,
+                &MounterArgs {
+                    fs_group: volume.pod.fs_group,
+                },
+            )
+            .await
+        {
+            Ok(()) => {
+                self.asw
+                    .lock()
+                    .set_pod(&unique, mounted(&volume, path, MountState::Mounted));
+                true
+            }
+            Err(e) => {
+                if e.class == ErrorClass::Uncertain
+                    && self.asw.lock().mounted(&unique, &volume.pod.uid).is_none()
+                {
+                    self.asw
+                        .lock()
+                        .set_pod(&unique, mounted(&volume, path, MountState::Uncertain));
+                }
+                self.failed(&volume, "MountVolume.SetUp", &e)
+            }
+        }
+    }
+
+    async fn tear_down(self: Arc<Self>, unique: String, mount: MountedPod, spec: Spec) -> bool {
+        let plugin = self.plugin_for(&spec);
+        let result = match plugin.new_unmounter(&mount.spec_name, &mount.pod.uid) {
+            Ok(unmounter) => unmounter.tear_down_at(&mount.path).await,
+            Err(e) => Err(e),
+        };
+        match result {
+            Ok(()) => {
+                self.asw.lock().remove_pod(&unique, &mount.pod.uid);
+                true
+            }
+            Err(e) => {
+                self.warn(
+                    &mount.pod,
+                    &format!(
+                        "UnmountVolume.TearDown failed for volume {:?} : {}",
+                        mount.outer_name, e.message
+                    ),
+                );
+                false
+            }
+        }
+    }
+
+    async fn mount_device(
+        self: Arc<Self>,
+        unique: String,
+        volume: PodVolume,
+        waiting: Vec<PodVolume>,
+    ) -> bool {
+        let owner = self.plugin_for(&volume.spec);
+        let Some(plugin) = owner.device_mountable() else {
+            return true;
+        };
+        let mounter = plugin.new_device_mounter();
+        let result = match plugin.device_mount_path(&volume.spec, &volume.pod).await {
+            Ok(path) => mounter
+                .mount_device(&volume.spec, &volume.pod, &path)
+                .await
+                .map(|()| path),
+            Err(e) => Err(e),
+        };
+        match result {
+            Ok(path) => {
+                self.asw
+                    .lock()
+                    .set_device(&unique, Some((path, MountState::Mounted)));
+                true
+            }
+            Err(e) => {
+                if e.class == ErrorClass::Uncertain {
+                    if let Ok(path) = plugin.device_mount_path(&volume.spec, &volume.pod).await {
+                        self.asw
+                            .lock()
+                            .set_device(&unique, Some((path, MountState::Uncertain)));
+                    }
+                }
+                for pod in &waiting {
+                    self.warn(
+                        &pod.pod,
+                        &format!(
+                            "MountVolume.MountDevice failed for volume {:?} : {}",
+                            pod.outer_name, e.message
+                        ),
+                    );
+                }
+                false
+            }
+        }
+    }
+
+    async fn unmount_device(self: Arc<Self>, unique: String, spec: Spec, path: PathBuf) -> bool {
+        let owner = self.plugin_for(&spec);
+        let Some(unmounter) = owner.device_mountable().map(|d| d.new_device_unmounter()) else {
+            return true;
+        };
+        match unmounter.unmount_device(&path).await {
+            Ok(()) => {
+                self.asw.lock().set_device(&unique, None);
+                true
+            }
+            Err(e) => {
+                tracing::warn!(node = %self.config.name, volume = unique, "UnmountDevice failed: {}", e.message);
+                false
+            }
+        }
+    }
+
+    fn failed(&self, volume: &PodVolume, operation: &str, e: &VolumeError) -> bool {
+        self.warn(
+            &volume.pod,
+            &format!(
+                "{operation} failed for volume {:?} : {}",
+                volume.outer_name, e.message
+            ),
+        );
+        false
+    }
+}
+
+fn mounted(volume: &PodVolume, path: PathBuf, state: MountState) -> MountedPod {
+    MountedPod {
+        pod: volume.pod.clone(),
+        outer_name: volume.outer_name.clone(),
+        spec_name: volume.spec.name().to_string(),
+        path,
+        state,
+        published_at: Instant::now(),
+    }
+}

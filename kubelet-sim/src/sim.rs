@@ -1,0 +1,595 @@
+//! A whole simulated cluster in one process: the embedded API, N nodes, their CSI drivers, a CRI runtime
+//! (cri-fake in-process, or a real one), the attach/detach controller and a trivial scheduler. The
+//! `kubelet-sim run` command and the BDD scenarios both drive it.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cri_fake::FakeRuntime;
+use inlet_plugin::mount::MountLayer;
+use inlet_plugin::volume::csi::{CsiCall, CsiObserver};
+use inlet_proto::csi::v1 as csi_proto;
+use k8s_openapi::api::core::v1::{
+    ObjectReference, PersistentVolume, PersistentVolumeClaim, Pod, PodStatus,
+};
+use k8s_openapi::api::storage::v1::VolumeAttachment;
+use parking_lot::Mutex;
+
+use crate::api::admission::Admission;
+use crate::api::manifest::{EXPECTED_PHASE_ANNOTATION, Manifest, Object};
+use crate::api::{Api, now};
+use crate::controllers::attach_detach::AttachDetach;
+use crate::cri::Cri;
+use crate::drivers::{DriverArg, DriverSource, LocalDriverHandle};
+use crate::node::{BackoffPolicy, Kubelet, NodeConfig};
+use crate::report::{EventReport, PodReport, Rejection, Report, TeardownReport};
+
+/// How a simulation is set up.
+#[derive(Clone)]
+pub struct SimConfig {
+    /// Root dir: `<root>/<node>/` is each node's kubelet root; `<root>/cri-fake/` the in-process runtime's.
+    pub root: PathBuf,
+    /// How many nodes (`node-1` ... `node-N`).
+    pub nodes: usize,
+    /// The CSI drivers.
+    pub drivers: Vec<DriverArg>,
+    /// A CRI runtime's socket; None starts cri-fake in-process.
+    pub cri: Option<PathBuf>,
+    /// Feature gates that are on (`PersistentInlineCSI`).
+    pub gates: BTreeSet<String>,
+    /// The inline-driver policy (None: every driver allowed).
+    pub allowed_inline_drivers: Option<BTreeSet<String>>,
+    /// Retry backoff.
+    pub backoff: BackoffPolicy,
+    /// How long pods wait for volumes before the kubelet's timeout event.
+    pub volume_wait_timeout: Duration,
+    /// How often `requiresRepublish` volumes are published again.
+    pub republish_period: Duration,
+    /// The mount layer (real when root).
+    pub mounter: Arc<dyn MountLayer>,
+}
+
+/// Collects every CSI call for the report.
+#[derive(Default)]
+pub struct CallLog(Mutex<Vec<CsiCall>>);
+
+impl CsiObserver for CallLog {
+    fn observe(&self, call: CsiCall) {
+        self.0.lock().push(call);
+    }
+}
+
+impl CallLog {
+    /// Every call so far.
+    pub fn calls(&self) -> Vec<CsiCall> {
+        self.0.lock().clone()
+    }
+}
+
+/// A running simulation.
+pub struct Simulation {
+    /// The API.
+    pub api: Arc<Api>,
+    /// The nodes.
+    pub nodes: Vec<Arc<Kubelet>>,
+    /// Every CSI call.
+    pub calls: Arc<CallLog>,
+    /// The in-process runtime, when no `--cri` was given.
+    pub cri_fake: Option<Arc<FakeRuntime>>,
+    config: SimConfig,
+    admission: Admission,
+    attach_detach: Arc<AttachDetach>,
+    stop: tokio::sync::watch::Sender<bool>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    local_drivers: Vec<LocalDriverHandle>,
+    rejected: Vec<Rejection>,
+    next_node: usize,
+}
+
+impl Simulation {
+    /// Starts the runtime, the nodes, their drivers (registered on every node) and the controllers.
+    pub async fn start(config: SimConfig) -> Result<Self, String> {
+        std::fs::create_dir_all(&config.root)
+            .map_err(|e| format!("{}: {e}", config.root.display()))?;
+        let api = Api::new();
+        let (stop, _) = tokio::sync::watch::channel(false);
+        let mut tasks = Vec::new();
+        let (cri, cri_fake) =
+            match &config.cri {
+                Some(socket) => (
+                    Cri::connect(socket)
+                        .await
+                        .map_err(|e| format!("--cri: {e}"))?,
+                    None,
+                ),
+                None => {
+                    let root = config.root.join("cri-fake");
+                    let runtime = Arc::new(
+                        FakeRuntime::new(root.clone(), Default::default())
+                            .map_err(|e| format!("cri-fake: {e}"))?,
+                    );
+                    let socket = root.join("cri.sock");
+                    let serving = Arc::clone(&runtime);
+                    let mut stopped = stop.subscribe();
+                    let path = socket.clone();
+                    tasks.push(tokio::spawn(async move {
+                        let _ = cri_fake::serve(&path, serving, async move {
+                            drop(stopped.changed().await)
+                        })
+                        .await;
+                    }));
+                    (connect_cri(&socket).await?, Some(runtime))
+                }
+            };
+        let calls = Arc::new(CallLog::default());
+        let nodes: Vec<Arc<Kubelet>> = (1..=config.nodes.max(1))
+            .map(|i| {
+                let name = format!("node-{i}");
+                let node_config = NodeConfig {
+                    root: config.root.join(&name),
+                    name,
+                    gates: config.gates.clone(),
+                    backoff: config.backoff,
+                    volume_wait_timeout: config.volume_wait_timeout,
+                    republish_period: config.republish_period,
+                };
+                Kubelet::new(
+                    node_config,
+                    Arc::clone(&api),
+                    cri.clone(),
+                    Arc::clone(&config.mounter),
+                    calls.clone(),
+                )
+            })
+            .collect();
+        let attach_detach = AttachDetach::new(Arc::clone(&api), &nodes, config.backoff);
+        let mut sim = Self {
+            admission: Admission {
+                allowed_inline_drivers: config.allowed_inline_drivers.clone(),
+            },
+            api,
+            nodes,
+            calls,
+            cri_fake,
+            attach_detach,
+            stop,
+            tasks,
+            local_drivers: Vec::new(),
+            rejected: Vec::new(),
+            next_node: 0,
+            config,
+        };
+        for driver in sim.config.drivers.clone() {
+            sim.add_driver(&driver).await?;
+        }
+        for node in sim.nodes.clone() {
+            let mut stopped = sim.stop.subscribe();
+            sim.tasks.push(tokio::spawn(
+                node.run(async move { drop(stopped.changed().await) }),
+            ));
+        }
+        let mut stopped = sim.stop.subscribe();
+        sim.tasks.push(tokio::spawn(
+            Arc::clone(&sim.attach_detach).run(async move { drop(stopped.changed().await) }),
+        ));
+        Ok(sim)
+    }
+
+    /// Starts (for `local`) and registers a driver on every node.
+    pub async fn add_driver(&mut self, driver: &DriverArg) -> Result<(), String> {
+        for node in self.nodes.clone() {
+            let socket = match &driver.source {
+                DriverSource::Socket(path) => path.clone(),
+                DriverSource::Local => {
+                    let handle = LocalDriverHandle::start(
+                        &driver.name,
+                        &node.config.name,
+                        &node.config.root,
+                        Arc::clone(&self.config.mounter),
+                    )
+                    .await?;
+                    let socket = handle.socket.clone();
+                    self.local_drivers.push(handle);
+                    socket
+                }
+            };
+            self.register(&node.config.name, &driver.name, &socket)
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Registers a driver serving on `socket` with one node (as its plugin watcher would).
+    pub async fn register(&self, node: &str, name: &str, socket: &Path) -> Result<(), String> {
+        let kubelet = self.node(node).ok_or_else(|| format!("no node {node:?}"))?;
+        kubelet
+            .registry
+            .register(name, socket)
+            .await
+            .map_err(|e| format!("driver {name} on {node}: {e}"))?;
+        kubelet.wake();
+        Ok(())
+    }
+
+    /// A node by name.
+    pub fn node(&self, name: &str) -> Option<Arc<Kubelet>> {
+        self.nodes.iter().find(|n| n.config.name == name).cloned()
+    }
+
+    /// Applies manifests: everything but pods first (so pods find their drivers, secrets and claims), then
+    /// pods, each admitted and bound to a node. Refused objects are kept for the report. PVs of a `local`
+    /// driver are pre-provisioned first, as an administrator would (see [`Self::provision`]).
+    pub async fn apply(&mut self, manifests: Vec<Manifest>) {
+        for manifest in &manifests {
+            if let Object::PersistentVolume(pv) = &manifest.object {
+                if let Err(message) = self.provision(pv).await {
+                    self.rejected.push(Rejection {
+                        origin: manifest.origin.clone(),
+                        message,
+                        expected: false,
+                    });
+                }
+            }
+        }
+        let (pods, others): (Vec<_>, Vec<_>) = manifests
+            .into_iter()
+            .partition(|m| matches!(m.object, Object::Pod(_)));
+        for manifest in others.into_iter().chain(pods) {
+            let expected = match &manifest.object {
+                Object::Pod(pod) => pod
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(EXPECTED_PHASE_ANNOTATION))
+                    .is_some_and(|e| e == "Rejected"),
+                _ => false,
+            };
+            if let Err(message) = self.apply_one(manifest.object) {
+                tracing::warn!(origin = manifest.origin, "{message}");
+                self.rejected.push(Rejection {
+                    origin: manifest.origin,
+                    message,
+                    expected,
+                });
+            }
+        }
+        self.bind_claims();
+    }
+
+    fn apply_one(&mut self, object: Object) -> Result<(), String> {
+        match object {
+            Object::Pod(pod) => {
+                let mut pod = self.admission.admit_pod(&self.api, *pod).map_err(|e| e.0)?;
+                let spec = pod.spec.get_or_insert_with(Default::default);
+                let node = match &spec.node_name {
+                    Some(node) => node.clone(),
+                    None => {
+                        // The scheduler: round robin over the nodes.
+                        let node = self.nodes[self.next_node % self.nodes.len()]
+                            .config
+                            .name
+                            .clone();
+                        self.next_node += 1;
+                        spec.node_name = Some(node.clone());
+                        node
+                    }
+                };
+                pod.status = Some(PodStatus {
+                    phase: Some("Pending".into()),
+                    ..Default::default()
+                });
+                let (namespace, name) = (
+                    pod.metadata.namespace.clone().unwrap_or_default(),
+                    pod.metadata.name.clone().unwrap_or_default(),
+                );
+                if self.api.peek::<Pod>(&namespace, &name).is_some() {
+                    return Err(format!("pods {name:?} already exists"));
+                }
+                self.api.put(pod.clone());
+                self.api.record_event(
+                    &pod,
+                    "Normal",
+                    "Scheduled",
+                    &format!("Successfully assigned {namespace}/{name} to {node}"),
+                );
+            }
+            Object::Secret(secret) => self
+                .api
+                .put(self.admission.admit_secret(*secret).map_err(|e| e.0)?),
+            Object::CsiDriver(driver) => self
+                .api
+                .put(self.admission.admit_csi_driver(*driver).map_err(|e| e.0)?),
+            Object::PersistentVolume(pv) => self.api.put(*pv),
+            Object::PersistentVolumeClaim(mut pvc) => {
+                pvc.metadata
+                    .namespace
+                    .get_or_insert_with(|| "default".into());
+                self.api.put(*pvc);
+            }
+            Object::ServiceAccount(mut sa) => {
+                sa.metadata
+                    .namespace
+                    .get_or_insert_with(|| "default".into());
+                self.api.put(*sa);
+            }
+            Object::Namespace(_) => {}
+        }
+        Ok(())
+    }
+
+    /// The PV controller, for pre-bound volumes only (no provisioning): a claim naming a PV, or a PV whose
+    /// claimRef names a claim, binds both.
+    fn bind_claims(&self) {
+        for pvc in self.api.list::<PersistentVolumeClaim>() {
+            if pvc.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound") {
+                continue;
+            }
+            let (namespace, name) = (
+                pvc.metadata.namespace.clone().unwrap_or_default(),
+                pvc.metadata.name.clone().unwrap_or_default(),
+            );
+            let claimed_by = |pv: &PersistentVolume| {
+                pv.spec
+                    .as_ref()
+                    .and_then(|s| s.claim_ref.as_ref())
+                    .is_some_and(|r| {
+                        r.name.as_deref() == Some(&name)
+                            && r.namespace.as_deref() == Some(&namespace)
+                    })
+            };
+            let named = pvc.spec.as_ref().and_then(|s| s.volume_name.clone());
+            let pv = match named {
+                Some(pv_name) => self.api.peek::<PersistentVolume>("", &pv_name),
+                None => self
+                    .api
+                    .list::<PersistentVolume>()
+                    .into_iter()
+                    .find(claimed_by),
+            };
+            let Some(pv) = pv else { continue };
+            let pv_name = pv.metadata.name.clone().unwrap_or_default();
+            self.api
+                .update::<PersistentVolumeClaim>(&namespace, &name, |c| {
+                    c.spec.get_or_insert_with(Default::default).volume_name = Some(pv_name.clone());
+                    c.status.get_or_insert_with(Default::default).phase = Some("Bound".into());
+                });
+            self.api.update::<PersistentVolume>("", &pv_name, |p| {
+                let spec = p.spec.get_or_insert_with(Default::default);
+                spec.claim_ref.get_or_insert_with(|| ObjectReference {
+                    name: Some(name.clone()),
+                    namespace: Some(namespace.clone()),
+                    ..Default::default()
+                });
+                p.status.get_or_insert_with(Default::default).phase = Some("Bound".into());
+            });
+        }
+    }
+
+    /// Pre-provisions a PV's volume on every node's `local` driver (CreateVolume named by the PV's handle,
+    /// of the PV's capacity): the step an administrator takes before writing a static PV. Volumes of other
+    /// drivers are the user's to create.
+    async fn provision(&self, pv: &PersistentVolume) -> Result<(), String> {
+        let Some(csi) = pv.spec.as_ref().and_then(|s| s.csi.as_ref()) else {
+            return Ok(());
+        };
+        let local = self
+            .config
+            .drivers
+            .iter()
+            .any(|d| d.name == csi.driver && d.source == DriverSource::Local);
+        if !local {
+            return Ok(());
+        }
+        let name = pv.metadata.name.clone().unwrap_or_default();
+        let storage = pv
+            .spec
+            .as_ref()
+            .and_then(|s| s.capacity.as_ref())
+            .and_then(|c| c.get("storage"))
+            .map(|q| q.0.clone())
+            .unwrap_or_else(|| "1Gi".into());
+        let bytes = inlet_plugin::quantity::parse_bytes(&storage)
+            .map_err(|e| format!("PersistentVolume {name:?}: spec.capacity.storage: {e}"))?;
+        for handle in self.local_drivers.iter().filter(|h| h.name == csi.driver) {
+            let channel = inlet_proto::uds::connect(&handle.socket)
+                .await
+                .map_err(|e| e.to_string())?;
+            let request = csi_proto::CreateVolumeRequest {
+                name: csi.volume_handle.clone(),
+                capacity_range: Some(csi_proto::CapacityRange {
+                    required_bytes: i64::try_from(bytes).unwrap_or(i64::MAX),
+                    limit_bytes: 0,
+                }),
+                volume_capabilities: vec![csi_proto::VolumeCapability {
+                    access_mode: Some(csi_proto::volume_capability::AccessMode {
+                        mode: csi_proto::volume_capability::access_mode::Mode::SingleNodeWriter
+                            as i32,
+                    }),
+                    access_type: Some(csi_proto::volume_capability::AccessType::Mount(
+                        Default::default(),
+                    )),
+                }],
+                ..Default::default()
+            };
+            csi_proto::controller_client::ControllerClient::new(channel)
+                .create_volume(request)
+                .await
+                .map_err(|s| {
+                    format!(
+                        "pre-provisioning PersistentVolume {name:?} on {}: {}",
+                        handle.node,
+                        s.message()
+                    )
+                })?;
+        }
+        Ok(())
+    }
+
+    /// Starts deleting a pod (graceful: the node stops it, tears its volumes down, then it leaves the API).
+    pub fn delete_pod(&self, namespace: &str, name: &str) -> bool {
+        self.api.update::<Pod>(namespace, name, |p| {
+            p.metadata.deletion_timestamp.get_or_insert_with(now);
+        })
+    }
+
+    /// Waits until `done` holds for the current report, or the timeout passes; true when it held. Wakes on
+    /// every API change and every few milliseconds for operations that change only node state.
+    pub async fn wait_until(&self, timeout: Duration, done: impl Fn(&Report) -> bool) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut watch = self.api.watch();
+        loop {
+            if done(&self.report()) {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            tokio::select! {
+                _ = watch.changed() => {}
+                _ = tokio::time::sleep(Duration::from_millis(20)) => {}
+                _ = tokio::time::sleep_until(deadline.into()) => {}
+            }
+        }
+    }
+
+    /// The report now.
+    pub fn report(&self) -> Report {
+        let mut pods: Vec<PodReport> = self
+            .api
+            .list::<Pod>()
+            .iter()
+            .map(|p| self.pod_report(p))
+            .collect();
+        pods.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+        Report {
+            pods,
+            csi_calls: self.calls.calls(),
+            api_reads: self.api.reads(),
+            volume_attachments: self.attach_detach.report(),
+            rejected: self.rejected.clone(),
+            teardown: None,
+        }
+    }
+
+    fn pod_report(&self, pod: &Pod) -> PodReport {
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let node = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.clone())
+            .unwrap_or_default();
+        let containers = self
+            .node(&node)
+            .and_then(|n| n.pod_runtime(&uid))
+            .map(|r| r.containers)
+            .unwrap_or_default();
+        PodReport {
+            namespace: pod.metadata.namespace.clone().unwrap_or_default(),
+            name: pod.metadata.name.clone().unwrap_or_default(),
+            phase: pod
+                .status
+                .as_ref()
+                .and_then(|s| s.phase.clone())
+                .unwrap_or_else(|| "Pending".into()),
+            expected_phase: pod
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(EXPECTED_PHASE_ANNOTATION).cloned())
+                .unwrap_or_else(|| "Running".into()),
+            volumes: pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.volumes.as_ref())
+                .map(|v| v.iter().map(|v| v.name.clone()).collect())
+                .unwrap_or_default(),
+            events: self
+                .api
+                .events_for(&uid)
+                .into_iter()
+                .map(|e| EventReport {
+                    type_: e.type_.unwrap_or_default(),
+                    reason: e.reason.unwrap_or_default(),
+                    message: e.message.unwrap_or_default(),
+                    count: e.count.unwrap_or(1),
+                })
+                .collect(),
+            containers,
+            uid,
+            node,
+        }
+    }
+
+    /// Deletes every pod and waits until they, their volumes and their attachments are gone; then looks
+    /// for anything left under the root.
+    pub async fn teardown(&self, timeout: Duration) -> TeardownReport {
+        for pod in self.api.list::<Pod>() {
+            self.delete_pod(
+                pod.metadata.namespace.as_deref().unwrap_or_default(),
+                pod.metadata.name.as_deref().unwrap_or_default(),
+            );
+        }
+        let gone = || {
+            self.api.list::<Pod>().is_empty()
+                && self.api.list::<VolumeAttachment>().is_empty()
+                && self.nodes.iter().all(|n| n.idle())
+        };
+        let complete = self.wait_until(timeout, |_| gone()).await;
+        let mut leftover_mounts = Vec::new();
+        let mut leftover_pod_dirs = Vec::new();
+        for node in &self.nodes {
+            let pods_dir = node.config.root.join("pods");
+            for entry in std::fs::read_dir(&pods_dir).into_iter().flatten().flatten() {
+                leftover_pod_dirs.push(entry.path().display().to_string());
+            }
+            let mut stack = vec![node.config.root.clone()];
+            while let Some(dir) = stack.pop() {
+                if self.config.mounter.is_mount_point(&dir).unwrap_or(false) {
+                    leftover_mounts.push(dir.display().to_string());
+                    continue;
+                }
+                for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+                    if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                        stack.push(entry.path());
+                    }
+                }
+            }
+        }
+        let leftover_attachments = self
+            .api
+            .list::<VolumeAttachment>()
+            .into_iter()
+            .filter_map(|v| v.metadata.name)
+            .collect();
+        TeardownReport {
+            complete,
+            leftover_mounts,
+            leftover_pod_dirs,
+            leftover_attachments,
+        }
+    }
+
+    /// Stops controllers, nodes, drivers and the in-process runtime.
+    pub async fn shutdown(mut self) {
+        let _ = self.stop.send(true);
+        for task in self.tasks.drain(..) {
+            let _ = task.await;
+        }
+        for driver in self.local_drivers.drain(..) {
+            driver.stop().await;
+        }
+    }
+}
+
+async fn connect_cri(socket: &Path) -> Result<Cri, String> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match Cri::connect(socket).await {
+            Ok(cri) => return Ok(cri),
+            Err(e) if Instant::now() >= deadline => return Err(format!("cri-fake: {e}")),
+            Err(_) => tokio::time::sleep(Duration::from_millis(5)).await,
+        }
+    }
+}

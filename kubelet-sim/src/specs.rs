@@ -1,0 +1,95 @@
+//! A pod volume as a plugin [`Spec`]: inline sources as written (with the KEP draft's fields), claims as
+//! their bound PVs. Shared by the node's populator and the attach/detach controller.
+
+use inlet_plugin::volume::{InlineCsi, PodInfo, Spec};
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod, Volume};
+
+use crate::api::Api;
+use crate::api::manifest::draft_fields;
+
+/// How a caller reads the API: a node's direct reads are recorded for the report; a controller's come from
+/// its informer cache and are not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reads {
+    /// `Api::get`, recorded.
+    Recorded,
+    /// `Api::peek`, not recorded.
+    Cached,
+}
+
+fn read<T: crate::api::store::Kind>(
+    api: &Api,
+    reads: Reads,
+    namespace: &str,
+    name: &str,
+) -> Option<T> {
+    match reads {
+        Reads::Recorded => api.get(namespace, name),
+        Reads::Cached => api.peek(namespace, name),
+    }
+}
+
+/// The spec of one pod volume, and the volume's own read-only flag. Errors are in upstream's words.
+pub fn volume_spec(
+    api: &Api,
+    reads: Reads,
+    pod: &Pod,
+    info: &PodInfo,
+    volume: Volume,
+) -> Result<(Spec, bool), String> {
+    if let Some(source) = volume.csi.clone() {
+        let (volume_handle, controller_publish_secret, node_stage_secret) =
+            draft_fields(pod, &volume.name);
+        let read_only = source.read_only.unwrap_or(false);
+        let csi = InlineCsi {
+            source,
+            volume_handle,
+            controller_publish_secret,
+            node_stage_secret,
+        };
+        return Ok((
+            Spec::Inline {
+                volume: Box::new(volume),
+                csi: Some(csi),
+            },
+            read_only,
+        ));
+    }
+    if let Some(claim) = &volume.persistent_volume_claim {
+        let pvc = read::<PersistentVolumeClaim>(api, reads, &info.namespace, &claim.claim_name)
+            .ok_or_else(|| format!("persistentvolumeclaim {:?} not found", claim.claim_name))?;
+        let phase = pvc
+            .status
+            .as_ref()
+            .and_then(|s| s.phase.clone())
+            .unwrap_or_default();
+        let pv_name = pvc
+            .spec
+            .as_ref()
+            .and_then(|s| s.volume_name.clone())
+            .unwrap_or_default();
+        if phase != "Bound" || pv_name.is_empty() {
+            return Err(format!(
+                "PVC {}/{} has non-bound phase ({phase:?}) or empty pvc.Spec.VolumeName ({pv_name:?})",
+                info.namespace, claim.claim_name
+            ));
+        }
+        let pv = read::<PersistentVolume>(api, reads, "", &pv_name)
+            .ok_or_else(|| format!("persistentvolume {pv_name:?} not found"))?;
+        let read_only = claim.read_only.unwrap_or(false);
+        return Ok((
+            Spec::Persistent {
+                pv: Box::new(pv),
+                read_only,
+            },
+            read_only,
+        ));
+    }
+    Ok((
+        Spec::Inline {
+            volume: Box::new(volume),
+            csi: None,
+        },
+        false,
+    ))
+}
