@@ -1,6 +1,7 @@
 //! The CSI drivers a simulation runs against: `NAME=local` starts inlet's local driver in-process for each
-//! node, on that node's own socket (as a DaemonSet would); `NAME=unix:///PATH` uses a driver already
-//! serving there (one a user is developing), shared by every simulated node.
+//! node, on that node's own socket (as a DaemonSet would), and `NAME=local:attach` the same with
+//! ControllerPublish/Unpublish enabled; `NAME=unix:///PATH` uses a driver already serving there (one a
+//! user is developing), shared by every simulated node.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -12,8 +13,11 @@ use inlet_plugin::server::serve_csi_on;
 /// Where a driver comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DriverSource {
-    /// inlet's local driver, started per node.
-    Local,
+    /// inlet's local driver, started per node; `attach` enables ControllerPublish/Unpublish.
+    Local {
+        /// Started with `--enable-attach`.
+        attach: bool,
+    },
     /// An external driver on a socket.
     Socket(PathBuf),
 }
@@ -38,7 +42,8 @@ impl std::str::FromStr for DriverArg {
             return Err(format!("{text:?}: the driver name is empty"));
         }
         let source = match source {
-            "local" => DriverSource::Local,
+            "local" => DriverSource::Local { attach: false },
+            "local:attach" => DriverSource::Local { attach: true },
             endpoint => DriverSource::Socket(
                 inlet_proto::uds::socket_path(endpoint).map_err(|e| format!("{text:?}: {e}"))?,
             ),
@@ -69,6 +74,7 @@ impl LocalDriverHandle {
         name: &str,
         node: &str,
         node_root: &Path,
+        attach: bool,
         mounter: Arc<dyn MountLayer>,
     ) -> Result<Self, String> {
         let dir = node_root.join("plugins").join(name);
@@ -80,7 +86,9 @@ impl LocalDriverHandle {
             capacity_bytes: 10 << 30,
             max_volume_bytes: 10 << 30,
             default_volume_bytes: 100 << 20,
-            enable_attach: false,
+            enable_attach: attach,
+            // As csi-driver-host-path's deployments do, so inline volumes work without podInfoOnMount.
+            ephemeral_default: true,
         };
         let driver = LocalDriver::open(config, mounter)
             .map_err(|e| format!("local driver {name} on {node}: {e}"))?;
@@ -131,7 +139,11 @@ mod tests {
     fn parses_driver_flags() {
         assert_eq!(
             "a.dev=local".parse::<DriverArg>().unwrap().source,
-            DriverSource::Local
+            DriverSource::Local { attach: false }
+        );
+        assert_eq!(
+            "a.dev=local:attach".parse::<DriverArg>().unwrap().source,
+            DriverSource::Local { attach: true }
         );
         assert_eq!(
             "a.dev=unix:///run/x.sock"

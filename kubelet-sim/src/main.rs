@@ -36,8 +36,8 @@ struct RunArgs {
     /// Kubernetes YAML files or directories: Pods, Secrets, CSIDrivers, PVs, PVCs, ServiceAccounts.
     #[arg(long, required = true, num_args = 1..)]
     manifests: Vec<PathBuf>,
-    /// A CSI driver: NAME=local starts inlet's local driver on every node; NAME=unix:///PATH uses a driver
-    /// serving there. Repeatable.
+    /// A CSI driver: NAME=local starts inlet's local driver on every node (NAME=local:attach with
+    /// ControllerPublish enabled); NAME=unix:///PATH uses a driver serving there. Repeatable.
     #[arg(long = "driver")]
     drivers: Vec<DriverArg>,
     /// A CRI runtime's socket (for example containerd's). Without it, cri-fake runs in-process.

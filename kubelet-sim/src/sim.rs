@@ -182,11 +182,12 @@ impl Simulation {
         for node in self.nodes.clone() {
             let socket = match &driver.source {
                 DriverSource::Socket(path) => path.clone(),
-                DriverSource::Local => {
+                DriverSource::Local { attach } => {
                     let handle = LocalDriverHandle::start(
                         &driver.name,
                         &node.config.name,
                         &node.config.root,
+                        *attach,
                         Arc::clone(&self.config.mounter),
                     )
                     .await?;
@@ -378,7 +379,7 @@ impl Simulation {
             .config
             .drivers
             .iter()
-            .any(|d| d.name == csi.driver && d.source == DriverSource::Local);
+            .any(|d| d.name == csi.driver && matches!(d.source, DriverSource::Local { .. }));
         if !local {
             return Ok(());
         }

@@ -44,6 +44,7 @@ async fn run(iterations: usize) {
         max_volume_bytes: 1 << 30,
         default_volume_bytes: 1 << 20,
         enable_attach: false,
+        ephemeral_default: false,
     };
     let socket = dir.path().join("csi.sock");
     let service = LocalService::new(LocalDriver::open(config, mounter).unwrap());

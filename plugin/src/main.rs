@@ -60,6 +60,10 @@ struct ServeArgs {
     /// inline volume without a `size` attribute.
     #[arg(long, default_value = "100Mi", value_parser = parse_bytes)]
     default_volume_size: u64,
+    /// Treat a NodePublishVolume without the csi.storage.k8s.io/ephemeral key (the kubelet sends it only
+    /// with podInfoOnMount: true), without a staging path, of an unknown volume as ephemeral.
+    #[arg(long)]
+    ephemeral: bool,
     /// Target and staging paths must be inside this directory (the kubelet's root dir).
     #[arg(long, default_value = "/var/lib/kubelet")]
     kubelet_dir: PathBuf,
@@ -145,6 +149,7 @@ async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
         max_volume_bytes: args.max_volume_size.unwrap_or(args.capacity),
         default_volume_bytes: args.default_volume_size,
         enable_attach: args.enable_attach,
+        ephemeral_default: args.ephemeral,
     };
     tracing::info!(driver = %config.name, node_id = %config.node_id, state_dir = %config.state_dir.display(), "starting local driver");
     let driver = LocalDriver::open(config, mounter)?;

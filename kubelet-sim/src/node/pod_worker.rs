@@ -253,12 +253,13 @@ impl Kubelet {
                 }
             }
         }
-        self.set_running_status(&pod, &reports);
+        // Record the containers before the status says Running, so whoever sees Running finds them.
         if let Some(rt) = self.pods.lock().get_mut(&uid) {
-            rt.state = super::pod_worker::PodState::Running;
+            rt.state = PodState::Running;
             rt.sandbox_id = Some(sandbox_id);
-            rt.containers = reports;
+            rt.containers = reports.clone();
         }
+        self.set_running_status(&pod, &reports);
         true
     }
 

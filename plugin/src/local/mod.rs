@@ -53,6 +53,10 @@ pub struct LocalConfig {
     pub default_volume_bytes: u64,
     /// Offer ControllerPublish/Unpublish, and require it before NodeStage.
     pub enable_attach: bool,
+    /// Treat a publish without the `csi.storage.k8s.io/ephemeral` key, without a staging path, of an
+    /// unknown volume as ephemeral (csi-driver-host-path's `--ephemeral`): the kubelet sends the key only
+    /// when the CSIDriver has `podInfoOnMount: true`.
+    pub ephemeral_default: bool,
 }
 
 /// The driver's core: its config, its records and the mount layer. Methods are synchronous and take

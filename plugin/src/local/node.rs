@@ -165,7 +165,14 @@ impl LocalDriver {
             access_mode: cap.mode as i32,
         };
 
-        let created = match ephemeral_request(&req.volume_context)? {
+        let known = self.store.volume(id).is_some_and(|v| !v.ephemeral);
+        let ephemeral = ephemeral_request(
+            &req.volume_context,
+            self.config.ephemeral_default,
+            &req.staging_target_path,
+            known,
+        )?;
+        let created = match ephemeral {
             true => {
                 self.ensure_ephemeral(id, &cap, &req.volume_context, (&target, &publication))?
             }
@@ -517,10 +524,20 @@ impl LocalDriver {
     }
 }
 
-/// True when the kubelet marked this publish as an inline ephemeral volume.
-fn ephemeral_request(context: &HashMap<String, String>) -> Result<bool> {
+/// True when this publish is for an inline ephemeral volume: the kubelet says so
+/// (`csi.storage.k8s.io/ephemeral: "true"`, sent only with podInfoOnMount), or, when the driver runs with
+/// `ephemeral_default` (csi-driver-host-path's `--ephemeral`), the key is absent and the publish has no
+/// staging path for a volume the driver does not know: a persistent volume is always staged first, since
+/// this driver has STAGE_UNSTAGE_VOLUME.
+fn ephemeral_request(
+    context: &HashMap<String, String>,
+    ephemeral_default: bool,
+    staging_path: &str,
+    known: bool,
+) -> Result<bool> {
     match context.get(EPHEMERAL_KEY).map(String::as_str) {
-        None | Some("false") => Ok(false),
+        None => Ok(ephemeral_default && staging_path.is_empty() && !known),
+        Some("false") => Ok(false),
         Some("true") => Ok(true),
         Some(other) => Err(Error::invalid(
             format!("volume_context[{EPHEMERAL_KEY:?}]"),

@@ -27,6 +27,7 @@ pub const GI: i64 = 1 << 30;
 #[derive(Clone)]
 pub struct Options {
     pub enable_attach: bool,
+    pub ephemeral_default: bool,
     pub capacity: u64,
     pub max_volume: u64,
     pub default_volume: u64,
@@ -36,6 +37,7 @@ impl Default for Options {
     fn default() -> Self {
         Self {
             enable_attach: false,
+            ephemeral_default: false,
             capacity: 1 << 30,
             max_volume: 256 << 20,
             default_volume: 16 << 20,
@@ -78,6 +80,7 @@ impl Fixture {
             max_volume_bytes: options.max_volume,
             default_volume_bytes: options.default_volume,
             enable_attach: options.enable_attach,
+            ephemeral_default: options.ephemeral_default,
         };
         std::fs::create_dir_all(&config.kubelet_dir).unwrap();
         let driver = LocalDriver::open(config, Arc::clone(&mounter)).expect("driver opens");

@@ -1,0 +1,614 @@
+//! The BDD scenarios under `features/`: KEP-596's behaviours, run through the same simulation, plugin,
+//! local driver and cri-fake as `kubelet-sim run`, over real sockets (real mounts when root).
+//!
+//! Steps wait on the API's change notifications with a deadline, never on fixed sleeps. A custom harness
+//! (`harness = false`): libtest's flags (`--nocapture`) are accepted and ignored; the last line is
+//! `bdd: N passed, N failed, N skipped` for any CI log reader.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use cucumber::gherkin::Step;
+use cucumber::{StatsWriter, World, given, then, when};
+use inlet_plugin::mount::{LinuxMounter, MountLayer, RecordingMounter, can_mount};
+use inlet_plugin::volume::csi::CsiCall;
+use inlet_plugin::volume::csi::handle::{attachment_name, ephemeral_volume_handle};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::storage::v1::VolumeAttachment;
+use kubelet_sim::api::manifest;
+use kubelet_sim::drivers::DriverArg;
+use kubelet_sim::node::BackoffPolicy;
+use kubelet_sim::report::{Report, TeardownReport};
+use kubelet_sim::sim::{SimConfig, Simulation};
+
+/// How long a step waits for the simulation to reach a state.
+const WAIT: Duration = Duration::from_secs(15);
+
+#[derive(World)]
+#[world(init = Self::new)]
+struct Sim {
+    dir: tempfile::TempDir,
+    drivers: Vec<DriverArg>,
+    manifests: Vec<String>,
+    gates: BTreeSet<String>,
+    allowed: Option<BTreeSet<String>>,
+    nodes: usize,
+    sim: Option<Simulation>,
+    /// Pod name -> UID, kept after pods are deleted.
+    uids: BTreeMap<String, String>,
+    teardown: Option<TeardownReport>,
+}
+
+impl std::fmt::Debug for Sim {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sim")
+            .field("root", &self.dir.path())
+            .field("drivers", &self.drivers)
+            .finish()
+    }
+}
+
+impl Sim {
+    fn new() -> Self {
+        Self {
+            dir: tempfile::tempdir().expect("temp dir"),
+            drivers: Vec::new(),
+            manifests: Vec::new(),
+            gates: BTreeSet::new(),
+            allowed: None,
+            nodes: 1,
+            sim: None,
+            uids: BTreeMap::new(),
+            teardown: None,
+        }
+    }
+
+    fn sim(&self) -> &Simulation {
+        self.sim
+            .as_ref()
+            .expect("the simulation runs (add the step \"When the simulation runs\")")
+    }
+
+    fn report(&self) -> Report {
+        self.sim().report()
+    }
+
+    fn uid(&self, pod: &str) -> String {
+        self.uids
+            .get(pod)
+            .cloned()
+            .unwrap_or_else(|| panic!("no pod {pod:?} was seen"))
+    }
+
+    fn remember_uids(&mut self) {
+        for pod in self.sim().api.list::<Pod>() {
+            self.uids.insert(
+                pod.metadata.name.clone().unwrap_or_default(),
+                pod.metadata.uid.clone().unwrap_or_default(),
+            );
+        }
+    }
+
+    /// The calls of a method for one pod volume (matched by its mount dir, or for stage calls by handle).
+    fn calls_for(&self, method: &str, pod: &str, volume: &str) -> Vec<CsiCall> {
+        let dir = format!(
+            "/pods/{}/volumes/kubernetes.io~csi/{volume}/mount",
+            self.uid(pod)
+        );
+        self.report()
+            .csi_calls
+            .into_iter()
+            .filter(|c| c.method == method && c.target_path.ends_with(&dir))
+            .collect()
+    }
+
+    fn publish_of(&self, pod: &str, volume: &str) -> CsiCall {
+        self.calls_for("NodePublishVolume", pod, volume)
+            .into_iter()
+            .find(|c| c.code == "OK")
+            .unwrap_or_else(|| {
+                panic!(
+                    "no successful NodePublishVolume for {pod}/{volume}: {:#?}",
+                    self.report().csi_calls
+                )
+            })
+    }
+
+    async fn apply(&mut self, yaml: &str) {
+        let manifests = manifest::parse(yaml, "scenario").expect("the scenario's YAML parses");
+        let sim = self.sim.as_mut().expect("running");
+        sim.apply(manifests).await;
+        self.remember_uids();
+    }
+
+    async fn wait(&self, what: &str, done: impl Fn(&Report) -> bool) {
+        if !self.sim().wait_until(WAIT, &done).await {
+            panic!(
+                "timed out waiting until {what}; report: {}",
+                serde_json::to_string_pretty(&self.report()).unwrap_or_default()
+            );
+        }
+    }
+}
+
+// ---- Given ----
+
+#[given(regex = r#"^the local driver "([^"]+)"( with attach)?$"#)]
+fn local_driver(w: &mut Sim, name: String, attach: String) {
+    let source = if attach.is_empty() {
+        "local"
+    } else {
+        "local:attach"
+    };
+    w.drivers
+        .push(format!("{name}={source}").parse().expect("driver"));
+}
+
+#[given(regex = r#"^a CSIDriver "([^"]+)" with:$"#)]
+fn csi_driver(w: &mut Sim, name: String, step: &Step) {
+    let spec = step.docstring.clone().unwrap_or_default();
+    let spec: String = spec.lines().map(|l| format!("  {l}\n")).collect();
+    w.manifests.push(format!(
+        "apiVersion: storage.k8s.io/v1\nkind: CSIDriver\nmetadata: {{name: {name}}}\nspec:\n{spec}"
+    ));
+}
+
+#[given(regex = r#"^no CSIDriver object for "([^"]+)"$"#)]
+fn no_csi_driver(_w: &mut Sim, _name: String) {}
+
+#[given(regex = r"^the manifests:$")]
+fn manifests(w: &mut Sim, step: &Step) {
+    w.manifests.push(step.docstring.clone().unwrap_or_default());
+}
+
+#[given(regex = r#"^the feature gate "PersistentInlineCSI" is on$"#)]
+fn gate_on(w: &mut Sim) {
+    w.gates.insert("PersistentInlineCSI".into());
+}
+
+#[given(regex = r#"^inline CSI drivers are limited to "([^"]*)"$"#)]
+fn limited(w: &mut Sim, list: String) {
+    w.allowed = Some(
+        list.split(',')
+            .map(str::trim)
+            .filter(|d| !d.is_empty())
+            .map(String::from)
+            .collect(),
+    );
+}
+
+#[given(regex = r"^(\d+) nodes$")]
+fn nodes(w: &mut Sim, n: usize) {
+    w.nodes = n;
+}
+
+// ---- When ----
+
+/// Starts the simulation and applies the manifests; waits until every pod is Running or has a warning.
+#[when(regex = r"^the simulation runs$")]
+async fn runs(w: &mut Sim) {
+    let mounter: Arc<dyn MountLayer> = if can_mount() {
+        Arc::new(LinuxMounter)
+    } else {
+        Arc::new(RecordingMounter::new())
+    };
+    let config = SimConfig {
+        root: w.dir.path().join("root"),
+        nodes: w.nodes,
+        drivers: w.drivers.clone(),
+        cri: None,
+        gates: w.gates.clone(),
+        allowed_inline_drivers: w.allowed.clone(),
+        backoff: BackoffPolicy {
+            initial: Duration::from_millis(20),
+            max: Duration::from_millis(300),
+        },
+        volume_wait_timeout: Duration::from_secs(60),
+        republish_period: Duration::from_millis(300),
+        mounter,
+    };
+    w.sim = Some(
+        Simulation::start(config)
+            .await
+            .expect("the simulation starts"),
+    );
+    let yaml = w.manifests.join("\n---\n");
+    w.apply(&yaml).await;
+    w.wait("every pod is Running or has a warning", |r| {
+        r.pods
+            .iter()
+            .all(|p| p.phase == "Running" || p.events.iter().any(|e| e.type_ == "Warning"))
+    })
+    .await;
+}
+
+#[when(regex = r"^these manifests are applied:$")]
+async fn applied(w: &mut Sim, step: &Step) {
+    w.apply(&step.docstring.clone().unwrap_or_default()).await;
+}
+
+#[when(regex = r#"^the local driver "([^"]+)" registers$"#)]
+async fn registers(w: &mut Sim, name: String) {
+    let driver: DriverArg = format!("{name}=local").parse().expect("driver");
+    w.sim
+        .as_mut()
+        .expect("running")
+        .add_driver(&driver)
+        .await
+        .expect("registration succeeds");
+}
+
+#[when(regex = r#"^pod "([^"]+)" is deleted$"#)]
+async fn pod_deleted(w: &mut Sim, pod: String) {
+    let namespace = w
+        .sim()
+        .api
+        .list::<Pod>()
+        .into_iter()
+        .find(|p| p.metadata.name.as_deref() == Some(&pod))
+        .and_then(|p| p.metadata.namespace);
+    assert!(
+        w.sim()
+            .delete_pod(namespace.as_deref().unwrap_or("default"), &pod),
+        "pod {pod} exists"
+    );
+    let api = Arc::clone(&w.sim().api);
+    w.wait(&format!("pod {pod} is gone"), |_| {
+        !api.list::<Pod>()
+            .iter()
+            .any(|p| p.metadata.name.as_deref() == Some(&pod))
+    })
+    .await;
+}
+
+#[when(regex = r"^all pods are deleted$")]
+async fn all_deleted(w: &mut Sim) {
+    w.teardown = Some(w.sim().teardown(WAIT).await);
+}
+
+// ---- Then: pods and events ----
+
+#[then(regex = r#"^pod "([^"]+)" (?:is|becomes) (Running|Pending)$"#)]
+async fn pod_phase(w: &mut Sim, pod: String, phase: String) {
+    w.wait(&format!("pod {pod} is {phase}"), |r| {
+        r.pods.iter().any(|p| p.name == pod && p.phase == phase)
+    })
+    .await;
+}
+
+#[then(regex = r#"^pod "([^"]+)" has a (Normal|Warning) "([^"]+)" event saying "(.*)"$"#)]
+async fn pod_event(w: &mut Sim, pod: String, type_: String, reason: String, text: String) {
+    w.wait(
+        &format!("pod {pod} has a {type_} {reason} event saying {text:?}"),
+        |r| {
+            r.pods.iter().any(|p| {
+                p.name == pod
+                    && p.events.iter().any(|e| {
+                        e.type_ == type_ && e.reason == reason && e.message.contains(&text)
+                    })
+            })
+        },
+    )
+    .await;
+}
+
+#[then(regex = r#"^pod "([^"]+)" was rejected with "(.*)"$"#)]
+fn rejected(w: &mut Sim, pod: String, text: String) {
+    let report = w.report();
+    assert!(
+        !report.pods.iter().any(|p| p.name == pod),
+        "pod {pod} was admitted"
+    );
+    assert!(
+        report.rejected.iter().any(|r| r.message.contains(&text)),
+        "no rejection saying {text:?}: {:#?}",
+        report.rejected
+    );
+}
+
+#[then(regex = r#"^container "([^"]+)" of pod "([^"]+)" mounts "([^"]+)" (read-only|read-write)$"#)]
+fn container_mount(w: &mut Sim, container: String, pod: String, path: String, mode: String) {
+    let report = w.report();
+    let pod = report.pods.iter().find(|p| p.name == pod).expect("pod");
+    let container = pod
+        .containers
+        .iter()
+        .find(|c| c.name == container)
+        .expect("container");
+    let mount = container
+        .mounts
+        .iter()
+        .find(|m| m.container_path == path)
+        .unwrap_or_else(|| panic!("no mount at {path}"));
+    assert_eq!(mount.readonly, mode == "read-only", "{mount:?}");
+    assert!(
+        std::path::Path::new(&mount.host_path).exists(),
+        "the host path exists: {}",
+        mount.host_path
+    );
+}
+
+// ---- Then: CSI calls ----
+
+#[then(regex = r#"^the driver got (\w+) for volume "([^"]+)" of pod "([^"]+)"$"#)]
+fn got_call(w: &mut Sim, method: String, volume: String, pod: String) {
+    assert!(
+        !w.calls_for(&method, &pod, &volume).is_empty(),
+        "no {method} for {pod}/{volume}: {:#?}",
+        w.report().csi_calls
+    );
+}
+
+#[then(regex = r#"^the driver got no (\w+) calls?$"#)]
+fn no_call(w: &mut Sim, method: String) {
+    let calls: Vec<CsiCall> = w
+        .report()
+        .csi_calls
+        .into_iter()
+        .filter(|c| c.method == method)
+        .collect();
+    assert!(calls.is_empty(), "unexpected {method}: {calls:#?}");
+}
+
+#[then(regex = r#"^the driver got (\w+) for handle "([^"]+)" (\d+) times?$"#)]
+fn call_count(w: &mut Sim, method: String, handle: String, times: usize) {
+    let n = w
+        .report()
+        .csi_calls
+        .iter()
+        .filter(|c| c.method == method && c.volume_id == handle && c.code == "OK")
+        .count();
+    assert_eq!(
+        n,
+        times,
+        "{method} for {handle}: {:#?}",
+        w.report().csi_calls
+    );
+}
+
+#[then(regex = r#"^the driver published "([^"]+)" of pod "([^"]+)" at least (\d+) times$"#)]
+async fn published_times(w: &mut Sim, volume: String, pod: String, times: usize) {
+    let dir = format!(
+        "/pods/{}/volumes/kubernetes.io~csi/{volume}/mount",
+        w.uid(&pod)
+    );
+    w.wait(&format!("{pod}/{volume} published {times} times"), |r| {
+        r.csi_calls
+            .iter()
+            .filter(|c| {
+                c.method == "NodePublishVolume" && c.code == "OK" && c.target_path.ends_with(&dir)
+            })
+            .count()
+            >= times
+    })
+    .await;
+}
+
+#[then(
+    regex = r#"^the volume id of "([^"]+)" in pod "([^"]+)" is csi- and the sha256 of the pod UID and the volume name$"#
+)]
+fn handle_formula(w: &mut Sim, volume: String, pod: String) {
+    let call = w.publish_of(&pod, &volume);
+    assert_eq!(
+        call.volume_id,
+        ephemeral_volume_handle(&w.uid(&pod), &volume)
+    );
+    assert_eq!(call.volume_id.len(), 68);
+}
+
+#[then(regex = r#"^pods "([^"]+)" and "([^"]+)" got different volume ids for "([^"]+)"$"#)]
+fn different_handles(w: &mut Sim, a: String, b: String, volume: String) {
+    assert_ne!(
+        w.publish_of(&a, &volume).volume_id,
+        w.publish_of(&b, &volume).volume_id
+    );
+}
+
+#[then(
+    regex = r#"^the publish of "([^"]+)" in pod "([^"]+)" has volume context "([^"]+)" = "([^"]*)"$"#
+)]
+fn context_has(w: &mut Sim, volume: String, pod: String, key: String, value: String) {
+    let call = w.publish_of(&pod, &volume);
+    assert_eq!(
+        call.volume_context.get(&key),
+        Some(&value),
+        "{:#?}",
+        call.volume_context
+    );
+}
+
+#[then(
+    regex = r#"^the publish of "([^"]+)" in pod "([^"]+)" has no volume context key starting with "([^"]+)"$"#
+)]
+fn context_lacks(w: &mut Sim, volume: String, pod: String, prefix: String) {
+    let call = w.publish_of(&pod, &volume);
+    assert!(
+        !call.volume_context.keys().any(|k| k.starts_with(&prefix)),
+        "{:#?}",
+        call.volume_context
+    );
+}
+
+#[then(regex = r#"^the publish of "([^"]+)" in pod "([^"]+)" is (read-only|read-write)$"#)]
+fn publish_readonly(w: &mut Sim, volume: String, pod: String, mode: String) {
+    assert_eq!(w.publish_of(&pod, &volume).readonly, mode == "read-only");
+}
+
+#[then(regex = r#"^the publish of "([^"]+)" in pod "([^"]+)" has the staging path (empty|set)$"#)]
+fn publish_staging(w: &mut Sim, volume: String, pod: String, state: String) {
+    let call = w.publish_of(&pod, &volume);
+    assert_eq!(call.staging_path.is_empty(), state == "empty", "{call:#?}");
+    if state == "empty" {
+        assert!(
+            call.publish_context.is_empty(),
+            "an ephemeral publish has no publish context"
+        );
+    }
+}
+
+#[then(regex = r#"^the publish of "([^"]+)" in pod "([^"]+)" has secret keys "([^"]*)"$"#)]
+fn publish_secret_keys(w: &mut Sim, volume: String, pod: String, keys: String) {
+    let expected: Vec<String> = keys
+        .split(',')
+        .filter(|k| !k.is_empty())
+        .map(String::from)
+        .collect();
+    assert_eq!(w.publish_of(&pod, &volume).secret_keys, expected);
+}
+
+#[then(regex = r"^no report, log or call carries a secret value$")]
+fn no_secret_values(w: &mut Sim) {
+    let report = serde_json::to_string(&w.report()).expect("json");
+    for value in ["s3cr3t-password", "sim-token-"] {
+        assert!(!report.contains(value), "the report contains {value:?}");
+    }
+}
+
+// ---- Then: API reads ----
+
+#[then(regex = r#"^the only secrets read were "([^"]*)"$"#)]
+fn secrets_read(w: &mut Sim, list: String) {
+    let read: BTreeSet<String> = w
+        .report()
+        .api_reads
+        .into_iter()
+        .filter(|r| r.kind == "Secret")
+        .map(|r| format!("{}/{}", r.namespace, r.name))
+        .collect();
+    let expected: BTreeSet<String> = list
+        .split(',')
+        .filter(|s| !s.is_empty())
+        .map(String::from)
+        .collect();
+    assert_eq!(read, expected);
+}
+
+// ---- Then: attachments ----
+
+#[then(
+    regex = r#"^a VolumeAttachment for handle "([^"]+)" of "([^"]+)" on "([^"]+)" is attached$"#
+)]
+async fn attached(w: &mut Sim, handle: String, driver: String, node: String) {
+    let name = attachment_name(&handle, &driver, &node);
+    let api = Arc::clone(&w.sim().api);
+    w.wait(&format!("{name} is attached"), |_| {
+        api.peek::<VolumeAttachment>("", &name)
+            .and_then(|v| v.status)
+            .is_some_and(|s| s.attached)
+    })
+    .await;
+}
+
+#[then(regex = r#"^there (?:is|are) (\d+) VolumeAttachments?$"#)]
+fn attachment_count(w: &mut Sim, n: usize) {
+    assert_eq!(w.sim().api.list::<VolumeAttachment>().len(), n);
+}
+
+#[then(
+    regex = r#"^the VolumeAttachment for handle "([^"]+)" of "([^"]+)" on "([^"]+)" carries the inline source for namespace "([^"]+)"$"#
+)]
+fn attachment_copy(w: &mut Sim, handle: String, driver: String, node: String, namespace: String) {
+    let va = w
+        .sim()
+        .api
+        .peek::<VolumeAttachment>("", &attachment_name(&handle, &driver, &node))
+        .expect("attachment");
+    let csi = va
+        .spec
+        .source
+        .inline_volume_spec
+        .and_then(|s| s.csi)
+        .expect("an inline copy");
+    assert_eq!(
+        (csi.driver.as_str(), csi.volume_handle.as_str()),
+        (driver.as_str(), handle.as_str())
+    );
+    let annotation = va
+        .metadata
+        .annotations
+        .and_then(|a| a.get("inlet.dev/inline-volume-namespace").cloned());
+    assert_eq!(annotation.as_deref(), Some(namespace.as_str()));
+}
+
+#[then(regex = r"^no VolumeAttachment is left$")]
+async fn no_attachments(w: &mut Sim) {
+    let api = Arc::clone(&w.sim().api);
+    w.wait("no VolumeAttachment is left", |_| {
+        api.list::<VolumeAttachment>().is_empty()
+    })
+    .await;
+}
+
+// ---- Then: the node ----
+
+#[then(regex = r"^nothing is left on the node$")]
+fn nothing_left(w: &mut Sim) {
+    let teardown = w
+        .teardown
+        .clone()
+        .expect("run \"When all pods are deleted\" first");
+    assert!(teardown.clean(), "{teardown:#?}");
+}
+
+#[then(
+    regex = r#"^the vol_data.json of "([^"]+)" in pod "([^"]+)" records mode "(\w+)" and driver "([^"]+)"$"#
+)]
+fn vol_data(w: &mut Sim, volume: String, pod: String, mode: String, driver: String) {
+    let node = w
+        .report()
+        .pods
+        .iter()
+        .find(|p| p.name == pod)
+        .map(|p| p.node.clone())
+        .expect("pod");
+    let dir: PathBuf = w
+        .dir
+        .path()
+        .join("root")
+        .join(node)
+        .join("pods")
+        .join(w.uid(&pod))
+        .join("volumes/kubernetes.io~csi")
+        .join(&volume);
+    let data = inlet_plugin::volume::csi::vol_data::VolData::load(&dir).expect("vol_data.json");
+    assert_eq!(
+        (data.lifecycle_mode.as_str(), data.driver_name.as_str()),
+        (mode.as_str(), driver.as_str())
+    );
+    assert_eq!(data.volume_handle, w.publish_of(&pod, &volume).volume_id);
+}
+
+fn main() {
+    let features = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../features");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let writer = runtime.block_on(
+        Sim::cucumber()
+            .max_concurrent_scenarios(4)
+            .with_default_cli()
+            .after(|_, _, _, _, world| {
+                Box::pin(async move {
+                    if let Some(w) = world {
+                        if let Some(sim) = w.sim.take() {
+                            sim.teardown(WAIT).await;
+                            sim.shutdown().await;
+                        }
+                    }
+                })
+            })
+            .run(features),
+    );
+    let stats = writer.scenarios_stats();
+    let failed = stats.failed + writer.parsing_errors() + writer.hook_errors();
+    println!(
+        "bdd: {} passed, {} failed, {} skipped",
+        stats.passed, failed, stats.skipped
+    );
+    if failed > 0 || stats.skipped > 0 {
+        std::process::exit(1);
+    }
+}
