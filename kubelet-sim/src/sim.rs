@@ -2,7 +2,7 @@
 //! (cri-fake in-process, or a real one), the attach/detach controller and a trivial scheduler. The
 //! `kubelet-sim run` command and the BDD scenarios both drive it.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -83,6 +83,15 @@ pub struct Simulation {
     attach_detach: Arc<AttachDetach>,
     stop: tokio::sync::watch::Sender<bool>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// Each running kubelet's stop signal and task, so one node can restart alone.
+    node_runs: BTreeMap<
+        String,
+        (
+            tokio::sync::oneshot::Sender<()>,
+            tokio::task::JoinHandle<()>,
+        ),
+    >,
+    cri: Cri,
     local_drivers: Vec<LocalDriverHandle>,
     rejected: Vec<Rejection>,
     next_node: usize,
@@ -156,6 +165,8 @@ impl Simulation {
             attach_detach,
             stop,
             tasks,
+            node_runs: BTreeMap::new(),
+            cri,
             local_drivers: Vec::new(),
             rejected: Vec::new(),
             next_node: 0,
@@ -165,10 +176,7 @@ impl Simulation {
             sim.add_driver(&driver).await?;
         }
         for node in sim.nodes.clone() {
-            let mut stopped = sim.stop.subscribe();
-            sim.tasks.push(tokio::spawn(
-                node.run(async move { drop(stopped.changed().await) }),
-            ));
+            sim.spawn_node(node);
         }
         let mut stopped = sim.stop.subscribe();
         sim.tasks.push(tokio::spawn(
@@ -211,6 +219,43 @@ impl Simulation {
             .await
             .map_err(|e| format!("driver {name} on {node}: {e}"))?;
         kubelet.wake();
+        Ok(())
+    }
+
+    fn spawn_node(&mut self, node: Arc<Kubelet>) {
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let name = node.config.name.clone();
+        let task = tokio::spawn(node.run(async move { drop(stopped.await) }));
+        self.node_runs.insert(name, (stop, task));
+    }
+
+    /// Stops one node's kubelet (its mounts, drivers and sandboxes stay, as when a kubelet process dies).
+    pub async fn stop_node(&mut self, name: &str) {
+        if let Some((stop, task)) = self.node_runs.remove(name) {
+            let _ = stop.send(());
+            let _ = task.await;
+        }
+    }
+
+    /// Starts a new kubelet for a stopped node, on the same root: it re-registers the node's drivers and
+    /// reconstructs its volumes and pods from disk and the runtime.
+    pub async fn start_node(&mut self, name: &str) -> Result<(), String> {
+        let old = self.node(name).ok_or_else(|| format!("no node {name:?}"))?;
+        let node = Kubelet::new(
+            old.config.clone(),
+            Arc::clone(&self.api),
+            self.cri.clone(),
+            Arc::clone(&self.config.mounter),
+            self.calls.clone(),
+        );
+        for (driver, socket) in old.registry.endpoints() {
+            node.registry.register(&driver, &socket).await?;
+        }
+        for slot in self.nodes.iter_mut().filter(|n| n.config.name == name) {
+            *slot = Arc::clone(&node);
+        }
+        self.attach_detach.replace_node(Arc::clone(&node));
+        self.spawn_node(node);
         Ok(())
     }
 
@@ -575,6 +620,9 @@ impl Simulation {
     /// Stops controllers, nodes, drivers and the in-process runtime.
     pub async fn shutdown(mut self) {
         let _ = self.stop.send(true);
+        for name in self.node_runs.keys().cloned().collect::<Vec<_>>() {
+            self.stop_node(&name).await;
+        }
         for task in self.tasks.drain(..) {
             let _ = task.await;
         }

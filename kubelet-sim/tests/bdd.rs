@@ -268,7 +268,89 @@ async fn all_deleted(w: &mut Sim) {
     w.teardown = Some(w.sim().teardown(WAIT).await);
 }
 
+#[when(regex = r#"^the kubelet of "([^"]+)" stops$"#)]
+async fn kubelet_stops(w: &mut Sim, node: String) {
+    w.sim.as_mut().expect("running").stop_node(&node).await;
+}
+
+#[when(regex = r#"^the kubelet of "([^"]+)" starts again$"#)]
+async fn kubelet_starts(w: &mut Sim, node: String) {
+    w.sim
+        .as_mut()
+        .expect("running")
+        .start_node(&node)
+        .await
+        .expect("the kubelet starts");
+}
+
+#[when(regex = r#"^pod "([^"]+)" is force-deleted$"#)]
+fn force_deleted(w: &mut Sim, pod: String) {
+    let found = w
+        .sim()
+        .api
+        .list::<Pod>()
+        .into_iter()
+        .find(|p| p.metadata.name.as_deref() == Some(&pod))
+        .expect("pod");
+    w.sim().api.remove::<Pod>(
+        found.metadata.namespace.as_deref().unwrap_or_default(),
+        &pod,
+    );
+}
+
 // ---- Then: pods and events ----
+
+#[then(regex = r#"^pods "([^"]+)" and "([^"]+)" run on different nodes$"#)]
+fn different_nodes(w: &mut Sim, a: String, b: String) {
+    let report = w.report();
+    let node = |name: &str| {
+        report
+            .pods
+            .iter()
+            .find(|p| p.name == name)
+            .map(|p| p.node.clone())
+            .expect("pod")
+    };
+    assert_ne!(node(&a), node(&b));
+}
+
+#[then(regex = r#"^nothing is left of pod "([^"]+)" on "([^"]+)"$"#)]
+async fn nothing_left_of(w: &mut Sim, pod: String, node: String) {
+    let dir = w
+        .dir
+        .path()
+        .join("root")
+        .join(&node)
+        .join("pods")
+        .join(w.uid(&pod));
+    let uid = w.uid(&pod);
+    let runtime = w.sim().cri_fake.clone().expect("cri-fake");
+    w.wait(
+        &format!("{} is gone and no sandbox of {pod} is left", dir.display()),
+        |_| {
+            !dir.exists()
+                && !runtime
+                    .sandboxes()
+                    .iter()
+                    .any(|s| s.sandbox.labels.get("io.kubernetes.pod.uid") == Some(&uid))
+        },
+    )
+    .await;
+}
+
+#[then(regex = r#"^the mount dir of "([^"]+)" in pod "([^"]+)" (has|does not have) group (\d+)$"#)]
+fn mount_group(w: &mut Sim, volume: String, pod: String, has: String, gid: u32) {
+    use std::os::unix::fs::MetadataExt;
+    if !can_mount() {
+        eprintln!(
+            "SKIPPED fsGroup ownership check: needs root (nothing can be chowned without it)"
+        );
+        return;
+    }
+    let target = w.publish_of(&pod, &volume).target_path;
+    let group = std::fs::metadata(&target).expect("the mount dir").gid();
+    assert_eq!(group == gid, has == "has", "{target} has group {group}");
+}
 
 #[then(regex = r#"^pod "([^"]+)" (?:is|becomes) (Running|Pending)$"#)]
 async fn pod_phase(w: &mut Sim, pod: String, phase: String) {
@@ -333,12 +415,17 @@ fn container_mount(w: &mut Sim, container: String, pod: String, path: String, mo
 // ---- Then: CSI calls ----
 
 #[then(regex = r#"^the driver got (\w+) for volume "([^"]+)" of pod "([^"]+)"$"#)]
-fn got_call(w: &mut Sim, method: String, volume: String, pod: String) {
-    assert!(
-        !w.calls_for(&method, &pod, &volume).is_empty(),
-        "no {method} for {pod}/{volume}: {:#?}",
-        w.report().csi_calls
+async fn got_call(w: &mut Sim, method: String, volume: String, pod: String) {
+    let dir = format!(
+        "/pods/{}/volumes/kubernetes.io~csi/{volume}/mount",
+        w.uid(&pod)
     );
+    w.wait(&format!("{method} for {pod}/{volume}"), |r| {
+        r.csi_calls
+            .iter()
+            .any(|c| c.method == method && c.target_path.ends_with(&dir))
+    })
+    .await;
 }
 
 #[then(regex = r#"^the driver got no (\w+) calls?$"#)]

@@ -56,7 +56,7 @@ pub struct AttachmentReport {
 /// The controller. One per simulation.
 pub struct AttachDetach {
     api: Arc<Api>,
-    nodes: BTreeMap<String, Arc<Kubelet>>,
+    nodes: parking_lot::RwLock<BTreeMap<String, Arc<Kubelet>>>,
     ops: Mutex<Operations>,
     /// Every attachment seen, for the report.
     seen: Mutex<BTreeMap<String, AttachmentReport>>,
@@ -71,7 +71,7 @@ impl AttachDetach {
             .collect();
         Arc::new(Self {
             api,
-            nodes,
+            nodes: parking_lot::RwLock::new(nodes),
             ops: Mutex::new(Operations::new(backoff)),
             seen: Mutex::default(),
         })
@@ -96,6 +96,11 @@ impl AttachDetach {
         }
     }
 
+    /// Replaces a node (after its kubelet restarted).
+    pub fn replace_node(&self, node: Arc<Kubelet>) {
+        self.nodes.write().insert(node.config.name.clone(), node);
+    }
+
     /// Every attachment seen so far, with its last state.
     pub fn report(&self) -> Vec<AttachmentReport> {
         self.seen.lock().values().cloned().collect()
@@ -117,7 +122,7 @@ impl AttachDetach {
                 .spec
                 .as_ref()
                 .and_then(|s| s.node_name.clone())
-                .and_then(|n| self.nodes.get(&n).cloned())
+                .and_then(|n| self.nodes.read().get(&n).cloned())
             else {
                 continue;
             };
@@ -381,6 +386,7 @@ impl AttachDetach {
         let node_name = &attachment.spec.node_name;
         let node = self
             .nodes
+            .read()
             .get(node_name)
             .cloned()
             .ok_or_else(|| format!("node {node_name:?} not found"))?;

@@ -7,6 +7,7 @@
 //! - `reconciler.rs`: unmount what is unwanted, then attach-check, stage and mount what is missing.
 //! - `operations.rs`: one operation per volume at a time, exponential backoff.
 //! - `pod_worker.rs`: start pods whose volumes are mounted (CRI), stop and clean up deleted pods.
+//! - `reconstruct.rs`: after a restart, the actual state from disk and running sandboxes from CRI.
 //! - `host.rs`: the `VolumeHost` plugins get; `registry.rs`: registered CSI drivers.
 
 mod actual_state;
@@ -16,6 +17,7 @@ pub mod operations;
 mod pod_worker;
 mod populator;
 mod reconciler;
+mod reconstruct;
 pub mod registry;
 
 use std::collections::{BTreeSet, HashMap};
@@ -128,6 +130,7 @@ impl Kubelet {
     /// the populator, the reconciler and the pod workers each take one pass.
     pub async fn run(self: Arc<Self>, stop: impl std::future::Future<Output = ()>) {
         tokio::pin!(stop);
+        self.reconstruct().await;
         let mut watch = self.api.watch();
         loop {
             self.sync().await;
@@ -149,6 +152,7 @@ impl Kubelet {
         self.populate().await;
         self.reconcile().await;
         self.sync_pods().await;
+        self.clean_orphaned_pod_dirs();
         self.report_volumes_in_use();
     }
 

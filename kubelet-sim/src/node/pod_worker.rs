@@ -691,7 +691,8 @@ fn sub_path(dir: &Path, sub: &str) -> Result<PathBuf, String> {
     Ok(path)
 }
 
-fn walk_dirs(dir: &Path) -> Vec<PathBuf> {
+/// Every directory under `dir`, `dir` included.
+pub(super) fn walk_dirs(dir: &Path) -> Vec<PathBuf> {
     let mut dirs = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {

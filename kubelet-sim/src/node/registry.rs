@@ -45,6 +45,15 @@ impl DriverRegistry {
         }
     }
 
+    /// Every registered driver's name and socket.
+    pub fn endpoints(&self) -> Vec<(String, PathBuf)> {
+        self.drivers
+            .read()
+            .iter()
+            .map(|(name, r)| (name.clone(), r.endpoint.clone()))
+            .collect()
+    }
+
     /// A registered driver.
     pub fn get(&self, name: &str) -> Option<Registered> {
         self.drivers.read().get(name).cloned()

@@ -124,8 +124,7 @@ impl VolumePlugin for CsiPlugin {
         }))
     }
 
-    /// From `vol_data.json`: an ephemeral volume comes back as an inline source with only its driver (its
-    /// attributes are lost, as upstream); a persistent one as a PV with driver and handle.
+    /// From `vol_data.json` (see [`spec_from_vol_data`]).
     fn construct_volume_spec(&self, spec_name: &str, pod_uid: &str) -> Result<Spec, VolumeError> {
         let dir = self.host.pod_volume_dir(pod_uid, PLUGIN_NAME, spec_name);
         let data = VolData::load(&dir).map_err(|e| {
@@ -134,43 +133,7 @@ impl VolumePlugin for CsiPlugin {
                 dir.join(vol_data::FILE_NAME).display()
             ))
         })?;
-        Ok(match data.lifecycle_mode.as_str() {
-            "Ephemeral" => Spec::Inline {
-                volume: Box::new(Volume {
-                    name: spec_name.to_string(),
-                    csi: Some(CSIVolumeSource {
-                        driver: data.driver_name.clone(),
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                }),
-                csi: Some(InlineCsi {
-                    source: CSIVolumeSource {
-                        driver: data.driver_name,
-                        ..Default::default()
-                    },
-                    ..Default::default()
-                }),
-            },
-            _ => Spec::Persistent {
-                pv: Box::new(PersistentVolume {
-                    metadata: ObjectMeta {
-                        name: Some(spec_name.to_string()),
-                        ..Default::default()
-                    },
-                    spec: Some(PersistentVolumeSpec {
-                        csi: Some(CSIPersistentVolumeSource {
-                            driver: data.driver_name,
-                            volume_handle: data.volume_handle,
-                            ..Default::default()
-                        }),
-                        ..Default::default()
-                    }),
-                    status: None,
-                }),
-                read_only: false,
-            },
-        })
+        Ok(spec_from_vol_data(&data))
     }
 
     async fn requires_remount(&self, spec: &Spec, _pod: &PodInfo) -> bool {
@@ -191,6 +154,51 @@ impl VolumePlugin for CsiPlugin {
 
     fn device_mountable(&self) -> Option<&dyn DeviceMountableVolumePlugin> {
         Some(self)
+    }
+}
+
+/// The spec a `vol_data.json` describes (pod volumes and staging dirs alike): an ephemeral volume comes
+/// back as an inline source with only its driver (its attributes are lost, as upstream); a persistent one
+/// as a PV with driver and handle.
+pub fn spec_from_vol_data(data: &VolData) -> Spec {
+    let spec_name = data.spec_vol_id.as_str();
+    let data = data.clone();
+    match data.lifecycle_mode.as_str() {
+        "Ephemeral" => Spec::Inline {
+            volume: Box::new(Volume {
+                name: spec_name.to_string(),
+                csi: Some(CSIVolumeSource {
+                    driver: data.driver_name.clone(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            csi: Some(InlineCsi {
+                source: CSIVolumeSource {
+                    driver: data.driver_name,
+                    ..Default::default()
+                },
+                ..Default::default()
+            }),
+        },
+        _ => Spec::Persistent {
+            pv: Box::new(PersistentVolume {
+                metadata: ObjectMeta {
+                    name: Some(spec_name.to_string()),
+                    ..Default::default()
+                },
+                spec: Some(PersistentVolumeSpec {
+                    csi: Some(CSIPersistentVolumeSource {
+                        driver: data.driver_name,
+                        volume_handle: data.volume_handle,
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                status: None,
+            }),
+            read_only: false,
+        },
     }
 }
 

@@ -1,0 +1,64 @@
+Feature: Kubelet restarts and several nodes
+  The kubelet records each volume in vol_data.json beside its mount dir. After a restart it reconstructs
+  its volumes from them: volumes of pods that still exist are published again (idempotently), and volumes of
+  pods deleted while it was down are torn down, with nothing left behind.
+
+  Background:
+    Given the local driver "local.inlet.dev"
+    And a CSIDriver "local.inlet.dev" with:
+      """
+      volumeLifecycleModes: [Ephemeral]
+      """
+
+  Scenario: Volumes are reconstructed after a restart, and those of pods deleted meanwhile are torn down
+    Given the manifests:
+      """
+      apiVersion: v1
+      kind: Pod
+      metadata: {name: keep}
+      spec:
+        containers: [{name: app, image: busybox, volumeMounts: [{name: data, mountPath: /data}]}]
+        volumes: [{name: data, csi: {driver: local.inlet.dev}}]
+      ---
+      apiVersion: v1
+      kind: Pod
+      metadata: {name: gone}
+      spec:
+        containers: [{name: app, image: busybox, volumeMounts: [{name: data, mountPath: /data}]}]
+        volumes: [{name: data, csi: {driver: local.inlet.dev}}]
+      """
+    When the simulation runs
+    And the kubelet of "node-1" stops
+    And pod "gone" is force-deleted
+    And the kubelet of "node-1" starts again
+    Then the driver got NodeUnpublishVolume for volume "data" of pod "gone"
+    And nothing is left of pod "gone" on "node-1"
+    And pod "keep" is Running
+    And the driver published "data" of pod "keep" at least 2 times
+    When all pods are deleted
+    Then nothing is left on the node
+
+  Scenario: Pods spread over several simulated nodes, each with its own driver
+    Given 2 nodes
+    And the manifests:
+      """
+      apiVersion: v1
+      kind: Pod
+      metadata: {name: one}
+      spec:
+        containers: [{name: app, image: busybox, volumeMounts: [{name: data, mountPath: /data}]}]
+        volumes: [{name: data, csi: {driver: local.inlet.dev}}]
+      ---
+      apiVersion: v1
+      kind: Pod
+      metadata: {name: two}
+      spec:
+        containers: [{name: app, image: busybox, volumeMounts: [{name: data, mountPath: /data}]}]
+        volumes: [{name: data, csi: {driver: local.inlet.dev}}]
+      """
+    When the simulation runs
+    Then pod "one" is Running
+    And pod "two" is Running
+    And pods "one" and "two" run on different nodes
+    When all pods are deleted
+    Then nothing is left on the node

@@ -1,0 +1,237 @@
+//! Reconstruction after a kubelet restart (`reconstruct.go`, `kubelet_volumes.go`): what was mounted is
+//! read back from disk (`vol_data.json` beside each pod volume and staging dir) into the actual state as
+//! *uncertain*, so the reconciler publishes again what pods still want (idempotently) and tears down what
+//! belonged to pods deleted while the kubelet was down. Sandboxes the runtime still runs are adopted, or
+//! stopped when their pod is gone. Orphaned pod directories are removed once nothing under them is mounted.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use inlet_plugin::volume::PodInfo;
+use inlet_plugin::volume::csi::vol_data::{FILE_NAME, VolData};
+use inlet_proto::runtime::v1 as cri;
+use k8s_openapi::api::core::v1::Pod;
+
+use super::actual_state::{MountState, MountedPod};
+use super::pod_worker::{ContainerReport, MountReport, PodState};
+use super::{Kubelet, PodRuntime};
+
+const CSI_DIR: &str = "kubernetes.io~csi";
+
+impl Kubelet {
+    /// Rebuilds the actual state and the pod workers' view from disk and the runtime. Run once at start.
+    pub(super) async fn reconstruct(&self) {
+        let pods: HashMap<String, Pod> = self
+            .my_pods()
+            .into_iter()
+            .filter_map(|p| Some((p.metadata.uid.clone()?, p)))
+            .collect();
+        let plugin = std::sync::Arc::clone(&self.plugins[0]);
+        for (uid, spec_name, dir) in volume_dirs(&self.config.root.join("pods")) {
+            let Ok(data) = VolData::load(&dir) else {
+                continue;
+            };
+            let Ok(spec) = plugin.construct_volume_spec(&spec_name, &uid) else {
+                continue;
+            };
+            let unique = unique_name(&data, &uid);
+            let pod = pods
+                .get(&uid)
+                .map(PodInfo::from_pod)
+                .unwrap_or_else(|| PodInfo {
+                    uid: uid.clone(),
+                    ..Default::default()
+                });
+            let mut asw = self.asw.lock();
+            asw.mark_attached(&unique, &spec);
+            asw.set_pod(
+                &unique,
+                MountedPod {
+                    pod,
+                    outer_name: spec_name.clone(),
+                    spec_name,
+                    path: dir.join("mount"),
+                    state: MountState::Uncertain,
+                    published_at: Instant::now(),
+                },
+            );
+        }
+        for (data, path) in staging_dirs(&self.config.root.join("plugins").join(plugin.name())) {
+            let unique = unique_name(&data, "");
+            {
+                let spec = inlet_plugin::volume::csi::spec_from_vol_data(&data);
+                let mut asw = self.asw.lock();
+                asw.mark_attached(&unique, &spec);
+                asw.set_device(&unique, Some((path, MountState::Uncertain)));
+            }
+        }
+        self.adopt_sandboxes(&pods).await;
+    }
+
+    /// Sandboxes the runtime still has: a pod that still exists keeps running; an orphan is stopped.
+    async fn adopt_sandboxes(&self, pods: &HashMap<String, Pod>) {
+        let mut runtime = self.cri.runtime.clone();
+        let Ok(sandboxes) = runtime
+            .list_pod_sandbox(cri::ListPodSandboxRequest { filter: None })
+            .await
+        else {
+            return;
+        };
+        for sandbox in sandboxes.into_inner().items {
+            let uid = sandbox
+                .labels
+                .get("io.kubernetes.pod.uid")
+                .cloned()
+                .unwrap_or_default();
+            let node_pod = pods.contains_key(&uid);
+            let ours = node_pod || self.config.root.join("pods").join(&uid).exists();
+            if !ours {
+                continue;
+            }
+            if !node_pod {
+                let _ = runtime
+                    .stop_pod_sandbox(cri::StopPodSandboxRequest {
+                        pod_sandbox_id: sandbox.id.clone(),
+                    })
+                    .await;
+                let _ = runtime
+                    .remove_pod_sandbox(cri::RemovePodSandboxRequest {
+                        pod_sandbox_id: sandbox.id.clone(),
+                    })
+                    .await;
+                continue;
+            }
+            let filter = cri::ContainerFilter {
+                pod_sandbox_id: sandbox.id.clone(),
+                ..Default::default()
+            };
+            let containers = runtime
+                .list_containers(cri::ListContainersRequest {
+                    filter: Some(filter),
+                })
+                .await
+                .map(|r| r.into_inner().containers)
+                .unwrap_or_default();
+            let mut reports = Vec::new();
+            for c in containers {
+                let status = runtime
+                    .container_status(cri::ContainerStatusRequest {
+                        container_id: c.id.clone(),
+                        verbose: false,
+                    })
+                    .await;
+                let mounts = status
+                    .ok()
+                    .and_then(|s| s.into_inner().status)
+                    .map(|s| s.mounts)
+                    .unwrap_or_default();
+                reports.push(ContainerReport {
+                    name: c.metadata.map(|m| m.name).unwrap_or_default(),
+                    id: c.id,
+                    mounts: mounts
+                        .into_iter()
+                        .map(|m| MountReport {
+                            container_path: m.container_path,
+                            host_path: m.host_path,
+                            readonly: m.readonly,
+                        })
+                        .collect(),
+                });
+            }
+            let runtime_state = PodRuntime {
+                state: PodState::Running,
+                sandbox_id: Some(sandbox.id),
+                containers: reports,
+                seen_at: Some(Instant::now()),
+                ..Default::default()
+            };
+            self.pods.lock().insert(uid, runtime_state);
+        }
+    }
+
+    /// Removes the directories of pods that are gone, once the reconciler has torn their volumes down.
+    pub(super) fn clean_orphaned_pod_dirs(&self) {
+        let pods_dir = self.config.root.join("pods");
+        let Ok(entries) = std::fs::read_dir(&pods_dir) else {
+            return;
+        };
+        let live: Vec<String> = self
+            .my_pods()
+            .into_iter()
+            .filter_map(|p| p.metadata.uid)
+            .collect();
+        for entry in entries.flatten() {
+            let uid = entry.file_name().to_string_lossy().into_owned();
+            if live.contains(&uid)
+                || self.asw.lock().pod_has_mounts(&uid)
+                || self.dsw.lock().has_pod(&uid)
+            {
+                continue;
+            }
+            let dir = entry.path();
+            let mounter = self.host.mounter.clone();
+            if super::pod_worker::walk_dirs(&dir)
+                .iter()
+                .any(|d| mounter.is_mount_point(d).unwrap_or(true))
+            {
+                continue;
+            }
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+    }
+}
+
+/// The unique name a reconstructed volume had (see `CsiPlugin::unique_volume_name`).
+fn unique_name(data: &VolData, pod_uid: &str) -> String {
+    match data.lifecycle_mode.as_str() {
+        "Ephemeral" => format!("kubernetes.io/csi/{pod_uid}-{}", data.spec_vol_id),
+        _ => format!(
+            "kubernetes.io/csi/{}^{}",
+            data.driver_name, data.volume_handle
+        ),
+    }
+}
+
+/// `(pod uid, spec name, volume dir)` for every CSI volume dir under `pods/`.
+fn volume_dirs(pods: &Path) -> Vec<(String, String, PathBuf)> {
+    let mut found = Vec::new();
+    for pod in std::fs::read_dir(pods).into_iter().flatten().flatten() {
+        let uid = pod.file_name().to_string_lossy().into_owned();
+        for volume in std::fs::read_dir(pod.path().join("volumes").join(CSI_DIR))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            if volume.path().join(FILE_NAME).exists() {
+                found.push((
+                    uid.clone(),
+                    volume.file_name().to_string_lossy().into_owned(),
+                    volume.path(),
+                ));
+            }
+        }
+    }
+    found
+}
+
+/// `(vol data, globalmount path)` for every staging dir under `plugins/kubernetes.io/csi/<driver>/<hash>/`.
+fn staging_dirs(plugin_dir: &Path) -> Vec<(VolData, PathBuf)> {
+    let mut found = Vec::new();
+    for driver in std::fs::read_dir(plugin_dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        for volume in std::fs::read_dir(driver.path())
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            if let Ok(data) = VolData::load(&volume.path()) {
+                found.push((data, volume.path().join("globalmount")));
+            }
+        }
+    }
+    found
+}
