@@ -1,0 +1,318 @@
+//! `kubelet-sim run` as a user runs it: the examples, an external CSI driver and an external CRI runtime
+//! on their own sockets (served from this test process; kubelet-sim is a separate process), the JSON
+//! report's contract, and clear errors with Unix exit codes.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+
+use inlet_plugin::local::{LocalConfig, LocalDriver, LocalService};
+use inlet_plugin::mount::{LinuxMounter, MountLayer, RecordingMounter, can_mount};
+
+const BIN: &str = env!("CARGO_BIN_EXE_kubelet-sim");
+
+fn examples() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/examples")
+}
+
+fn run(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(BIN)
+        .args(args)
+        .output()
+        .expect("kubelet-sim runs");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
+
+fn mounter() -> Arc<dyn MountLayer> {
+    if can_mount() {
+        Arc::new(LinuxMounter)
+    } else {
+        Arc::new(RecordingMounter::new())
+    }
+}
+
+#[test]
+fn the_examples_run_and_the_report_keeps_its_contract() {
+    let dir = tempfile::tempdir().unwrap();
+    let report = dir.path().join("report.json");
+    let root = dir.path().join("root");
+    let (code, stdout, stderr) = run(&[
+        "run",
+        "--manifests",
+        examples().to_str().unwrap(),
+        "--driver",
+        "local.inlet.dev=local",
+        "--teardown",
+        "--root",
+        root.to_str().unwrap(),
+        "--report",
+        report.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "stdout:\n{stdout}\nstderr:\n{stderr}");
+    assert!(
+        stdout.contains("Running") && stdout.contains("teardown: every pod deleted"),
+        "{stdout}"
+    );
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    let pod = &report["pods"][0];
+    for field in [
+        "namespace",
+        "name",
+        "uid",
+        "node",
+        "phase",
+        "events",
+        "containers",
+    ] {
+        assert!(!pod[field].is_null(), "pods[].{field} missing");
+    }
+    let mount = &report["pods"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "scratch")
+        .unwrap()["containers"][0]["mounts"][0];
+    for field in ["container_path", "host_path", "readonly"] {
+        assert!(
+            !mount[field].is_null(),
+            "pods[].containers[].mounts[].{field} missing"
+        );
+    }
+    let call = &report["csi_calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["method"] == "NodePublishVolume")
+        .unwrap()
+        .clone();
+    for field in [
+        "driver",
+        "method",
+        "volume_id",
+        "target_path",
+        "staging_path",
+        "readonly",
+        "volume_context",
+        "secret_keys",
+        "publish_context",
+        "code",
+    ] {
+        assert!(!call[field].is_null(), "csi_calls[].{field} missing");
+    }
+    let read = &report["api_reads"][0];
+    for field in ["verb", "kind", "namespace", "name"] {
+        assert!(!read[field].is_null(), "api_reads[].{field} missing");
+    }
+    assert!(report["volume_attachments"].is_array());
+    let text = report.to_string();
+    assert!(
+        !text.contains("not-a-real-password"),
+        "secret values never reach the report"
+    );
+    assert!(text.contains("\"password\""), "secret key names do");
+    let leftovers: Vec<_> = walk(&root)
+        .into_iter()
+        .filter(|p| p.components().any(|c| c.as_os_str() == "pods"))
+        .collect();
+    assert!(
+        leftovers.iter().all(|p| p.ends_with("pods")),
+        "pod dirs left: {leftovers:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_external_driver_and_an_external_runtime_on_sockets() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    // The driver a user is developing, on its own socket.
+    let driver_socket = dir.path().join("ext.sock");
+    let config = LocalConfig {
+        name: "ext.inlet.dev".into(),
+        node_id: "ext-node".into(),
+        state_dir: dir.path().join("driver-state"),
+        kubelet_dir: root.clone(),
+        capacity_bytes: 1 << 30,
+        max_volume_bytes: 1 << 30,
+        default_volume_bytes: 8 << 20,
+        enable_attach: false,
+        ephemeral_default: false,
+    };
+    let incoming = inlet_proto::uds::listen(&driver_socket).await.unwrap();
+    let service = LocalService::new(LocalDriver::open(config, mounter()).unwrap());
+    let socket = driver_socket.clone();
+    tokio::spawn(async move {
+        inlet_plugin::server::serve_csi_on(incoming, &socket, service, true, std::future::pending())
+            .await
+    });
+    // A runtime on its own socket.
+    let runtime =
+        Arc::new(cri_fake::FakeRuntime::new(dir.path().join("cri"), Default::default()).unwrap());
+    let cri_socket = dir.path().join("cri.sock");
+    let serving = Arc::clone(&runtime);
+    let path = cri_socket.clone();
+    tokio::spawn(async move { cri_fake::serve(&path, serving, std::future::pending()).await });
+    while !cri_socket.exists() {
+        tokio::task::yield_now().await;
+    }
+
+    let manifests = dir.path().join("pod.yaml");
+    std::fs::write(
+        &manifests,
+        "apiVersion: storage.k8s.io/v1\nkind: CSIDriver\nmetadata: {name: ext.inlet.dev}\nspec: {volumeLifecycleModes: [Ephemeral], podInfoOnMount: true}\n---\n\
+         apiVersion: v1\nkind: Pod\nmetadata: {name: web}\nspec:\n  containers: [{name: app, image: busybox, volumeMounts: [{name: v, mountPath: /v}]}]\n  volumes: [{name: v, csi: {driver: ext.inlet.dev}}]\n",
+    )
+    .unwrap();
+    let report = dir.path().join("report.json");
+    let args = [
+        "run".to_string(),
+        "--manifests".into(),
+        manifests.display().to_string(),
+        "--driver".into(),
+        format!("ext.inlet.dev=unix://{}", driver_socket.display()),
+        "--cri".into(),
+        format!("unix://{}", cri_socket.display()),
+        "--root".into(),
+        root.display().to_string(),
+        "--teardown".into(),
+        "--report".into(),
+        report.display().to_string(),
+    ];
+    let out = tokio::process::Command::new(BIN)
+        .args(&args)
+        .output()
+        .await
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "stdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    assert_eq!(report["pods"][0]["phase"], "Running");
+    let drivers: Vec<&str> = report["csi_calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["driver"].as_str().unwrap())
+        .collect();
+    assert!(
+        drivers.iter().all(|d| *d == "ext.inlet.dev") && drivers.len() >= 3,
+        "{drivers:?}"
+    );
+    let methods: Vec<String> = runtime.calls().into_iter().map(|c| c.method).collect();
+    for method in [
+        "RunPodSandbox",
+        "CreateContainer",
+        "StartContainer",
+        "StopPodSandbox",
+        "RemovePodSandbox",
+    ] {
+        assert!(
+            methods.iter().any(|m| m == method),
+            "the external runtime got no {method}: {methods:?}"
+        );
+    }
+}
+
+#[test]
+fn a_bad_manifest_names_the_file_and_document() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("bad.yaml");
+    std::fs::write(&file, "apiVersion: v1\nkind: Pod\nmetadata: {name: ok}\nspec: {containers: [{name: a, image: b}]}\n---\napiVersion: apps/v1\nkind: Deployment\n").unwrap();
+    let (code, _, stderr) = run(&[
+        "run",
+        "--manifests",
+        file.to_str().unwrap(),
+        "--driver",
+        "d=local",
+    ]);
+    assert_eq!(code, 1);
+    assert!(
+        stderr.contains("bad.yaml#2: kind \"Deployment\" is not supported"),
+        "{stderr}"
+    );
+    let (code, _, stderr) = run(&["run", "--manifests", "/nonexistent/inlet.yaml"]);
+    assert_eq!(code, 1);
+    assert!(stderr.contains("/nonexistent/inlet.yaml"), "{stderr}");
+}
+
+#[test]
+fn bad_flags_exit_2_and_name_the_flag() {
+    for (args, needle) in [
+        (
+            vec!["run", "--manifests", "x", "--driver", "nameonly"],
+            "--driver",
+        ),
+        (
+            vec!["run", "--manifests", "x", "--feature-gates", "Nope=true"],
+            "Nope",
+        ),
+        (
+            vec!["run", "--manifests", "x", "--timeout", "soon"],
+            "--timeout",
+        ),
+        (vec!["run"], "--manifests"),
+    ] {
+        let (code, _, stderr) = run(&args);
+        assert_eq!(code, 2, "{args:?}: {stderr}");
+        assert!(stderr.contains(needle), "{args:?}: {stderr}");
+    }
+    let (code, stdout, _) = run(&["run", "--help"]);
+    assert_eq!(code, 0);
+    for flag in [
+        "--manifests",
+        "--driver",
+        "--cri",
+        "--root",
+        "--nodes",
+        "--feature-gates",
+        "--allowed-inline-drivers",
+        "--teardown",
+        "--timeout",
+        "--report",
+    ] {
+        assert!(stdout.contains(flag), "--help does not explain {flag}");
+    }
+}
+
+#[test]
+fn a_policy_violation_fails_the_run_with_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let (code, stdout, _) = run(&[
+        "run",
+        "--manifests",
+        examples().to_str().unwrap(),
+        "--driver",
+        "local.inlet.dev=local",
+        "--allowed-inline-drivers",
+        "other.example.com",
+        "--root",
+        dir.path().join("root").to_str().unwrap(),
+        "--teardown",
+        "--timeout",
+        "10s",
+    ]);
+    assert_eq!(code, 1, "{stdout}");
+    assert!(stdout.contains("is forbidden: spec.volumes[0].csi.driver: Forbidden: inline CSI driver \"local.inlet.dev\""), "{stdout}");
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        out.push(entry.path());
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            out.extend(walk(&entry.path()));
+        }
+    }
+    out
+}
