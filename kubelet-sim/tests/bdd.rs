@@ -298,6 +298,17 @@ fn force_deleted(w: &mut Sim, pod: String) {
     );
 }
 
+#[when(regex = r#"^the secret "([^"/]+)/([^"]+)" is deleted$"#)]
+fn secret_deleted(w: &mut Sim, namespace: String, name: String) {
+    assert!(
+        w.sim()
+            .api
+            .remove::<k8s_openapi::api::core::v1::Secret>(&namespace, &name)
+            .is_some(),
+        "secret {namespace}/{name} exists"
+    );
+}
+
 // ---- Then: pods and events ----
 
 #[then(regex = r#"^pods "([^"]+)" and "([^"]+)" run on different nodes$"#)]
@@ -553,6 +564,26 @@ fn no_secret_values(w: &mut Sim) {
     }
 }
 
+#[then(regex = r#"^the (\w+) call for handle "([^"]+)" has secret keys "([^"]*)"$"#)]
+fn call_secret_keys(w: &mut Sim, method: String, handle: String, keys: String) {
+    let expected: Vec<String> = keys
+        .split(',')
+        .filter(|k| !k.is_empty())
+        .map(String::from)
+        .collect();
+    let report = w.report();
+    let call = report
+        .csi_calls
+        .iter()
+        .find(|c| c.method == method && c.volume_id == handle && c.code == "OK");
+    assert_eq!(
+        call.map(|c| c.secret_keys.clone()),
+        Some(expected),
+        "{:#?}",
+        report.csi_calls
+    );
+}
+
 // ---- Then: API reads ----
 
 #[then(regex = r#"^the only secrets read were "([^"]*)"$"#)]
@@ -617,6 +648,25 @@ fn attachment_copy(w: &mut Sim, handle: String, driver: String, node: String, na
         .annotations
         .and_then(|a| a.get("inlet.dev/inline-volume-namespace").cloned());
     assert_eq!(annotation.as_deref(), Some(namespace.as_str()));
+}
+
+#[then(
+    regex = r#"^the VolumeAttachment for handle "([^"]+)" of "([^"]+)" on "([^"]+)" has a detach error saying "(.*)"$"#
+)]
+async fn detach_error(w: &mut Sim, handle: String, driver: String, node: String, text: String) {
+    let name = attachment_name(&handle, &driver, &node);
+    let api = Arc::clone(&w.sim().api);
+    w.wait(
+        &format!("{name} has a detach error saying {text:?}"),
+        |_| {
+            api.peek::<VolumeAttachment>("", &name)
+                .and_then(|v| v.status)
+                .and_then(|s| s.detach_error)
+                .and_then(|e| e.message)
+                .is_some_and(|m| m.contains(&text))
+        },
+    )
+    .await;
 }
 
 #[then(regex = r"^no VolumeAttachment is left$")]
