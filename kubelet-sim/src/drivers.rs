@@ -83,8 +83,10 @@ impl LocalDriverHandle {
             node_id: node.to_string(),
             state_dir: dir.join("state"),
             kubelet_dir: node_root.to_path_buf(),
-            capacity_bytes: 10 << 30,
-            max_volume_bytes: 10 << 30,
+            // Capacity is bookkeeping for directories (nothing is preallocated): large enough that a
+            // simulation of many pods is limited by what it tests, not by the driver's pool.
+            capacity_bytes: 1 << 40,
+            max_volume_bytes: 1 << 40,
             default_volume_bytes: 100 << 20,
             enable_attach: attach,
             // As csi-driver-host-path's deployments do, so inline volumes work without podInfoOnMount.

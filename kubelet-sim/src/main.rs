@@ -173,7 +173,7 @@ async fn run(args: RunArgs) -> Result<bool, String> {
     let mut sim = Simulation::start(config).await?;
     sim.apply(manifests).await;
     let settled = sim
-        .wait_until(args.timeout, |r| r.pods.iter().all(|p| p.as_expected()))
+        .wait_for(args.timeout, Simulation::pods_as_expected)
         .await;
     let mut report = sim.report();
     if !settled {

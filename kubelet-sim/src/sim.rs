@@ -376,7 +376,7 @@ impl Simulation {
                 pvc.metadata.namespace.clone().unwrap_or_default(),
                 pvc.metadata.name.clone().unwrap_or_default(),
             );
-            let claimed_by = |pv: &PersistentVolume| {
+            let claimed_by = |pv: &Arc<PersistentVolume>| {
                 pv.spec
                     .as_ref()
                     .and_then(|s| s.claim_ref.as_ref())
@@ -480,13 +480,13 @@ impl Simulation {
         })
     }
 
-    /// Waits until `done` holds for the current report, or the timeout passes; true when it held. Wakes on
-    /// every API change and every few milliseconds for operations that change only node state.
-    pub async fn wait_until(&self, timeout: Duration, done: impl Fn(&Report) -> bool) -> bool {
+    /// Waits until `done` holds for the simulation, or the timeout passes; true when it held. Wakes on
+    /// every API change, and every few milliseconds for operations that change only node state.
+    pub async fn wait_for(&self, timeout: Duration, done: impl Fn(&Self) -> bool) -> bool {
         let deadline = Instant::now() + timeout;
         let mut watch = self.api.watch();
         loop {
-            if done(&self.report()) {
+            if done(self) {
                 return true;
             }
             if Instant::now() >= deadline {
@@ -498,6 +498,19 @@ impl Simulation {
                 _ = tokio::time::sleep_until(deadline.into()) => {}
             }
         }
+    }
+
+    /// Waits until `done` holds for the whole report (convenient, but builds the report on every wake).
+    pub async fn wait_until(&self, timeout: Duration, done: impl Fn(&Report) -> bool) -> bool {
+        self.wait_for(timeout, |sim| done(&sim.report())).await
+    }
+
+    /// True when every pod is where its manifest expects it.
+    pub fn pods_as_expected(&self) -> bool {
+        self.api
+            .list::<Pod>()
+            .iter()
+            .all(|p| self.pod_report(p).as_expected())
     }
 
     /// The report now.
@@ -582,7 +595,7 @@ impl Simulation {
                 && self.api.list::<VolumeAttachment>().is_empty()
                 && self.nodes.iter().all(|n| n.idle())
         };
-        let complete = self.wait_until(timeout, |_| gone()).await;
+        let complete = self.wait_for(timeout, |_| gone()).await;
         let mut leftover_mounts = Vec::new();
         let mut leftover_pod_dirs = Vec::new();
         for node in &self.nodes {
@@ -607,7 +620,7 @@ impl Simulation {
             .api
             .list::<VolumeAttachment>()
             .into_iter()
-            .filter_map(|v| v.metadata.name)
+            .filter_map(|v| v.metadata.name.clone())
             .collect();
         TeardownReport {
             complete,

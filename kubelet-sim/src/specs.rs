@@ -22,7 +22,7 @@ fn read<T: crate::api::store::Kind>(
     reads: Reads,
     namespace: &str,
     name: &str,
-) -> Option<T> {
+) -> Option<std::sync::Arc<T>> {
     match reads {
         Reads::Recorded => api.get(namespace, name),
         Reads::Cached => api.peek(namespace, name),
@@ -79,7 +79,7 @@ pub fn volume_spec(
         let read_only = claim.read_only.unwrap_or(false);
         return Ok((
             Spec::Persistent {
-                pv: Box::new(pv),
+                pv: Box::new(std::sync::Arc::unwrap_or_clone(pv)),
                 read_only,
             },
             read_only,

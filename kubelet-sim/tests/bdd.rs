@@ -248,7 +248,7 @@ async fn pod_deleted(w: &mut Sim, pod: String) {
         .list::<Pod>()
         .into_iter()
         .find(|p| p.metadata.name.as_deref() == Some(&pod))
-        .and_then(|p| p.metadata.namespace);
+        .and_then(|p| p.metadata.namespace.clone());
     assert!(
         w.sim()
             .delete_pod(namespace.as_deref().unwrap_or("default"), &pod),
@@ -613,7 +613,7 @@ async fn attached(w: &mut Sim, handle: String, driver: String, node: String) {
     let api = Arc::clone(&w.sim().api);
     w.wait(&format!("{name} is attached"), |_| {
         api.peek::<VolumeAttachment>("", &name)
-            .and_then(|v| v.status)
+            .and_then(|v| v.status.clone())
             .is_some_and(|s| s.attached)
     })
     .await;
@@ -633,10 +633,12 @@ fn attachment_copy(w: &mut Sim, handle: String, driver: String, node: String, na
         .api
         .peek::<VolumeAttachment>("", &attachment_name(&handle, &driver, &node))
         .expect("attachment");
+    let va = std::sync::Arc::unwrap_or_clone(va);
     let csi = va
         .spec
         .source
         .inline_volume_spec
+        .clone()
         .and_then(|s| s.csi)
         .expect("an inline copy");
     assert_eq!(
@@ -660,7 +662,7 @@ async fn detach_error(w: &mut Sim, handle: String, driver: String, node: String,
         &format!("{name} has a detach error saying {text:?}"),
         |_| {
             api.peek::<VolumeAttachment>("", &name)
-                .and_then(|v| v.status)
+                .and_then(|v| v.status.clone())
                 .and_then(|s| s.detach_error)
                 .and_then(|e| e.message)
                 .is_some_and(|m| m.contains(&text))

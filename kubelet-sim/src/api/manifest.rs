@@ -92,7 +92,15 @@ fn files(path: &Path) -> Result<Vec<PathBuf>, ManifestError> {
 
 /// Parses the documents of one file.
 pub fn parse(text: &str, file: &str) -> Result<Vec<Manifest>, ManifestError> {
-    let documents: Vec<Value> = serde_saphyr::from_multiple(text)
+    // serde-saphyr's default budget (1,024 documents, 250,000 nodes) guards against hostile input; a load
+    // test's manifest of 10,000 pods is legitimate, so the counts are raised and the other limits kept.
+    let mut budget = serde_saphyr::Budget::default();
+    budget.max_documents = 100_000;
+    budget.max_nodes = 10_000_000;
+    budget.max_events = 50_000_000;
+    let mut options = serde_saphyr::Options::default();
+    options.budget = Some(budget);
+    let documents: Vec<Value> = serde_saphyr::from_multiple_with_options(text, options)
         .map_err(|e| ManifestError(format!("{file}: not valid YAML: {e}")))?;
     let mut manifests = Vec::new();
     for (i, document) in documents.into_iter().enumerate() {

@@ -15,32 +15,28 @@ pub const COMPONENT: &str = "kubelet-sim";
 
 impl Api {
     /// Records an event on a pod; a repeat of the same type, reason and message bumps its count, as the
-    /// API server's event aggregation does.
+    /// API server's event aggregation does. Events are kept per pod, outside the object store: nothing in
+    /// the simulation watches them, so recording one wakes no controller.
     pub fn record_event(&self, pod: &Pod, type_: &str, reason: &str, message: &str) {
         let uid = pod.metadata.uid.clone().unwrap_or_default();
-        let namespace = pod.metadata.namespace.clone().unwrap_or_default();
-        let existing = self.list::<Event>().into_iter().find(|e| {
-            e.involved_object.uid.as_deref() == Some(&uid)
+        let mut events = self.events.lock();
+        let log = events.entry(uid.clone()).or_default();
+        if let Some(event) = log.iter_mut().find(|e| {
+            e.type_.as_deref() == Some(type_)
                 && e.reason.as_deref() == Some(reason)
                 && e.message.as_deref() == Some(message)
-        });
-        if let Some(event) = existing {
-            self.update::<Event>(
-                &namespace,
-                event.metadata.name.as_deref().unwrap_or_default(),
-                |e| {
-                    e.count = Some(e.count.unwrap_or(1) + 1);
-                    e.last_timestamp = Some(now());
-                },
-            );
+        }) {
+            event.count = Some(event.count.unwrap_or(1) + 1);
+            event.last_timestamp = Some(now());
             return;
         }
+        let namespace = pod.metadata.namespace.clone().unwrap_or_default();
         let name = format!(
             "{}.{}",
             pod.metadata.name.as_deref().unwrap_or_default(),
             uuid::Uuid::new_v4().simple()
         );
-        self.put(Event {
+        log.push(Event {
             metadata: ObjectMeta {
                 name: Some(name),
                 namespace: Some(namespace.clone()),
@@ -66,13 +62,7 @@ impl Api {
 
     /// A pod's events, oldest first.
     pub fn events_for(&self, pod_uid: &str) -> Vec<Event> {
-        let mut events: Vec<Event> = self
-            .list::<Event>()
-            .into_iter()
-            .filter(|e| e.involved_object.uid.as_deref() == Some(pod_uid))
-            .collect();
-        events.sort_by_key(|e| e.first_timestamp.as_ref().map(|t| t.0));
-        events
+        self.events.lock().get(pod_uid).cloned().unwrap_or_default()
     }
 
     /// The TokenRequest API, simulated: a token for an existing service account, bound to a pod. The value is

@@ -3,6 +3,9 @@
 //!
 //! Every read a node makes of a Secret, CSIDriver, PV, PVC or VolumeAttachment is recorded
 //! ([`Api::reads`]), so scenarios can check the kubelet read only what it had to.
+//!
+//! Objects are kept behind `Arc`, so a list copies pointers, not objects (an informer's cache shares them
+//! the same way); an update copies the one object it changes.
 
 use std::any::{Any, TypeId};
 use std::collections::{BTreeMap, HashMap};
@@ -44,6 +47,8 @@ impl<T: k8s_openapi::Resource + Metadata<Ty = ObjectMeta> + Clone + Send + Sync 
 pub struct Api {
     objects: RwLock<HashMap<TypeId, Box<dyn Any + Send + Sync>>>,
     reads: Mutex<Vec<ApiRead>>,
+    /// Events by pod UID (see `Api::record_event`).
+    pub(crate) events: Mutex<HashMap<String, Vec<k8s_openapi::api::core::v1::Event>>>,
     revision: Arc<tokio::sync::watch::Sender<u64>>,
 }
 
@@ -95,24 +100,24 @@ impl Api {
         self.revision.send_modify(|r| *r += 1);
     }
 
-    fn with_map<T: Kind, R>(&self, f: impl FnOnce(&BTreeMap<Key, T>) -> R) -> R {
+    fn with_map<T: Kind, R>(&self, f: impl FnOnce(&BTreeMap<Key, Arc<T>>) -> R) -> R {
         let objects = self.objects.read();
         match objects
             .get(&TypeId::of::<T>())
-            .and_then(|m| m.downcast_ref::<BTreeMap<Key, T>>())
+            .and_then(|m| m.downcast_ref::<BTreeMap<Key, Arc<T>>>())
         {
             Some(map) => f(map),
             None => f(&BTreeMap::new()),
         }
     }
 
-    fn with_map_mut<T: Kind, R>(&self, f: impl FnOnce(&mut BTreeMap<Key, T>) -> R) -> R {
+    fn with_map_mut<T: Kind, R>(&self, f: impl FnOnce(&mut BTreeMap<Key, Arc<T>>) -> R) -> R {
         let mut objects = self.objects.write();
         let map = objects
             .entry(TypeId::of::<T>())
-            .or_insert_with(|| Box::new(BTreeMap::<Key, T>::new()));
+            .or_insert_with(|| Box::new(BTreeMap::<Key, Arc<T>>::new()));
         let result = f(map
-            .downcast_mut::<BTreeMap<Key, T>>()
+            .downcast_mut::<BTreeMap<Key, Arc<T>>>()
             .expect("one map type per TypeId"));
         drop(objects);
         self.changed();
@@ -120,12 +125,12 @@ impl Api {
     }
 
     /// Reads one object without recording the read (the simulator's own bookkeeping).
-    pub fn peek<T: Kind>(&self, namespace: &str, name: &str) -> Option<T> {
+    pub fn peek<T: Kind>(&self, namespace: &str, name: &str) -> Option<Arc<T>> {
         self.with_map::<T, _>(|m| m.get(&(namespace.to_string(), name.to_string())).cloned())
     }
 
     /// Reads one object, recording the read as the report's `api_reads`.
-    pub fn get<T: Kind>(&self, namespace: &str, name: &str) -> Option<T> {
+    pub fn get<T: Kind>(&self, namespace: &str, name: &str) -> Option<Arc<T>> {
         self.reads.lock().push(ApiRead {
             verb: "get".into(),
             kind: T::KIND.into(),
@@ -136,14 +141,14 @@ impl Api {
     }
 
     /// Every object of a kind (not recorded: informers list once, and the simulator lists often).
-    pub fn list<T: Kind>(&self) -> Vec<T> {
+    pub fn list<T: Kind>(&self) -> Vec<Arc<T>> {
         self.with_map::<T, _>(|m| m.values().cloned().collect())
     }
 
     /// Stores an object, replacing one of the same name.
     pub fn put<T: Kind>(&self, object: T) {
         let key = key_of(object.metadata());
-        self.with_map_mut::<T, _>(|m| m.insert(key, object));
+        self.with_map_mut::<T, _>(|m| m.insert(key, Arc::new(object)));
     }
 
     /// Changes an object in place; false when it does not exist.
@@ -151,7 +156,7 @@ impl Api {
         self.with_map_mut::<T, _>(
             |m| match m.get_mut(&(namespace.to_string(), name.to_string())) {
                 Some(object) => {
-                    f(object);
+                    f(Arc::make_mut(object));
                     true
                 }
                 None => false,
@@ -160,7 +165,7 @@ impl Api {
     }
 
     /// Removes an object; the removed one, if it existed.
-    pub fn remove<T: Kind>(&self, namespace: &str, name: &str) -> Option<T> {
+    pub fn remove<T: Kind>(&self, namespace: &str, name: &str) -> Option<Arc<T>> {
         self.with_map_mut::<T, _>(|m| m.remove(&(namespace.to_string(), name.to_string())))
     }
 

@@ -110,13 +110,13 @@ impl AttachDetach {
         let waiting = self.attach_desired().await;
         self.detach_unwanted(&waiting);
         for attachment in self.api.list::<VolumeAttachment>() {
-            self.external_attacher(attachment, &waiting).await;
+            self.external_attacher(&attachment, &waiting).await;
         }
     }
 
     /// Writes the attachments pods want; returns, per attachment, the pods waiting for it (for events).
-    async fn attach_desired(&self) -> HashMap<String, Vec<(Pod, String)>> {
-        let mut waiting: HashMap<String, Vec<(Pod, String)>> = HashMap::new();
+    async fn attach_desired(&self) -> HashMap<String, Vec<(Arc<Pod>, String)>> {
+        let mut waiting: HashMap<String, Vec<(Arc<Pod>, String)>> = HashMap::new();
         for pod in self.api.list::<Pod>() {
             let Some(node) = pod
                 .spec
@@ -174,7 +174,7 @@ impl AttachDetach {
     }
 
     /// Deletes attachments no pod wants once their node stopped using the volume.
-    fn detach_unwanted(&self, wanted: &HashMap<String, Vec<(Pod, String)>>) {
+    fn detach_unwanted(&self, wanted: &HashMap<String, Vec<(Arc<Pod>, String)>>) {
         for attachment in self.api.list::<VolumeAttachment>() {
             let name = attachment.metadata.name.clone().unwrap_or_default();
             if wanted.contains_key(&name) || attachment.metadata.deletion_timestamp.is_some() {
@@ -190,7 +190,7 @@ impl AttachDetach {
             let in_use = self
                 .api
                 .peek::<Node>("", &attachment.spec.node_name)
-                .and_then(|n| n.status)
+                .and_then(|n| n.status.clone())
                 .and_then(|s| s.volumes_in_use)
                 .is_some_and(|v| v.contains(&unique));
             if !in_use {
@@ -210,19 +210,19 @@ impl AttachDetach {
         let pv = self
             .api
             .peek::<PersistentVolume>("", source.persistent_volume_name.as_deref()?)?;
-        pv.spec?.csi
+        pv.spec.clone()?.csi
     }
 
     /// csi-attacher: ControllerPublish unattached attachments, ControllerUnpublish deleted ones.
     async fn external_attacher(
         &self,
-        attachment: VolumeAttachment,
-        waiting: &HashMap<String, Vec<(Pod, String)>>,
+        attachment: &VolumeAttachment,
+        waiting: &HashMap<String, Vec<(Arc<Pod>, String)>>,
     ) {
         let name = attachment.metadata.name.clone().unwrap_or_default();
         let deleting = attachment.metadata.deletion_timestamp.is_some();
         let attached = attachment.status.as_ref().is_some_and(|s| s.attached);
-        self.remember(&attachment);
+        self.remember(attachment);
         if !deleting && attached {
             return;
         }
@@ -234,8 +234,8 @@ impl AttachDetach {
             return;
         }
         let result = match deleting {
-            false => self.publish(&attachment).await.map(Some),
-            true => self.unpublish(&attachment).await.map(|()| None),
+            false => self.publish(attachment).await.map(Some),
+            true => self.unpublish(attachment).await.map(|()| None),
         };
         self.ops.lock().finish(&key, result.is_ok());
         match (deleting, result) {
@@ -418,7 +418,7 @@ impl AttachDetach {
                 .persistent_volume_name
                 .as_deref()
                 .and_then(|n| self.api.peek::<PersistentVolume>("", n))
-                .and_then(|pv| pv.spec)
+                .and_then(|pv| pv.spec.clone())
                 .and_then(|s| s.access_modes),
         };
         match modes.unwrap_or_default().first().map(String::as_str) {
@@ -447,6 +447,7 @@ impl AttachDetach {
             .ok_or_else(|| format!("secrets {name:?} not found in namespace {namespace:?}"))?;
         Ok(secret
             .data
+            .clone()
             .unwrap_or_default()
             .into_iter()
             .map(|(k, v)| (k, String::from_utf8_lossy(&v.0).into_owned()))

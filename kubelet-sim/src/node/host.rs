@@ -50,11 +50,17 @@ impl VolumeHost for NodeHost {
     }
 
     async fn secret(&self, namespace: &str, name: &str) -> Result<Option<Secret>, String> {
-        Ok(self.api.get::<Secret>(namespace, name))
+        Ok(self
+            .api
+            .get::<Secret>(namespace, name)
+            .map(Arc::unwrap_or_clone))
     }
 
     async fn csi_driver(&self, name: &str) -> Result<Option<CSIDriver>, String> {
-        Ok(self.api.get::<CSIDriver>("", name))
+        Ok(self
+            .api
+            .get::<CSIDriver>("", name)
+            .map(Arc::unwrap_or_clone))
     }
 
     async fn csi_client(&self, driver: &str) -> Result<CsiClient, String> {
@@ -78,7 +84,10 @@ impl VolumeHost for NodeHost {
     }
 
     async fn volume_attachment(&self, name: &str) -> Result<Option<VolumeAttachment>, String> {
-        Ok(self.api.get::<VolumeAttachment>("", name))
+        Ok(self
+            .api
+            .get::<VolumeAttachment>("", name)
+            .map(Arc::unwrap_or_clone))
     }
 
     async fn create_volume_attachment(&self, attachment: VolumeAttachment) -> Result<(), String> {

@@ -157,7 +157,7 @@ impl Kubelet {
     }
 
     /// Pods bound to this node.
-    fn my_pods(&self) -> Vec<Pod> {
+    fn my_pods(&self) -> Vec<Arc<Pod>> {
         self.api
             .list::<Pod>()
             .into_iter()
@@ -176,7 +176,7 @@ impl Kubelet {
         let current = self
             .api
             .peek::<Node>("", &self.config.name)
-            .and_then(|n| n.status)
+            .and_then(|n| n.status.clone())
             .and_then(|s| s.volumes_in_use)
             .unwrap_or_default();
         if current != in_use {

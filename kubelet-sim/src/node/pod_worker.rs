@@ -196,7 +196,7 @@ impl Kubelet {
         });
     }
 
-    async fn start(self: Arc<Self>, pod: Pod) -> bool {
+    async fn start(self: Arc<Self>, pod: Arc<Pod>) -> bool {
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         let spec = pod.spec.clone().unwrap_or_default();
         for container in &spec.containers {
@@ -594,7 +594,7 @@ impl Kubelet {
         });
     }
 
-    async fn kill(self: Arc<Self>, pod: Pod) -> bool {
+    async fn kill(self: Arc<Self>, pod: Arc<Pod>) -> bool {
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         let (sandbox, containers) = self
             .pods

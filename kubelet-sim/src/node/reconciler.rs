@@ -218,7 +218,7 @@ impl Kubelet {
         )
     }
 
-    fn pod_object(&self, pod: &PodInfo) -> Option<Pod> {
+    fn pod_object(&self, pod: &PodInfo) -> Option<Arc<Pod>> {
         self.api
             .peek::<Pod>(&pod.namespace, &pod.name)
             .filter(|p| p.metadata.uid.as_deref() == Some(&pod.uid))

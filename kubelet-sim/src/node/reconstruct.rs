@@ -22,7 +22,7 @@ const CSI_DIR: &str = "kubernetes.io~csi";
 impl Kubelet {
     /// Rebuilds the actual state and the pod workers' view from disk and the runtime. Run once at start.
     pub(super) async fn reconstruct(&self) {
-        let pods: HashMap<String, Pod> = self
+        let pods: HashMap<String, std::sync::Arc<Pod>> = self
             .my_pods()
             .into_iter()
             .filter_map(|p| Some((p.metadata.uid.clone()?, p)))
@@ -38,7 +38,7 @@ impl Kubelet {
             let unique = unique_name(&data, &uid);
             let pod = pods
                 .get(&uid)
-                .map(PodInfo::from_pod)
+                .map(|p| PodInfo::from_pod(p))
                 .unwrap_or_else(|| PodInfo {
                     uid: uid.clone(),
                     ..Default::default()
@@ -70,7 +70,7 @@ impl Kubelet {
     }
 
     /// Sandboxes the runtime still has: a pod that still exists keeps running; an orphan is stopped.
-    async fn adopt_sandboxes(&self, pods: &HashMap<String, Pod>) {
+    async fn adopt_sandboxes(&self, pods: &HashMap<String, std::sync::Arc<Pod>>) {
         let mut runtime = self.cri.runtime.clone();
         let Ok(sandboxes) = runtime
             .list_pod_sandbox(cri::ListPodSandboxRequest { filter: None })
@@ -159,7 +159,7 @@ impl Kubelet {
         let live: Vec<String> = self
             .my_pods()
             .into_iter()
-            .filter_map(|p| p.metadata.uid)
+            .filter_map(|p| p.metadata.uid.clone())
             .collect();
         for entry in entries.flatten() {
             let uid = entry.file_name().to_string_lossy().into_owned();
