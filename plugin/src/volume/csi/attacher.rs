@@ -19,7 +19,9 @@ use k8s_openapi::api::storage::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::handle::attachment_name;
-use super::mounter::{capability, mount_options, read_secret, rpc_error};
+use super::mounter::{
+    capability, mount_options, publish_context, read_secret, rpc_error, vol_data,
+};
 use super::source::{CsiSource, resolve};
 use super::vol_data::VolData;
 use super::{PLUGIN_NAME, spec_driver};
@@ -184,22 +186,7 @@ impl CsiAttacher {
             .csi_driver(&driver_name)
             .await
             .map_err(VolumeError::transient)?;
-        let publish_context = match driver.as_ref().and_then(|d| d.spec.attach_required) {
-            Some(false) => Default::default(),
-            _ => {
-                let name = attachment_name(&handle, &driver_name, host.node_name());
-                let attachment = host
-                    .volume_attachment(&name)
-                    .await
-                    .map_err(VolumeError::transient)?;
-                attachment
-                    .and_then(|a| a.status)
-                    .and_then(|s| s.attachment_metadata)
-                    .unwrap_or_default()
-                    .into_iter()
-                    .collect()
-            }
-        };
+        let publish_context = publish_context(host, driver.as_ref(), &driver_name, &handle).await?;
         let parent = path.parent().unwrap_or(path);
         std::fs::create_dir_all(path).map_err(|e| {
             VolumeError::transient(format!(
@@ -213,14 +200,7 @@ impl CsiAttacher {
             "NodeStageSecretRef",
         )
         .await?;
-        let data = VolData {
-            spec_vol_id: spec.name().to_string(),
-            volume_handle: handle.clone(),
-            driver_name: driver_name.clone(),
-            node_name: host.node_name().to_string(),
-            attachment_id: attachment_name(&handle, &driver_name, host.node_name()),
-            lifecycle_mode: source.mode.as_str().to_string(),
-        };
+        let data = vol_data(host, spec, &driver_name, &handle, source.mode);
         data.save(parent).map_err(|e| {
             VolumeError::transient(format!(
                 "attacher.MountDevice failed to save volume info data: {e}"

@@ -93,7 +93,7 @@ impl CsiClient {
         &self.driver
     }
 
-    fn report(&self, method: &str, info: CallInfo<'_>, result: &Result<(), &Status>) {
+    fn report(&self, method: &str, info: CallInfo<'_>, failure: Option<&Status>) {
         let Some(observer) = &self.observer else {
             return;
         };
@@ -129,9 +129,9 @@ impl CsiClient {
             volume_context: map(info.volume_context),
             secret_keys,
             publish_context: map(info.publish_context),
-            code: match result {
-                Ok(()) => "OK".into(),
-                Err(status) => format!("{:?}", status.code()),
+            code: match failure {
+                None => "OK".into(),
+                Some(status) => format!("{:?}", status.code()),
             },
         });
     }
@@ -159,7 +159,7 @@ impl CsiClient {
             secrets: Some(&req.secrets),
             publish_context: Some(&req.publish_context),
         };
-        self.report("NodePublishVolume", info, &result.as_ref().map(|_| ()));
+        self.report("NodePublishVolume", info, result.as_ref().err());
         result
     }
 
@@ -182,7 +182,7 @@ impl CsiClient {
                 target_path,
                 ..Default::default()
             },
-            &result.as_ref().map(|_| ()),
+            result.as_ref().err(),
         );
         result
     }
@@ -203,7 +203,7 @@ impl CsiClient {
             publish_context: Some(&req.publish_context),
             ..Default::default()
         };
-        self.report("NodeStageVolume", info, &result.as_ref().map(|_| ()));
+        self.report("NodeStageVolume", info, result.as_ref().err());
         result
     }
 
@@ -226,7 +226,7 @@ impl CsiClient {
                 staging_path,
                 ..Default::default()
             },
-            &result.as_ref().map(|_| ()),
+            result.as_ref().err(),
         );
         result
     }
@@ -243,7 +243,7 @@ impl CsiClient {
         self.report(
             "NodeGetCapabilities",
             CallInfo::default(),
-            &result.as_ref().map(|_| ()),
+            result.as_ref().err(),
         );
         Ok(result?
             .into_inner()
@@ -265,11 +265,7 @@ impl CsiClient {
             .clone()
             .node_get_info(Self::timed(csi::NodeGetInfoRequest {}))
             .await;
-        self.report(
-            "NodeGetInfo",
-            CallInfo::default(),
-            &result.as_ref().map(|_| ()),
-        );
+        self.report("NodeGetInfo", CallInfo::default(), result.as_ref().err());
         Ok(result?.into_inner())
     }
 
@@ -285,7 +281,7 @@ impl CsiClient {
         self.report(
             "ControllerGetCapabilities",
             CallInfo::default(),
-            &result.as_ref().map(|_| ()),
+            result.as_ref().err(),
         );
         Ok(result?
             .into_inner()
@@ -319,11 +315,7 @@ impl CsiClient {
             publish_context: result.as_ref().ok(),
             ..Default::default()
         };
-        self.report(
-            "ControllerPublishVolume",
-            info,
-            &result.as_ref().map(|_| ()),
-        );
+        self.report("ControllerPublishVolume", info, result.as_ref().err());
         result
     }
 
@@ -343,11 +335,7 @@ impl CsiClient {
             secrets: Some(&req.secrets),
             ..Default::default()
         };
-        self.report(
-            "ControllerUnpublishVolume",
-            info,
-            &result.as_ref().map(|_| ()),
-        );
+        self.report("ControllerUnpublishVolume", info, result.as_ref().err());
         result
     }
 }

@@ -161,36 +161,33 @@ impl VolumePlugin for CsiPlugin {
 /// back as an inline source with only its driver (its attributes are lost, as upstream); a persistent one
 /// as a PV with driver and handle.
 pub fn spec_from_vol_data(data: &VolData) -> Spec {
-    let spec_name = data.spec_vol_id.as_str();
-    let data = data.clone();
+    let name = data.spec_vol_id.clone();
+    let source = CSIVolumeSource {
+        driver: data.driver_name.clone(),
+        ..Default::default()
+    };
     match data.lifecycle_mode.as_str() {
         "Ephemeral" => Spec::Inline {
             volume: Box::new(Volume {
-                name: spec_name.to_string(),
-                csi: Some(CSIVolumeSource {
-                    driver: data.driver_name.clone(),
-                    ..Default::default()
-                }),
+                name,
+                csi: Some(source.clone()),
                 ..Default::default()
             }),
             csi: Some(InlineCsi {
-                source: CSIVolumeSource {
-                    driver: data.driver_name,
-                    ..Default::default()
-                },
+                source,
                 ..Default::default()
             }),
         },
         _ => Spec::Persistent {
             pv: Box::new(PersistentVolume {
                 metadata: ObjectMeta {
-                    name: Some(spec_name.to_string()),
+                    name: Some(name),
                     ..Default::default()
                 },
                 spec: Some(PersistentVolumeSpec {
                     csi: Some(CSIPersistentVolumeSource {
-                        driver: data.driver_name,
-                        volume_handle: data.volume_handle,
+                        driver: data.driver_name.clone(),
+                        volume_handle: data.volume_handle.clone(),
                         ..Default::default()
                     }),
                     ..Default::default()

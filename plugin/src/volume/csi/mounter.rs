@@ -21,6 +21,7 @@ use super::{CsiPlugin, PLUGIN_NAME, device_path_for, spec_driver};
 use crate::volume::{
     Mounter, MounterArgs, PodInfo, SecretRef, Spec, Unmounter, VolumeError, VolumeHost,
 };
+use k8s_openapi::api::storage::v1::CSIDriver;
 
 /// Mounts one CSI volume for one pod.
 pub struct CsiMounter {
@@ -99,8 +100,7 @@ impl CsiMounter {
                 };
                 (
                     staging,
-                    self.publish_context(&source, &handle, driver.as_ref())
-                        .await?,
+                    publish_context(host, driver.as_ref(), &driver_name, &handle).await?,
                 )
             }
         };
@@ -146,14 +146,7 @@ impl CsiMounter {
         };
 
         // 14. vol_data.json, so the volume can be unmounted (and reconstructed) without the pod.
-        let data = VolData {
-            spec_vol_id: self.spec.name().to_string(),
-            volume_handle: handle.clone(),
-            driver_name: driver_name.clone(),
-            node_name: host.node_name().to_string(),
-            attachment_id: attachment_name(&handle, &driver_name, host.node_name()),
-            lifecycle_mode: source.mode.as_str().to_string(),
-        };
+        let data = vol_data(host, &self.spec, &driver_name, &handle, source.mode);
         data.save(parent).map_err(|e| {
             VolumeError::transient(format!(
                 "mounter.SetUpAt failed to save volume info data: {e}"
@@ -201,34 +194,52 @@ impl CsiMounter {
         }
         Ok(())
     }
+}
 
-    /// The publish context from the volume's VolumeAttachment, when the driver needs attaching.
-    async fn publish_context(
-        &self,
-        source: &CsiSource,
-        handle: &str,
-        driver: Option<&k8s_openapi::api::storage::v1::CSIDriver>,
-    ) -> Result<HashMap<String, String>, VolumeError> {
-        if driver.and_then(|d| d.spec.attach_required) == Some(false) {
-            return Ok(HashMap::new());
-        }
-        let name = attachment_name(handle, &source.driver, self.host.node_name());
-        let attachment = self
-            .host
-            .volume_attachment(&name)
-            .await
-            .map_err(VolumeError::transient)?;
-        let attachment = attachment.ok_or_else(|| {
-            VolumeError::transient(format!(
-                "volumeattachments.storage.k8s.io {name:?} not found"
-            ))
-        })?;
-        Ok(attachment
-            .status
-            .and_then(|s| s.attachment_metadata)
-            .unwrap_or_default()
-            .into_iter()
-            .collect())
+/// The publish context of a persistent volume: its VolumeAttachment's `attachmentMetadata`, when the driver
+/// needs attaching (`attachRequired` unset or true); a missing attachment is transient (not attached yet).
+pub(super) async fn publish_context(
+    host: &dyn VolumeHost,
+    driver: Option<&CSIDriver>,
+    driver_name: &str,
+    handle: &str,
+) -> Result<HashMap<String, String>, VolumeError> {
+    if driver.and_then(|d| d.spec.attach_required) == Some(false) {
+        return Ok(HashMap::new());
+    }
+    let name = attachment_name(handle, driver_name, host.node_name());
+    let attachment = host
+        .volume_attachment(&name)
+        .await
+        .map_err(VolumeError::transient)?;
+    let attachment = attachment.ok_or_else(|| {
+        VolumeError::transient(format!(
+            "volumeattachments.storage.k8s.io {name:?} not found"
+        ))
+    })?;
+    Ok(attachment
+        .status
+        .and_then(|s| s.attachment_metadata)
+        .unwrap_or_default()
+        .into_iter()
+        .collect())
+}
+
+/// The `vol_data.json` record of a volume set up (or staged) on this node.
+pub(super) fn vol_data(
+    host: &dyn VolumeHost,
+    spec: &Spec,
+    driver_name: &str,
+    handle: &str,
+    mode: LifecycleMode,
+) -> VolData {
+    VolData {
+        spec_vol_id: spec.name().to_string(),
+        volume_handle: handle.to_string(),
+        driver_name: driver_name.to_string(),
+        node_name: host.node_name().to_string(),
+        attachment_id: attachment_name(handle, driver_name, host.node_name()),
+        lifecycle_mode: mode.as_str().to_string(),
     }
 }
 
