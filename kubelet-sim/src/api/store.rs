@@ -12,6 +12,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use k8s_openapi::Metadata;
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use parking_lot::{Mutex, RwLock};
 use serde::Serialize;
@@ -47,6 +48,8 @@ impl<T: k8s_openapi::Resource + Metadata<Ty = ObjectMeta> + Clone + Send + Sync 
 pub struct Api {
     objects: RwLock<HashMap<TypeId, Box<dyn Any + Send + Sync>>>,
     reads: Mutex<Vec<ApiRead>>,
+    /// Pod keys by node name, maintained on every Pod change.
+    pods_by_node: RwLock<HashMap<String, std::collections::BTreeSet<Key>>>,
     /// Events by pod UID (see `Api::record_event`).
     pub(crate) events: Mutex<HashMap<String, Vec<k8s_openapi::api::core::v1::Event>>>,
     revision: Arc<tokio::sync::watch::Sender<u64>>,
@@ -148,25 +151,65 @@ impl Api {
     /// Stores an object, replacing one of the same name.
     pub fn put<T: Kind>(&self, object: T) {
         let key = key_of(object.metadata());
-        self.with_map_mut::<T, _>(|m| m.insert(key, Arc::new(object)));
+        self.with_map_mut::<T, _>(|m| {
+            let old = m.insert(key.clone(), Arc::new(object));
+            self.reindex(&key, old.as_deref(), m.get(&key).map(Arc::as_ref));
+        });
     }
 
     /// Changes an object in place; false when it does not exist.
     pub fn update<T: Kind>(&self, namespace: &str, name: &str, f: impl FnOnce(&mut T)) -> bool {
-        self.with_map_mut::<T, _>(
-            |m| match m.get_mut(&(namespace.to_string(), name.to_string())) {
-                Some(object) => {
-                    f(Arc::make_mut(object));
-                    true
-                }
-                None => false,
-            },
-        )
+        let key = (namespace.to_string(), name.to_string());
+        self.with_map_mut::<T, _>(|m| match m.get_mut(&key) {
+            Some(object) => {
+                let old = Arc::clone(object);
+                f(Arc::make_mut(object));
+                self.reindex(&key, Some(old.as_ref()), Some(object.as_ref()));
+                true
+            }
+            None => false,
+        })
     }
 
     /// Removes an object; the removed one, if it existed.
     pub fn remove<T: Kind>(&self, namespace: &str, name: &str) -> Option<Arc<T>> {
-        self.with_map_mut::<T, _>(|m| m.remove(&(namespace.to_string(), name.to_string())))
+        let key = (namespace.to_string(), name.to_string());
+        self.with_map_mut::<T, _>(|m| {
+            let old = m.remove(&key);
+            self.reindex::<T>(&key, old.as_deref(), None);
+            old
+        })
+    }
+
+    /// The pods bound to a node (`spec.nodeName`), from the index: a node's work does not grow with the
+    /// number of pods elsewhere.
+    pub fn pods_on(&self, node: &str) -> Vec<Arc<Pod>> {
+        let keys: Vec<Key> = self
+            .pods_by_node
+            .read()
+            .get(node)
+            .map(|k| k.iter().cloned().collect())
+            .unwrap_or_default();
+        self.with_map::<Pod, _>(|m| keys.iter().filter_map(|k| m.get(k).cloned()).collect())
+    }
+
+    /// Keeps the pods-by-node index in step with a change of a Pod (other kinds are not indexed).
+    fn reindex<T: Kind>(&self, key: &Key, old: Option<&T>, new: Option<&T>) {
+        let node_of = |object: Option<&T>| {
+            let pod = (object? as &dyn Any).downcast_ref::<Pod>()?;
+            pod.spec.as_ref()?.node_name.clone()
+        };
+        let (before, after) = (node_of(old), node_of(new));
+        if before == after {
+            return;
+        }
+        let mut index = self.pods_by_node.write();
+        if let Some(node) = before {
+            index.entry(node).or_default().remove(key);
+        }
+        if let Some(node) = after {
+            index.entry(node).or_default().insert(key.clone());
+        }
     }
 
     /// Every read so far.
@@ -178,7 +221,7 @@ impl Api {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::core::v1::{Pod, Secret};
+    use k8s_openapi::api::core::v1::{PodSpec, Secret};
 
     #[test]
     fn stores_by_kind_and_records_reads() {
@@ -214,5 +257,38 @@ mod tests {
         assert!(watch.has_changed().unwrap());
         assert!(api.remove::<Secret>("ns", "s").is_some());
         assert!(api.list::<Secret>().is_empty());
+    }
+
+    #[test]
+    fn pods_are_indexed_by_node() {
+        let api = Api::new();
+        let pod = |name: &str, node: Option<&str>| Pod {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("ns".into()),
+                ..Default::default()
+            },
+            spec: Some(PodSpec {
+                node_name: node.map(String::from),
+                ..Default::default()
+            }),
+            status: None,
+        };
+        api.put(pod("a", Some("n1")));
+        api.put(pod("b", Some("n2")));
+        api.put(pod("c", None));
+        assert_eq!(api.pods_on("n1").len(), 1);
+        api.update::<Pod>("ns", "c", |p| {
+            p.spec.as_mut().unwrap().node_name = Some("n1".into())
+        });
+        assert_eq!(api.pods_on("n1").len(), 2);
+        api.remove::<Pod>("ns", "a");
+        let names: Vec<_> = api
+            .pods_on("n1")
+            .iter()
+            .map(|p| p.metadata.name.clone().unwrap())
+            .collect();
+        assert_eq!(names, ["c"]);
+        assert_eq!(api.pods_on("n2").len(), 1);
     }
 }

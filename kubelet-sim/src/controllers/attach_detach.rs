@@ -60,6 +60,8 @@ pub struct AttachDetach {
     ops: Mutex<Operations>,
     /// Every attachment seen, for the report.
     seen: Mutex<BTreeMap<String, AttachmentReport>>,
+    /// Pods known to have no attachable volume (skipped on later passes).
+    no_attach: Mutex<std::collections::HashSet<String>>,
 }
 
 impl AttachDetach {
@@ -74,6 +76,7 @@ impl AttachDetach {
             nodes: parking_lot::RwLock::new(nodes),
             ops: Mutex::new(Operations::new(backoff)),
             seen: Mutex::default(),
+            no_attach: Mutex::default(),
         })
     }
 
@@ -117,6 +120,7 @@ impl AttachDetach {
     /// Writes the attachments pods want; returns, per attachment, the pods waiting for it (for events).
     async fn attach_desired(&self) -> HashMap<String, Vec<(Arc<Pod>, String)>> {
         let mut waiting: HashMap<String, Vec<(Arc<Pod>, String)>> = HashMap::new();
+        let mut live = std::collections::HashSet::new();
         for pod in self.api.list::<Pod>() {
             let Some(node) = pod
                 .spec
@@ -127,6 +131,11 @@ impl AttachDetach {
                 continue;
             };
             let info = PodInfo::from_pod(&pod);
+            live.insert(info.uid.clone());
+            if self.no_attach.lock().contains(&info.uid) {
+                continue;
+            }
+            let (mut resolved, mut attaches) = (true, false);
             for volume in pod
                 .spec
                 .as_ref()
@@ -136,14 +145,20 @@ impl AttachDetach {
                 let outer = volume.name.clone();
                 let Ok((spec, _)) = volume_spec(&self.api, Reads::Cached, &pod, &info, volume)
                 else {
+                    resolved = false;
                     continue;
                 };
                 let plugin = node.volume_plugin(&spec);
                 let Some(attachable) = plugin.attachable() else {
                     continue;
                 };
-                if !attachable.can_attach(&spec, &info).await.unwrap_or(false) {
-                    continue;
+                match attachable.can_attach(&spec, &info).await {
+                    Ok(true) => attaches = true,
+                    Ok(false) => continue,
+                    Err(_) => {
+                        resolved = false;
+                        continue;
+                    }
                 }
                 let key = OpKey {
                     volume: format!("attach/{}/{}", info.uid, outer),
@@ -169,7 +184,13 @@ impl AttachDetach {
                     }
                 }
             }
+            // A pod's volumes never change, nor does a CSIDriver's attachRequired: a pod found to have no
+            // attachable volume is not looked at again.
+            if resolved && !attaches {
+                self.no_attach.lock().insert(info.uid.clone());
+            }
         }
+        self.no_attach.lock().retain(|uid| live.contains(uid));
         waiting
     }
 

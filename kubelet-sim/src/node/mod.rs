@@ -158,13 +158,7 @@ impl Kubelet {
 
     /// Pods bound to this node.
     fn my_pods(&self) -> Vec<Arc<Pod>> {
-        self.api
-            .list::<Pod>()
-            .into_iter()
-            .filter(|p| {
-                p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(&self.config.name)
-            })
-            .collect()
+        self.api.pods_on(&self.config.name)
     }
 
     /// `node.status.volumesInUse`: what the attach/detach controller must not detach. Written only when it

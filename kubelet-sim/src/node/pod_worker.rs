@@ -113,14 +113,13 @@ impl Kubelet {
                 }
                 continue;
             }
-            let (unmounted, unattached) = self.missing_volumes(&uid);
+            let (unmounted, _) = self.missing_volumes(&uid);
             if unmounted.is_empty() {
                 self.set_state(&uid, PodState::Starting);
                 let object = pod.clone();
                 self.spawn_pod_op(key, &uid, PodState::Waiting, move |me| me.start(object));
             } else if !warned && seen_at.elapsed() >= self.config.volume_wait_timeout {
                 self.warn_volume_timeout(&pod, &uid);
-                let _ = unattached;
             }
         }
     }
