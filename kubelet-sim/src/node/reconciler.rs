@@ -55,7 +55,9 @@ impl Kubelet {
             match action {
                 Action::Forget { unique } => self.asw.lock().remove(&unique),
                 Action::MarkAttached { unique, volume } => {
-                    self.asw.lock().mark_attached(&unique, &volume.spec)
+                    self.asw.lock().mark_attached(&unique, &volume.spec);
+                    // Staging and SetUp of this volume are planned on the next pass: ask for it now.
+                    self.kick.notify_one();
                 }
                 Action::CheckAttach { unique, volume } => {
                     let owner = self.plugin_for(&volume.spec);
