@@ -31,6 +31,10 @@ pub struct Sandbox {
     pub sandbox: cri::PodSandbox,
     /// The config it was created with.
     pub config: cri::PodSandboxConfig,
+    /// The name it reserved (freed on removal without scanning every name).
+    pub reserved_name: String,
+    /// Its containers' ids (so removal does not scan every container).
+    pub containers: Vec<String>,
 }
 
 /// A container the runtime holds.
@@ -40,6 +44,8 @@ pub struct Container {
     pub status: cri::ContainerStatus,
     /// Its sandbox.
     pub sandbox_id: String,
+    /// The name it reserved.
+    pub reserved_name: String,
 }
 
 #[derive(Debug, Default)]
@@ -174,7 +180,13 @@ impl FakeRuntime {
                 annotations: config.annotations.clone(),
                 runtime_handler,
             };
-            s.sandboxes.insert(id.clone(), Sandbox { sandbox, config });
+            let sandbox = Sandbox {
+                sandbox,
+                config,
+                reserved_name: name.clone(),
+                containers: Vec::new(),
+            };
+            s.sandboxes.insert(id.clone(), sandbox);
             Ok(id)
         })
     }
@@ -204,19 +216,15 @@ impl FakeRuntime {
                     "sandbox container {id:?} is not fully stopped"
                 )));
             }
-            let removed: Vec<String> = s
-                .containers
-                .iter()
-                .filter(|(_, c)| c.sandbox_id == id)
-                .map(|(k, _)| k.clone())
-                .collect();
-            for cid in removed {
-                s.containers.remove(&cid);
+            let Some(sandbox) = s.sandboxes.remove(id) else {
+                return Ok(());
+            };
+            for cid in &sandbox.containers {
+                if let Some(container) = s.containers.remove(cid) {
+                    s.names.remove(&container.reserved_name);
+                }
             }
-            s.sandboxes.remove(id);
-            s.names.retain(|_, holder| {
-                s.sandboxes.contains_key(holder) || s.containers.contains_key(holder)
-            });
+            s.names.remove(&sandbox.reserved_name);
             Ok(())
         })
     }
@@ -292,11 +300,15 @@ impl FakeRuntime {
                 log_path: config.log_path.clone(),
                 ..Default::default()
             };
+            if let Some(sandbox) = s.sandboxes.get_mut(sandbox_id) {
+                sandbox.containers.push(id.clone());
+            }
             s.containers.insert(
                 id.clone(),
                 Container {
                     status,
                     sandbox_id: sandbox_id.to_string(),
+                    reserved_name: name,
                 },
             );
             Ok(id)
@@ -336,8 +348,12 @@ impl FakeRuntime {
     /// RemoveContainer: a missing container is already removed.
     pub fn remove_container(&self, id: &str) {
         self.with(|s| {
-            s.containers.remove(id);
-            s.names.retain(|_, holder| holder != id);
+            if let Some(container) = s.containers.remove(id) {
+                s.names.remove(&container.reserved_name);
+                if let Some(sandbox) = s.sandboxes.get_mut(&container.sandbox_id) {
+                    sandbox.containers.retain(|c| c != id);
+                }
+            }
         })
     }
 

@@ -60,10 +60,36 @@ async fn run(pods: usize, nodes: usize) {
     let mut sim = Simulation::start(config).await.unwrap();
     let start = Instant::now();
     sim.apply(manifests).await;
-    let settled = sim
-        .wait_for(Duration::from_secs(600), Simulation::pods_as_expected)
-        .await;
+    let limit = Duration::from_secs(
+        std::env::var("LIMIT_SECS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(600),
+    );
+    let settled = sim.wait_for(limit, Simulation::pods_as_expected).await;
     let settle = start.elapsed();
+    if !settled {
+        // Say why: the most common warnings of the pods that did not get there.
+        let mut reasons = std::collections::BTreeMap::<String, usize>::new();
+        for pod in sim.report().pods.iter().filter(|p| p.phase != "Running") {
+            let last = pod.events.iter().rev().find(|e| e.type_ == "Warning");
+            let key = last
+                .map(|e| {
+                    format!(
+                        "{}: {}",
+                        e.reason,
+                        e.message.chars().take(160).collect::<String>()
+                    )
+                })
+                .unwrap_or_else(|| "no warning".into());
+            *reasons.entry(key).or_default() += 1;
+        }
+        let mut reasons: Vec<_> = reasons.into_iter().collect();
+        reasons.sort_by_key(|(_, n)| std::cmp::Reverse(*n));
+        for (reason, n) in reasons.iter().take(5) {
+            println!("not settled: {n} pods: {reason}");
+        }
+    }
     let start = Instant::now();
     let teardown = sim.teardown(Duration::from_secs(600)).await;
     let torn_down = start.elapsed();

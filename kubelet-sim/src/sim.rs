@@ -91,7 +91,8 @@ pub struct Simulation {
             tokio::task::JoinHandle<()>,
         ),
     >,
-    cri: Cri,
+    /// The runtime's socket; each node dials it.
+    cri_socket: PathBuf,
     local_drivers: Vec<LocalDriverHandle>,
     rejected: Vec<Rejection>,
     next_node: usize,
@@ -105,14 +106,11 @@ impl Simulation {
         let api = Api::new();
         let (stop, _) = tokio::sync::watch::channel(false);
         let mut tasks = Vec::new();
-        let (cri, cri_fake) =
+        // Each node dials the runtime itself, as each real kubelet has its own connection: one shared
+        // HTTP/2 connection for every simulated node fails calls under load.
+        let (cri_socket, cri_fake) =
             match &config.cri {
-                Some(socket) => (
-                    Cri::connect(socket)
-                        .await
-                        .map_err(|e| format!("--cri: {e}"))?,
-                    None,
-                ),
+                Some(socket) => (socket.clone(), None),
                 None => {
                     let root = config.root.join("cri-fake");
                     let runtime = Arc::new(
@@ -129,30 +127,30 @@ impl Simulation {
                         })
                         .await;
                     }));
-                    (connect_cri(&socket).await?, Some(runtime))
+                    (socket, Some(runtime))
                 }
             };
         let calls = Arc::new(CallLog::default());
-        let nodes: Vec<Arc<Kubelet>> = (1..=config.nodes.max(1))
-            .map(|i| {
-                let name = format!("node-{i}");
-                let node_config = NodeConfig {
-                    root: config.root.join(&name),
-                    name,
-                    gates: config.gates.clone(),
-                    backoff: config.backoff,
-                    volume_wait_timeout: config.volume_wait_timeout,
-                    republish_period: config.republish_period,
-                };
-                Kubelet::new(
-                    node_config,
-                    Arc::clone(&api),
-                    cri.clone(),
-                    Arc::clone(&config.mounter),
-                    calls.clone(),
-                )
-            })
-            .collect();
+        let mut nodes: Vec<Arc<Kubelet>> = Vec::new();
+        for i in 1..=config.nodes.max(1) {
+            let name = format!("node-{i}");
+            let node_config = NodeConfig {
+                root: config.root.join(&name),
+                name,
+                gates: config.gates.clone(),
+                backoff: config.backoff,
+                volume_wait_timeout: config.volume_wait_timeout,
+                republish_period: config.republish_period,
+            };
+            let cri = connect_cri(&cri_socket).await?;
+            nodes.push(Kubelet::new(
+                node_config,
+                Arc::clone(&api),
+                cri,
+                Arc::clone(&config.mounter),
+                calls.clone(),
+            ));
+        }
         let attach_detach = AttachDetach::new(Arc::clone(&api), &nodes, config.backoff);
         let mut sim = Self {
             admission: Admission {
@@ -166,7 +164,7 @@ impl Simulation {
             stop,
             tasks,
             node_runs: BTreeMap::new(),
-            cri,
+            cri_socket,
             local_drivers: Vec::new(),
             rejected: Vec::new(),
             next_node: 0,
@@ -244,7 +242,7 @@ impl Simulation {
         let node = Kubelet::new(
             old.config.clone(),
             Arc::clone(&self.api),
-            self.cri.clone(),
+            connect_cri(&self.cri_socket).await?,
             Arc::clone(&self.config.mounter),
             self.calls.clone(),
         );
@@ -480,11 +478,10 @@ impl Simulation {
         })
     }
 
-    /// Waits until `done` holds for the simulation, or the timeout passes; true when it held. Wakes on
-    /// every API change, and every few milliseconds for operations that change only node state.
+    /// Waits until `done` holds for the simulation, or the timeout passes; true when it held. Checks every
+    /// 20 ms rather than on every API change: a check may look at every pod, and changes come in thousands.
     pub async fn wait_for(&self, timeout: Duration, done: impl Fn(&Self) -> bool) -> bool {
         let deadline = Instant::now() + timeout;
-        let mut watch = self.api.watch();
         loop {
             if done(self) {
                 return true;
@@ -492,11 +489,7 @@ impl Simulation {
             if Instant::now() >= deadline {
                 return false;
             }
-            tokio::select! {
-                _ = watch.changed() => {}
-                _ = tokio::time::sleep(Duration::from_millis(20)) => {}
-                _ = tokio::time::sleep_until(deadline.into()) => {}
-            }
+            tokio::time::sleep(Duration::from_millis(20).min(deadline - Instant::now())).await;
         }
     }
 
@@ -660,7 +653,7 @@ async fn connect_cri(socket: &Path) -> Result<Cri, String> {
     loop {
         match Cri::connect(socket).await {
             Ok(cri) => return Ok(cri),
-            Err(e) if Instant::now() >= deadline => return Err(format!("cri-fake: {e}")),
+            Err(e) if Instant::now() >= deadline => return Err(format!("CRI runtime: {e}")),
             Err(_) => tokio::time::sleep(Duration::from_millis(5)).await,
         }
     }

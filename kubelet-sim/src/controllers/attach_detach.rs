@@ -120,7 +120,6 @@ impl AttachDetach {
     /// Writes the attachments pods want; returns, per attachment, the pods waiting for it (for events).
     async fn attach_desired(&self) -> HashMap<String, Vec<(Arc<Pod>, String)>> {
         let mut waiting: HashMap<String, Vec<(Arc<Pod>, String)>> = HashMap::new();
-        let mut live = std::collections::HashSet::new();
         for pod in self.api.list::<Pod>() {
             let Some(node) = pod
                 .spec
@@ -130,11 +129,11 @@ impl AttachDetach {
             else {
                 continue;
             };
-            let info = PodInfo::from_pod(&pod);
-            live.insert(info.uid.clone());
-            if self.no_attach.lock().contains(&info.uid) {
+            let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+            if self.no_attach.lock().contains(uid) {
                 continue;
             }
+            let info = PodInfo::from_pod(&pod);
             let (mut resolved, mut attaches) = (true, false);
             for volume in pod
                 .spec
@@ -190,7 +189,17 @@ impl AttachDetach {
                 self.no_attach.lock().insert(info.uid.clone());
             }
         }
-        self.no_attach.lock().retain(|uid| live.contains(uid));
+        // Forget pods that are gone, once the cache outgrows the pods there are.
+        let pods = self.api.list::<Pod>();
+        let mut cache = self.no_attach.lock();
+        if cache.len() > pods.len() {
+            let live: std::collections::HashSet<&str> = pods
+                .iter()
+                .filter_map(|p| p.metadata.uid.as_deref())
+                .collect();
+            cache.retain(|uid| live.contains(uid.as_str()));
+        }
+        drop(cache);
         waiting
     }
 

@@ -36,7 +36,9 @@ pub struct OpKey {
 #[derive(Debug, Default)]
 pub struct Operations {
     policy: BackoffPolicy,
-    pending: HashSet<OpKey>,
+    /// Running operations by volume: the pods they are for (None for a node-wide one). Indexed by
+    /// volume so a conflict check costs one lookup, not a scan of every running operation.
+    pending: HashMap<String, HashSet<Option<String>>>,
     backoff: HashMap<OpKey, (Instant, Duration)>,
 }
 
@@ -51,8 +53,8 @@ impl Operations {
 
     /// Starts an operation unless a conflicting one runs or its backoff has not expired.
     pub fn try_start(&mut self, key: &OpKey) -> bool {
-        let conflicts = self.pending.iter().any(|p| {
-            p.volume == key.volume && (p.pod.is_none() || key.pod.is_none() || p.pod == key.pod)
+        let conflicts = self.pending.get(&key.volume).is_some_and(|pods| {
+            key.pod.is_none() || pods.contains(&None) || pods.contains(&key.pod)
         });
         let waiting = self
             .backoff
@@ -61,13 +63,21 @@ impl Operations {
         if conflicts || waiting {
             return false;
         }
-        self.pending.insert(key.clone());
+        self.pending
+            .entry(key.volume.clone())
+            .or_default()
+            .insert(key.pod.clone());
         true
     }
 
     /// Ends an operation: success clears its backoff, failure doubles it.
     pub fn finish(&mut self, key: &OpKey, ok: bool) {
-        self.pending.remove(key);
+        if let Some(pods) = self.pending.get_mut(&key.volume) {
+            pods.remove(&key.pod);
+            if pods.is_empty() {
+                self.pending.remove(&key.volume);
+            }
+        }
         if ok {
             self.backoff.remove(key);
             return;
