@@ -26,16 +26,7 @@ use inlet_proto::uds;
 
 pub use state::FakeRuntime;
 
-/// Why serving stopped with an error.
-#[derive(Debug, thiserror::Error)]
-pub enum ServeError {
-    /// The socket could not be set up.
-    #[error(transparent)]
-    Endpoint(#[from] uds::EndpointError),
-    /// The gRPC server failed.
-    #[error("grpc server: {0}")]
-    Transport(#[from] tonic::transport::Error),
-}
+pub use uds::ServeError;
 
 /// Serves RuntimeService and ImageService for `runtime` on `socket` until `shutdown`, then removes the socket.
 pub async fn serve(

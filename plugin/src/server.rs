@@ -9,16 +9,7 @@ use inlet_proto::csi::v1::node_server::{Node, NodeServer};
 use inlet_proto::uds;
 use tokio_stream::wrappers::UnixListenerStream;
 
-/// Why serving stopped with an error.
-#[derive(Debug, thiserror::Error)]
-pub enum ServeError {
-    /// The socket could not be set up.
-    #[error(transparent)]
-    Endpoint(#[from] uds::EndpointError),
-    /// The gRPC server failed.
-    #[error("grpc server: {0}")]
-    Transport(#[from] tonic::transport::Error),
-}
+pub use uds::ServeError;
 
 /// Serves the three CSI services on `socket` until `shutdown` resolves, then removes the socket.
 ///

@@ -52,6 +52,45 @@ impl std::error::Error for EndpointError {
     }
 }
 
+/// Why a gRPC server on a unix socket stopped with an error.
+#[derive(Debug)]
+pub enum ServeError {
+    /// The socket could not be set up.
+    Endpoint(EndpointError),
+    /// The gRPC server failed.
+    Transport(tonic::transport::Error),
+}
+
+impl std::fmt::Display for ServeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Endpoint(e) => e.fmt(f),
+            Self::Transport(e) => write!(f, "grpc server: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for ServeError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::Endpoint(e) => e.source(),
+            Self::Transport(e) => Some(e),
+        }
+    }
+}
+
+impl From<EndpointError> for ServeError {
+    fn from(e: EndpointError) -> Self {
+        Self::Endpoint(e)
+    }
+}
+
+impl From<tonic::transport::Error> for ServeError {
+    fn from(e: tonic::transport::Error) -> Self {
+        Self::Transport(e)
+    }
+}
+
 /// Parses `unix:///path` (or a bare absolute path) into the socket path.
 pub fn socket_path(endpoint: &str) -> Result<PathBuf, EndpointError> {
     let path = endpoint.strip_prefix("unix://").unwrap_or(endpoint);

@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use inlet_plugin::volume::PodInfo;
+use inlet_plugin::volume::csi::rpc_error;
 use inlet_proto::csi::v1::{
     self as csi, controller_service_capability::rpc::Type as ControllerCap,
 };
@@ -483,12 +484,4 @@ impl AttachDetach {
             .map(|(k, v)| (k, String::from_utf8_lossy(&v.0).into_owned()))
             .collect())
     }
-}
-
-fn rpc_error(status: &tonic::Status) -> String {
-    format!(
-        "rpc error: code = {:?} desc = {}",
-        status.code(),
-        status.message()
-    )
 }

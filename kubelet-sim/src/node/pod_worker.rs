@@ -7,6 +7,7 @@ use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
+use inlet_plugin::volume::csi::rpc_error;
 use inlet_proto::runtime::v1 as cri;
 use k8s_openapi::api::core::v1::{
     Container, ContainerState, ContainerStateRunning, ContainerStatus, Pod, PodCondition, PodStatus,
@@ -211,11 +212,7 @@ impl Kubelet {
         let sandbox_id = match self.cri.runtime.clone().run_pod_sandbox(request).await {
             Ok(reply) => reply.into_inner().pod_sandbox_id,
             Err(s) => {
-                let message = format!(
-                    "Failed to create pod sandbox: rpc error: code = {:?} desc = {}",
-                    s.code(),
-                    s.message()
-                );
+                let message = format!("Failed to create pod sandbox: {}", rpc_error(&s));
                 self.api
                     .record_event(&pod, "Warning", "FailedCreatePodSandBox", &message);
                 return false;
@@ -324,11 +321,7 @@ impl Kubelet {
                         true
                     }
                     Err(s) => {
-                        let message = format!(
-                            "Failed to pull image {image:?}: rpc error: code = {:?} desc = {}",
-                            s.code(),
-                            s.message()
-                        );
+                        let message = format!("Failed to pull image {image:?}: {}", rpc_error(&s));
                         self.api.record_event(pod, "Warning", "Failed", &message);
                         false
                     }
@@ -427,8 +420,7 @@ impl Kubelet {
             log_path: format!("{}/0.log", container.name),
             ..Default::default()
         };
-        let rpc =
-            |s: tonic::Status| format!("rpc error: code = {:?} desc = {}", s.code(), s.message());
+        let rpc = |s: tonic::Status| rpc_error(&s);
         let request = cri::CreateContainerRequest {
             pod_sandbox_id: sandbox_id.to_string(),
             config: Some(config),

@@ -67,8 +67,7 @@ impl LocalDriver {
             ];
             if let Some((_, what)) = differs.iter().find(|(d, _)| *d) {
                 return Err(Error::AlreadyExists(format!(
-                    "volume {name:?} already exists with a different {what} (id {})",
-                    existing.id
+                    "volume {name:?} already exists with a different {what}"
                 )));
             }
             return Ok(csi::CreateVolumeResponse {
@@ -80,7 +79,6 @@ impl LocalDriver {
         // The id is the name: stable, and an administrator can name it in a pre-provisioned PV.
         let volume = VolumeRecord {
             id: name.to_string(),
-            name: name.to_string(),
             capacity_bytes,
             access_type,
             parameters,

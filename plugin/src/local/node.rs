@@ -379,7 +379,6 @@ impl LocalDriver {
         self.check_allocation(size)?;
         let volume = VolumeRecord {
             id: id.to_string(),
-            name: id.to_string(),
             capacity_bytes: size,
             access_type: AccessType::Mount,
             parameters: BTreeMap::new(),

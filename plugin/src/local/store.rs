@@ -50,10 +50,8 @@ pub struct Publication {
 /// A volume the driver owns.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VolumeRecord {
-    /// The CSI volume id.
+    /// The CSI volume id: the CreateVolume name, or the kubelet's handle for an ephemeral volume.
     pub id: String,
-    /// The name CreateVolume was called with (always equal to the id: local volume ids are their names).
-    pub name: String,
     /// Allocated size, counted against the driver's capacity.
     pub capacity_bytes: u64,
     /// Mount or block.
@@ -248,7 +246,6 @@ mod tests {
     fn volume(id: &str) -> VolumeRecord {
         VolumeRecord {
             id: id.into(),
-            name: format!("name-{id}"),
             capacity_bytes: 1 << 20,
             access_type: AccessType::Mount,
             parameters: BTreeMap::new(),

@@ -304,7 +304,7 @@ impl CsiUnmounter {
 }
 
 /// `rpc error: code = X desc = Y`, the way Go's gRPC prints a status, which users know from events.
-pub(super) fn rpc_error(status: &tonic::Status) -> String {
+pub fn rpc_error(status: &tonic::Status) -> String {
     format!(
         "rpc error: code = {:?} desc = {}",
         status.code(),
