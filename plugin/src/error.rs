@@ -41,6 +41,12 @@ pub enum Error {
     /// A pagination token the driver did not issue, or no longer can honour (ABORTED).
     #[error("{0}")]
     Aborted(String),
+    /// The caller lacks the credentials the operation needs (PERMISSION_DENIED).
+    #[error("{0}")]
+    PermissionDenied(String),
+    /// A service the driver depends on (the container runtime) cannot be reached (UNAVAILABLE).
+    #[error("{0}")]
+    Unavailable(String),
     /// The call belongs to a capability this driver does not offer as configured (UNIMPLEMENTED).
     #[error("{0}")]
     Unimplemented(String),
@@ -82,6 +88,8 @@ impl Error {
             Self::OutOfRange(_) => Code::OutOfRange,
             Self::ResourceExhausted(_) => Code::ResourceExhausted,
             Self::Aborted(_) => Code::Aborted,
+            Self::PermissionDenied(_) => Code::PermissionDenied,
+            Self::Unavailable(_) => Code::Unavailable,
             Self::Unimplemented(_) => Code::Unimplemented,
             Self::Io { .. } => Code::Internal,
         }

@@ -4,6 +4,8 @@
 //! - [`error`]: the one error type of this crate and its mapping to gRPC codes.
 //! - [`mount`]: the mount layer (bind, tmpfs, overlay, remount, unmount, loop devices): a real Linux
 //!   implementation and a recording fake, so driver logic is testable without root.
+//! - [`image`]: image volumes: CRI pulls, the runtime's storage (containerd or containers/storage),
+//!   shared read-only views and writable copy-on-write volumes, and the `image` CSI driver.
 //! - [`local`]: the `local` driver: volumes as directories (or loop-attached files for raw block) under a
 //!   state dir, with snapshots, clones, expansion, attach, staging and KEP-596 ephemeral inline volumes.
 //! - [`server`]: serving a driver's CSI services on a unix socket.
@@ -14,9 +16,11 @@
 //! The `inlet-plugin` binary (`src/main.rs`) is a thin CLI over [`server::serve_csi`].
 
 pub mod error;
+pub mod image;
 pub mod local;
 pub mod mount;
 pub mod quantity;
+mod records;
 pub mod server;
 pub mod volume;
 

@@ -5,6 +5,9 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::{Parser, Subcommand, ValueEnum};
+use inlet_plugin::image::{
+    Engine, EngineConfig, ImageDriverConfig, ImageService, StorageKind, VerificationPolicy,
+};
 use inlet_plugin::local::{LocalConfig, LocalDriver, LocalService};
 use inlet_plugin::mount::{LinuxMounter, MountLayer, RecordingMounter, can_mount};
 use inlet_plugin::quantity::parse_bytes;
@@ -32,7 +35,7 @@ enum Command {
 
 #[derive(clap::Args)]
 struct ServeArgs {
-    /// Which driver to serve. `local`: volumes are directories under --state-dir.
+    /// Which driver to serve.
     #[arg(long, value_enum)]
     driver: DriverKind,
     /// The CSI driver name reported by GetPluginInfo, in domain-name form (for example local.inlet.dev).
@@ -71,12 +74,34 @@ struct ServeArgs {
     /// nothing), or `auto` (linux when root, else recording with a warning).
     #[arg(long, value_enum, default_value_t = MounterKind::Auto)]
     mounter: MounterKind,
+    /// `image` driver: the container runtime's CRI socket (unix:///run/containerd/containerd.sock),
+    /// which pulls every image.
+    #[arg(long, required_if_eq("driver", "image"))]
+    runtime_endpoint: Option<String>,
+    /// `image` driver: where the runtime keeps images.
+    #[arg(long, value_enum, default_value_t = StorageKind::Auto)]
+    storage: StorageKind,
+    /// `image` driver: containers/storage's root (default: the runtime's image filesystem).
+    #[arg(long)]
+    storage_root: Option<PathBuf>,
+    /// `image` driver: containerd's snapshotter.
+    #[arg(long, default_value = "overlayfs")]
+    snapshotter: String,
+    /// `image` driver: the longest a NodePublishVolume waits for a pull before answering ABORTED while
+    /// the pull goes on (less when the caller's deadline is shorter).
+    #[arg(long, default_value = "100s", value_parser = humantime::parse_duration)]
+    pull_wait: std::time::Duration,
+    /// `image` driver: which cached images a volume must prove credentials for (KEP-2535's policy).
+    #[arg(long, value_enum, default_value_t = VerificationPolicy::NeverVerifyPreloadedImages)]
+    image_pull_credentials_verification_policy: VerificationPolicy,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
 enum DriverKind {
     /// Directories (or loop-attached files for raw block) under --state-dir.
     Local,
+    /// Container images as volumes, pulled through the runtime at --runtime-endpoint.
+    Image,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -139,7 +164,9 @@ async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
             Arc::new(RecordingMounter::new())
         }
     };
-    let DriverKind::Local = args.driver;
+    if let DriverKind::Image = args.driver {
+        return serve_image(args, &socket, mounter).await;
+    }
     let config = LocalConfig {
         name: args.name,
         node_id: args.node_id,
@@ -154,6 +181,39 @@ async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
     tracing::info!(driver = %config.name, node_id = %config.node_id, state_dir = %config.state_dir.display(), "starting local driver");
     let driver = LocalDriver::open(config, mounter)?;
     serve_csi(&socket, LocalService::new(driver), true, shutdown_signal()).await?;
+    Ok(())
+}
+
+async fn serve_image(
+    args: ServeArgs,
+    socket: &std::path::Path,
+    mounter: Arc<dyn MountLayer>,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let runtime = args.runtime_endpoint.unwrap_or_default();
+    let engine_config = EngineConfig {
+        runtime_endpoint: inlet_proto::uds::socket_path(&runtime)?,
+        storage: args.storage,
+        storage_root: args.storage_root,
+        snapshotter: args.snapshotter,
+        state_dir: args.state_dir.clone(),
+        verification: args.image_pull_credentials_verification_policy,
+    };
+    tracing::info!(driver = %args.name, runtime, "starting image driver");
+    let engine = Engine::start(&engine_config, mounter).await?;
+    let config = ImageDriverConfig {
+        name: args.name,
+        node_id: args.node_id,
+        kubelet_dir: args.kubelet_dir,
+        state_dir: args.state_dir,
+        pull_wait: args.pull_wait,
+    };
+    serve_csi(
+        socket,
+        ImageService::new(config, engine),
+        true,
+        shutdown_signal(),
+    )
+    .await?;
     Ok(())
 }
 

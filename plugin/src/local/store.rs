@@ -12,13 +12,13 @@
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use serde::{Deserialize, Serialize, de::DeserializeOwned};
+use serde::{Deserialize, Serialize};
 
 use crate::error::{IoContext, Result};
 use crate::mount::MountFlags;
+use crate::records::{load_records, remove_record, write_record};
 
 /// How a volume is consumed: a directory tree, or a raw block device (a loop device over a file).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -183,59 +183,6 @@ fn data_path(dir: &Path, id: &str, access: AccessType) -> PathBuf {
     match access {
         AccessType::Mount => dir.join(id),
         AccessType::Block => dir.join(format!("{id}.img")),
-    }
-}
-
-fn load_records<T: DeserializeOwned>(dir: &Path) -> Result<BTreeMap<String, T>> {
-    let mut records = BTreeMap::new();
-    for entry in fs::read_dir(dir).context(|| format!("reading {}", dir.display()))? {
-        let path = entry
-            .context(|| format!("reading {}", dir.display()))?
-            .path();
-        match path.extension().and_then(|e| e.to_str()) {
-            Some("json") => {
-                let text = fs::read(&path).context(|| format!("reading {}", path.display()))?;
-                let record = serde_json::from_slice(&text).map_err(std::io::Error::from);
-                let record = record.context(|| format!("parsing {}", path.display()))?;
-                let id = path
-                    .file_stem()
-                    .unwrap_or_default()
-                    .to_string_lossy()
-                    .into_owned();
-                records.insert(id, record);
-            }
-            // A temporary file from a write interrupted by a crash: the rename never happened, so the old
-            // record (or none) is the truth.
-            Some("tmp") => {
-                fs::remove_file(&path).context(|| format!("removing {}", path.display()))?
-            }
-            _ => {}
-        }
-    }
-    Ok(records)
-}
-
-fn write_record<T: Serialize>(dir: &Path, id: &str, record: &T) -> Result<()> {
-    let path = dir.join(format!("{id}.json"));
-    let tmp = dir.join(format!("{id}.json.tmp"));
-    let what = || format!("writing {}", path.display());
-    let body = serde_json::to_vec_pretty(record)
-        .map_err(std::io::Error::from)
-        .context(what)?;
-    let mut file = fs::File::create(&tmp).context(what)?;
-    file.write_all(&body).context(what)?;
-    // Flush the data before the rename makes it visible, so a power loss cannot leave an empty record.
-    file.sync_data().context(what)?;
-    fs::rename(&tmp, &path).context(what)
-}
-
-fn remove_record(dir: &Path, id: &str) -> Result<()> {
-    let path = dir.join(format!("{id}.json"));
-    match fs::remove_file(&path) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-            Err(e).context(|| format!("removing {}", path.display()))
-        }
-        _ => Ok(()),
     }
 }
 

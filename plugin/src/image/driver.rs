@@ -1,0 +1,333 @@
+//! The `image` CSI driver's services: Identity, Node, and a Controller that only answers
+//! ControllerGetCapabilities (with nothing), so standard CSI test tools accept a node-only driver.
+//!
+//! NodePublishVolume, as warm-metal's driver reads a request:
+//! - ephemeral inline (`volumeAttributes.image`, with optional `pullPolicy` or `pullAlways`), read-write
+//!   unless the volume is read-only;
+//! - persistent (a pre-provisioned PV whose `volumeHandle` is the image reference), read-only access modes
+//!   only;
+//! - credentials from the request's `secrets` (the volume's `nodePublishSecretRef`);
+//! - a pull longer than the caller's deadline goes on in the background; the call answers ABORTED with the
+//!   progress, and a retry mounts the volume.
+//!
+//! Requests are never logged whole: their `secrets` would reach the log.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use inlet_proto::csi::v1::volume_capability::{AccessType, access_mode::Mode};
+use inlet_proto::csi::v1::{
+    self as csi, controller_server::Controller, identity_server::Identity, node_server::Node,
+};
+use tonic::{Request, Response, Status};
+
+use super::auth::{self, Credentials};
+use super::{
+    Engine, IMAGE_ATTRIBUTE, ImageVolume, METADATA_ATTRIBUTE, PULL_ALWAYS_ATTRIBUTE,
+    PULL_POLICY_ATTRIBUTE, PullPolicy, PullRequest, pull_wait,
+};
+use crate::error::{Error, Result};
+use crate::local::{EPHEMERAL_KEY, validate};
+
+/// How the image driver is set up (from `inlet-plugin serve --driver image` flags).
+#[derive(Debug, Clone)]
+pub struct ImageDriverConfig {
+    /// The CSI driver name.
+    pub name: String,
+    /// This node's id.
+    pub node_id: String,
+    /// The kubelet dir target paths must be under.
+    pub kubelet_dir: PathBuf,
+    /// The driver's state dir (targets may not be inside it).
+    pub state_dir: PathBuf,
+    /// The longest a call waits for a pull (less when the caller's deadline is shorter).
+    pub pull_wait: Duration,
+}
+
+/// The image driver behind the CSI services. Cheap to clone.
+#[derive(Clone)]
+pub struct ImageService {
+    config: Arc<ImageDriverConfig>,
+    engine: Arc<Engine>,
+}
+
+impl ImageService {
+    /// Serves `engine` as configured.
+    pub fn new(config: ImageDriverConfig, engine: Engine) -> Self {
+        Self {
+            config: Arc::new(config),
+            engine: Arc::new(engine),
+        }
+    }
+
+    /// The engine (tests inspect what is published).
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    async fn publish(&self, request: Request<csi::NodePublishVolumeRequest>) -> Result<()> {
+        let deadline = grpc_timeout(request.metadata());
+        let r = request.into_inner();
+        let volume_id = validate::required("volume_id", &r.volume_id)?;
+        let target = validate::host_path(
+            "target_path",
+            &r.target_path,
+            &self.config.kubelet_dir,
+            &self.config.state_dir,
+        )?;
+        let capability = r
+            .volume_capability
+            .as_ref()
+            .ok_or_else(|| Error::invalid("volume_capability", "required"))?;
+        if !matches!(capability.access_type, Some(AccessType::Mount(_))) {
+            return Err(Error::invalid(
+                "volume_capability",
+                "unable to mount as a block device: image volumes are filesystems",
+            ));
+        }
+        let mode = capability
+            .access_mode
+            .as_ref()
+            .and_then(|m| Mode::try_from(m.mode).ok())
+            .unwrap_or(Mode::Unknown);
+        let reader_only = matches!(mode, Mode::SingleNodeReaderOnly | Mode::MultiNodeReaderOnly);
+        let attributes = &r.volume_context;
+        let ephemeral = attributes.get(EPHEMERAL_KEY).is_some_and(|v| v == "true")
+            || attributes.contains_key(IMAGE_ATTRIBUTE);
+        let image = if ephemeral {
+            attributes
+                .get(IMAGE_ATTRIBUTE)
+                .filter(|i| !i.is_empty())
+                .ok_or_else(|| {
+                    Error::invalid(
+                        "volume_context",
+                        "an ephemeral image volume needs the \"image\" attribute",
+                    )
+                })?
+                .as_str()
+        } else {
+            if !reader_only {
+                return Err(Error::invalid(
+                    "volume_capability.access_mode",
+                    "AccessMode of PV can be only ReadOnlyMany or ReadOnlyOnce",
+                ));
+            }
+            volume_id
+        };
+        let reference = oci_client::Reference::try_from(image).map_err(|e| {
+            Error::invalid(
+                "volume_context.image",
+                format!("{image:?} is not an image reference: {e}"),
+            )
+        })?;
+        let policy = match attributes.get(PULL_ALWAYS_ATTRIBUTE) {
+            Some(v) if v.eq_ignore_ascii_case("true") => PullPolicy::Always,
+            _ => PullPolicy::parse(
+                attributes
+                    .get(PULL_POLICY_ATTRIBUTE)
+                    .map_or("", String::as_str),
+                &reference,
+            )
+            .map_err(|e| Error::invalid("volume_context.pullPolicy", e))?,
+        };
+        let metadata = match attributes.get(METADATA_ATTRIBUTE).map(String::as_str) {
+            None | Some("false") => false,
+            Some("true") => true,
+            Some(other) => {
+                return Err(Error::invalid(
+                    "volume_context.metadata",
+                    format!("{other:?} is not \"true\" or \"false\""),
+                ));
+            }
+        };
+        let credentials = secret_credentials(&r.secrets, &reference.whole())?;
+        let pulled = self
+            .engine
+            .puller
+            .ensure(&PullRequest {
+                image: reference.whole(),
+                policy,
+                credentials,
+                wait: pull_wait(deadline, self.config.pull_wait),
+            })
+            .await?;
+        let volume = ImageVolume {
+            volume_id: volume_id.to_string(),
+            target,
+            image: reference.whole(),
+            image_id: pulled.id,
+            writable: ephemeral && !r.readonly && !reader_only,
+            metadata,
+        };
+        self.engine.volumes.publish(&volume).await
+    }
+}
+
+/// The credentials in a CSI `secrets` map that apply to `image`.
+fn secret_credentials(
+    secrets: &std::collections::HashMap<String, String>,
+    image: &str,
+) -> Result<Vec<Credentials>> {
+    let data: BTreeMap<String, Vec<u8>> = secrets
+        .iter()
+        .map(|(k, v)| (k.clone(), v.as_bytes().to_vec()))
+        .collect();
+    let all = auth::from_secret_data(&data)
+        .map_err(|e| Error::invalid(format!("secrets[{}]", e.key), e.reason))?;
+    Ok(auth::for_image(&all, image))
+}
+
+/// The caller's deadline from the `grpc-timeout` header (`<digits><unit>`, unit one of `HMSmun`).
+fn grpc_timeout(metadata: &tonic::metadata::MetadataMap) -> Option<Duration> {
+    let value = metadata.get("grpc-timeout")?.to_str().ok()?;
+    let (digits, unit) = value.split_at(value.len().checked_sub(1)?);
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n * 3600),
+        "M" => Duration::from_secs(n * 60),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
+fn reply<T>(call: &'static str, outcome: Result<T>) -> Result<Response<T>, Status> {
+    match outcome {
+        Ok(reply) => {
+            tracing::debug!(call, "ok");
+            Ok(Response::new(reply))
+        }
+        Err(err) => {
+            tracing::warn!(call, code = ?err.code(), error = %err, "failed");
+            Err(err.into())
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl Identity for ImageService {
+    /// The configured name.
+    async fn get_plugin_info(
+        &self,
+        _: Request<csi::GetPluginInfoRequest>,
+    ) -> Result<Response<csi::GetPluginInfoResponse>, Status> {
+        Ok(Response::new(csi::GetPluginInfoResponse {
+            name: self.config.name.clone(),
+            vendor_version: env!("CARGO_PKG_VERSION").to_string(),
+            manifest: Default::default(),
+        }))
+    }
+
+    /// None: a node-only driver.
+    async fn get_plugin_capabilities(
+        &self,
+        _: Request<csi::GetPluginCapabilitiesRequest>,
+    ) -> Result<Response<csi::GetPluginCapabilitiesResponse>, Status> {
+        Ok(Response::new(csi::GetPluginCapabilitiesResponse::default()))
+    }
+
+    /// Ready when the runtime answers.
+    async fn probe(
+        &self,
+        _: Request<csi::ProbeRequest>,
+    ) -> Result<Response<csi::ProbeResponse>, Status> {
+        let ready = self
+            .engine
+            .cri
+            .clone()
+            .image_fs_info(inlet_proto::runtime::v1::ImageFsInfoRequest {})
+            .await
+            .is_ok();
+        Ok(Response::new(csi::ProbeResponse { ready: Some(ready) }))
+    }
+}
+
+#[tonic::async_trait]
+impl Controller for ImageService {
+    /// Nothing: there is no controller work for image volumes.
+    async fn controller_get_capabilities(
+        &self,
+        _: Request<csi::ControllerGetCapabilitiesRequest>,
+    ) -> Result<Response<csi::ControllerGetCapabilitiesResponse>, Status> {
+        Ok(Response::new(
+            csi::ControllerGetCapabilitiesResponse::default(),
+        ))
+    }
+}
+
+#[tonic::async_trait]
+impl Node for ImageService {
+    /// Pulls as the volume's policy says, then mounts. Idempotent: the same volume at the same target is
+    /// OK; a different one is ALREADY_EXISTS.
+    async fn node_publish_volume(
+        &self,
+        request: Request<csi::NodePublishVolumeRequest>,
+    ) -> Result<Response<csi::NodePublishVolumeResponse>, Status> {
+        let outcome = self.publish(request).await;
+        reply("NodePublishVolume", outcome.map(|()| Default::default()))
+    }
+
+    /// Unmounts and releases the image's snapshot after its last volume. A target that is not published is
+    /// unpublished.
+    async fn node_unpublish_volume(
+        &self,
+        request: Request<csi::NodeUnpublishVolumeRequest>,
+    ) -> Result<Response<csi::NodeUnpublishVolumeResponse>, Status> {
+        let r = request.into_inner();
+        let outcome = async {
+            validate::required("volume_id", &r.volume_id)?;
+            let target = validate::host_path(
+                "target_path",
+                &r.target_path,
+                &self.config.kubelet_dir,
+                &self.config.state_dir,
+            )?;
+            self.engine.volumes.unpublish(&target).await
+        }
+        .await;
+        reply("NodeUnpublishVolume", outcome.map(|()| Default::default()))
+    }
+
+    /// No staging, no stats, no expansion.
+    async fn node_get_capabilities(
+        &self,
+        _: Request<csi::NodeGetCapabilitiesRequest>,
+    ) -> Result<Response<csi::NodeGetCapabilitiesResponse>, Status> {
+        Ok(Response::new(csi::NodeGetCapabilitiesResponse::default()))
+    }
+
+    /// This node's id.
+    async fn node_get_info(
+        &self,
+        _: Request<csi::NodeGetInfoRequest>,
+    ) -> Result<Response<csi::NodeGetInfoResponse>, Status> {
+        Ok(Response::new(csi::NodeGetInfoResponse {
+            node_id: self.config.node_id.clone(),
+            ..Default::default()
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_grpc_timeouts() {
+        let mut metadata = tonic::metadata::MetadataMap::new();
+        assert_eq!(grpc_timeout(&metadata), None);
+        metadata.insert("grpc-timeout", "119999m".parse().unwrap());
+        assert_eq!(
+            grpc_timeout(&metadata),
+            Some(Duration::from_millis(119_999))
+        );
+        metadata.insert("grpc-timeout", "2M".parse().unwrap());
+        assert_eq!(grpc_timeout(&metadata), Some(Duration::from_secs(120)));
+        metadata.insert("grpc-timeout", "x".parse().unwrap());
+        assert_eq!(grpc_timeout(&metadata), None);
+    }
+}

@@ -1,0 +1,68 @@
+//! Durable JSON records, one file per object: written to a temporary file, flushed, then renamed over the
+//! old one, so a crash leaves either the old or the new record, never half of one. The local driver's store
+//! and the image volumes' state both keep their objects this way.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::Write;
+use std::path::Path;
+
+use serde::{Serialize, de::DeserializeOwned};
+
+use crate::error::{IoContext, Result};
+
+/// Every `<id>.json` record in `dir`, by id; removes temporary files a crash left behind.
+pub(crate) fn load_records<T: DeserializeOwned>(dir: &Path) -> Result<BTreeMap<String, T>> {
+    let mut records = BTreeMap::new();
+    for entry in fs::read_dir(dir).context(|| format!("reading {}", dir.display()))? {
+        let path = entry
+            .context(|| format!("reading {}", dir.display()))?
+            .path();
+        match path.extension().and_then(|e| e.to_str()) {
+            Some("json") => {
+                let text = fs::read(&path).context(|| format!("reading {}", path.display()))?;
+                let record = serde_json::from_slice(&text).map_err(std::io::Error::from);
+                let record = record.context(|| format!("parsing {}", path.display()))?;
+                let id = path
+                    .file_stem()
+                    .unwrap_or_default()
+                    .to_string_lossy()
+                    .into_owned();
+                records.insert(id, record);
+            }
+            // A temporary file from a write interrupted by a crash: the rename never happened, so the old
+            // record (or none) is the truth.
+            Some("tmp") => {
+                fs::remove_file(&path).context(|| format!("removing {}", path.display()))?
+            }
+            _ => {}
+        }
+    }
+    Ok(records)
+}
+
+/// Writes `dir/<id>.json` durably.
+pub(crate) fn write_record<T: Serialize>(dir: &Path, id: &str, record: &T) -> Result<()> {
+    let path = dir.join(format!("{id}.json"));
+    let tmp = dir.join(format!("{id}.json.tmp"));
+    let what = || format!("writing {}", path.display());
+    let body = serde_json::to_vec_pretty(record)
+        .map_err(std::io::Error::from)
+        .context(what)?;
+    let mut file = fs::File::create(&tmp).context(what)?;
+    file.write_all(&body).context(what)?;
+    // Flush the data before the rename makes it visible, so a power loss cannot leave an empty record.
+    file.sync_data().context(what)?;
+    fs::rename(&tmp, &path).context(what)
+}
+
+/// Removes `dir/<id>.json`; a missing record is removed.
+pub(crate) fn remove_record(dir: &Path, id: &str) -> Result<()> {
+    let path = dir.join(format!("{id}.json"));
+    match fs::remove_file(&path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(e).context(|| format!("removing {}", path.display()))
+        }
+        _ => Ok(()),
+    }
+}
