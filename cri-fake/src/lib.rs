@@ -9,12 +9,21 @@
 //! # Layout
 //! - [`state`]: [`FakeRuntime`], the runtime's state and rules, the call log and fault application.
 //! - [`service`]: the tonic services over it.
+//! - [`images`]: the images CRI reports, kept in containers/storage's layout ([`storage`]); real content
+//!   pulled from configured registries or imported from OCI layouts ([`pull`]).
+//! - [`layout`]: building small images (OCI layouts) and pushing them to a registry, for tests and demos.
+//! - [`registry`]: a private `docker-registry` on a local port, optionally with basic auth.
 //! - [`faults`]: fault configuration from a file, flags or tests.
 //! - [`serve`]: serving both services on a socket until shutdown; the `cri-fake` binary wraps it.
 
 pub mod faults;
+pub mod images;
+pub mod layout;
+pub mod pull;
+pub mod registry;
 pub mod service;
 pub mod state;
+pub mod storage;
 
 use std::future::Future;
 use std::path::Path;

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use cri_fake::faults::{self, Fault};
+use cri_fake::pull::Registries;
 use cri_fake::{FakeRuntime, serve};
 
 #[derive(Parser)]
@@ -31,9 +32,20 @@ struct ServeArgs {
     /// Where to listen: unix:///path/to/cri.sock.
     #[arg(long)]
     listen: String,
-    /// Where pulled images are recorded; they survive restarts.
+    /// Where images are kept (containers/storage's overlay layout); they survive restarts.
     #[arg(long, default_value = "/var/lib/cri-fake")]
     root: PathBuf,
+    /// Pull real content over HTTPS from this registry (HOST[:PORT]). Images of registries not named here
+    /// or with --insecure-registry are recorded without content. Repeatable.
+    #[arg(long = "registry")]
+    registries: Vec<String>,
+    /// Pull real content over plain HTTP from this registry (HOST[:PORT]). Repeatable.
+    #[arg(long = "insecure-registry")]
+    insecure_registries: Vec<String>,
+    /// Import the images of an OCI layout at start: REPOSITORY=DIR, each tag T becoming REPOSITORY:T.
+    /// Repeatable.
+    #[arg(long = "image-layout", value_parser = parse_layout)]
+    image_layouts: Vec<(String, PathBuf)>,
     /// Faults to inject, from a YAML or JSON file: `PullImage: {code: Unavailable, message: ..., delay: 2s, times: 1}`.
     #[arg(long)]
     faults: Option<PathBuf>,
@@ -74,12 +86,29 @@ fn run(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
     for (method, delay) in args.delay {
         all.entry(method).or_default().delay = Some(delay);
     }
+    let registries = Registries {
+        secure: args.registries,
+        insecure: args.insecure_registries,
+    };
     let runtime = Arc::new(
-        FakeRuntime::new(args.root.clone(), all)
+        FakeRuntime::with_registries(args.root.clone(), all, registries)
             .map_err(|e| format!("{}: {e}", args.root.display()))?,
     );
+    for (repository, dir) in &args.image_layouts {
+        runtime
+            .images()
+            .import_layout(dir, repository)
+            .map_err(|e| format!("--image-layout {repository}={}: {e}", dir.display()))?;
+    }
     tokio::runtime::Runtime::new()?.block_on(serve(&socket, runtime, shutdown_signal()))?;
     Ok(())
+}
+
+fn parse_layout(value: &str) -> Result<(String, PathBuf), String> {
+    let (repository, dir) = value
+        .split_once('=')
+        .ok_or("expected REPOSITORY=DIR, for example registry.example/data=./layout")?;
+    Ok((repository.to_string(), PathBuf::from(dir)))
 }
 
 async fn shutdown_signal() {

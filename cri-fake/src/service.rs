@@ -276,7 +276,10 @@ impl ImageService for CriService {
             .map(|i| i.image)
             .filter(|i| !i.is_empty());
         ok(cri::ListImagesResponse {
-            images: self.runtime.images(reference.as_deref()),
+            images: match reference.as_deref() {
+                Some(r) => self.runtime.images().get(r).into_iter().collect(),
+                None => self.runtime.images().list(),
+            },
         })
     }
 
@@ -288,16 +291,22 @@ impl ImageService for CriService {
         let reference = r.into_inner().image.map(|i| i.image).unwrap_or_default();
         self.runtime.enter("ImageStatus", &reference).await?;
         ok(cri::ImageStatusResponse {
-            image: self.runtime.image(&reference),
+            image: self.runtime.images().get(&reference),
             ..Default::default()
         })
     }
 
-    /// Records the image (pulling again is harmless). Credentials are never logged or stored.
+    /// Pulls the image (real content from configured registries; pulling again is harmless).
+    /// Credentials are never logged or stored.
     async fn pull_image(&self, r: Request<cri::PullImageRequest>) -> Reply<cri::PullImageResponse> {
-        let reference = r.into_inner().image.map(|i| i.image).unwrap_or_default();
+        let r = r.into_inner();
+        let reference = r.image.map(|i| i.image).unwrap_or_default();
         self.runtime.enter("PullImage", &reference).await?;
-        let image_ref = self.runtime.pull_image(&reference)?;
+        let image_ref = self
+            .runtime
+            .images()
+            .pull(&reference, r.auth.as_ref())
+            .await?;
         tracing::info!(image = reference, image_ref, "pulled image");
         ok(cri::PullImageResponse { image_ref })
     }
@@ -309,7 +318,7 @@ impl ImageService for CriService {
     ) -> Reply<cri::RemoveImageResponse> {
         let reference = r.into_inner().image.map(|i| i.image).unwrap_or_default();
         self.runtime.enter("RemoveImage", &reference).await?;
-        self.runtime.remove_image(&reference)?;
+        self.runtime.images().remove(&reference)?;
         ok(cri::RemoveImageResponse {})
     }
 
@@ -319,15 +328,22 @@ impl ImageService for CriService {
         _: Request<cri::ImageFsInfoRequest>,
     ) -> Reply<cri::ImageFsInfoResponse> {
         self.runtime.enter("ImageFsInfo", "").await?;
-        let used: u64 = self.runtime.images(None).iter().map(|i| i.size).sum();
+        let images = self.runtime.images().list();
+        let used: u64 = images.iter().map(|i| i.size).sum();
         let usage = cri::FilesystemUsage {
             timestamp: now_nanos(),
             fs_id: Some(cri::FilesystemIdentifier {
-                mountpoint: self.runtime.root().display().to_string(),
+                mountpoint: self
+                    .runtime
+                    .images()
+                    .root()
+                    .join("overlay-images")
+                    .display()
+                    .to_string(),
             }),
             used_bytes: Some(cri::UInt64Value { value: used }),
             inodes_used: Some(cri::UInt64Value {
-                value: self.runtime.images(None).len() as u64,
+                value: images.len() as u64,
             }),
         };
         ok(cri::ImageFsInfoResponse {

@@ -14,6 +14,8 @@ use parking_lot::Mutex;
 use tonic::Status;
 
 use crate::faults::{Fault, Faults};
+use crate::images::Images;
+use crate::pull::Registries;
 
 /// One call the runtime received.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,8 +54,6 @@ pub struct Container {
 struct State {
     sandboxes: BTreeMap<String, Sandbox>,
     containers: BTreeMap<String, Container>,
-    /// Pulled images by id.
-    images: BTreeMap<String, cri::Image>,
     /// Reserved names (sandbox and container) to the id holding them.
     names: HashMap<String, String>,
     calls: Vec<CriCall>,
@@ -65,31 +65,35 @@ struct State {
 #[derive(Debug)]
 pub struct FakeRuntime {
     state: Mutex<State>,
-    root: PathBuf,
+    images: Images,
 }
 
 impl FakeRuntime {
-    /// A runtime keeping its image list under `root`, with faults to inject.
+    /// A runtime keeping its images under `root` (containers/storage layout), with faults to inject. Only
+    /// records of images are kept; see [`FakeRuntime::with_registries`] for real content.
     pub fn new(root: PathBuf, faults: Faults) -> std::io::Result<Self> {
-        std::fs::create_dir_all(&root)?;
-        let images = match std::fs::read(root.join("images.json")) {
-            Ok(bytes) => serde_json::from_slice::<Vec<StoredImage>>(&bytes)
-                .map_err(std::io::Error::other)?
-                .into_iter()
-                .map(|i| (i.id.clone(), i.into_image()))
-                .collect(),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => BTreeMap::new(),
-            Err(e) => return Err(e),
-        };
+        Self::with_registries(root, faults, Registries::default())
+    }
+
+    /// Like [`FakeRuntime::new`], pulling real content for images of `registries`.
+    pub fn with_registries(
+        root: PathBuf,
+        faults: Faults,
+        registries: Registries,
+    ) -> std::io::Result<Self> {
         let faults = faults.into_iter().map(|(m, f)| (m, (f, 0))).collect();
         Ok(Self {
             state: Mutex::new(State {
-                images,
                 faults,
                 ..Default::default()
             }),
-            root,
+            images: Images::open(&root, registries)?,
         })
+    }
+
+    /// The images.
+    pub fn images(&self) -> &Images {
+        &self.images
     }
 
     /// Every call so far, in order.
@@ -276,7 +280,7 @@ impl FakeRuntime {
                 )));
             }
             let pod = sandbox.sandbox.metadata.clone().unwrap_or_default();
-            let image = find_image(&s.images, &image_name).cloned().ok_or_else(|| {
+            let image = self.images.get(&image_name).ok_or_else(|| {
                 Status::not_found(format!(
                     "failed to get image {image_name:?}: not found (pull it first)"
                 ))
@@ -365,110 +369,6 @@ impl FakeRuntime {
             ))
         })
     }
-
-    // ---- images ----
-
-    /// PullImage: records the image under its normalized name and returns its id.
-    pub fn pull_image(&self, reference: &str) -> Result<String, Status> {
-        let normalized = normalize_reference(reference).map_err(|e| {
-            Status::invalid_argument(format!("failed to pull image {reference:?}: {e}"))
-        })?;
-        let id = format!(
-            "sha256:{}",
-            hex::encode(<sha2::Sha256 as sha2::Digest>::digest(
-                normalized.as_bytes()
-            ))
-        );
-        let image = cri::Image {
-            id: id.clone(),
-            repo_tags: vec![normalized],
-            repo_digests: Vec::new(),
-            size: 1 << 20,
-            spec: Some(cri::ImageSpec {
-                image: id.clone(),
-                ..Default::default()
-            }),
-            ..Default::default()
-        };
-        self.with(|s| {
-            s.images.insert(id.clone(), image);
-            self.save_images(s)
-        })?;
-        Ok(id)
-    }
-
-    /// ImageStatus: None when the image is not present (not an error, as the CRI says).
-    pub fn image(&self, reference: &str) -> Option<cri::Image> {
-        self.with(|s| find_image(&s.images, reference).cloned())
-    }
-
-    /// ListImages, optionally only those matching a reference.
-    pub fn images(&self, reference: Option<&str>) -> Vec<cri::Image> {
-        self.with(|s| match reference {
-            Some(r) => find_image(&s.images, r).cloned().into_iter().collect(),
-            None => s.images.values().cloned().collect(),
-        })
-    }
-
-    /// RemoveImage: a missing image is already removed.
-    pub fn remove_image(&self, reference: &str) -> Result<(), Status> {
-        self.with(|s| {
-            if let Some(id) = find_image(&s.images, reference).map(|i| i.id.clone()) {
-                s.images.remove(&id);
-                self.save_images(s)?;
-            }
-            Ok(())
-        })
-    }
-
-    /// The directory images are recorded in (ImageFsInfo reports it).
-    pub fn root(&self) -> &std::path::Path {
-        &self.root
-    }
-
-    fn save_images(&self, s: &State) -> Result<(), Status> {
-        let stored: Vec<StoredImage> = s.images.values().map(StoredImage::from).collect();
-        let path = self.root.join("images.json");
-        let tmp = self.root.join("images.json.tmp");
-        let body =
-            serde_json::to_vec_pretty(&stored).map_err(|e| Status::internal(e.to_string()))?;
-        std::fs::write(&tmp, body)
-            .and_then(|_| std::fs::rename(&tmp, &path))
-            .map_err(|e| Status::internal(format!("saving {}: {e}", path.display())))
-    }
-}
-
-/// The image list on disk, so pulled images survive a restart as they do in a real runtime.
-#[derive(serde::Serialize, serde::Deserialize)]
-struct StoredImage {
-    id: String,
-    repo_tags: Vec<String>,
-    size: u64,
-}
-
-impl From<&cri::Image> for StoredImage {
-    fn from(i: &cri::Image) -> Self {
-        Self {
-            id: i.id.clone(),
-            repo_tags: i.repo_tags.clone(),
-            size: i.size,
-        }
-    }
-}
-
-impl StoredImage {
-    fn into_image(self) -> cri::Image {
-        cri::Image {
-            spec: Some(cri::ImageSpec {
-                image: self.id.clone(),
-                ..Default::default()
-            }),
-            id: self.id,
-            repo_tags: self.repo_tags,
-            size: self.size,
-            ..Default::default()
-        }
-    }
 }
 
 fn reserve(names: &mut HashMap<String, String>, name: &str, id: &str) -> Result<(), Status> {
@@ -490,62 +390,6 @@ fn stop(status: &mut cri::ContainerStatus) {
     }
 }
 
-fn find_image<'a>(
-    images: &'a BTreeMap<String, cri::Image>,
-    reference: &str,
-) -> Option<&'a cri::Image> {
-    if let Some(image) = images.get(reference) {
-        return Some(image);
-    }
-    let normalized = normalize_reference(reference).ok()?;
-    images
-        .values()
-        .find(|i| i.repo_tags.contains(&normalized) || i.id.ends_with(reference))
-}
-
-/// Normalizes an image reference as containerd and the kubelet do: `busybox` is `docker.io/library/busybox:latest`.
-pub fn normalize_reference(reference: &str) -> Result<String, String> {
-    if reference.is_empty()
-        || reference
-            .chars()
-            .any(|c| c.is_whitespace() || c.is_control())
-    {
-        return Err("invalid reference format".into());
-    }
-    let (name, digest) = match reference.split_once('@') {
-        Some((n, d)) => (n, Some(d)),
-        None => (reference, None),
-    };
-    let (domain, path) = match name.split_once('/') {
-        Some((d, p)) if d.contains('.') || d.contains(':') || d == "localhost" => {
-            (d.to_string(), p.to_string())
-        }
-        _ => ("docker.io".to_string(), name.to_string()),
-    };
-    let path = if domain == "docker.io" && !path.contains('/') {
-        format!("library/{path}")
-    } else {
-        path
-    };
-    let last = path.rsplit('/').next().unwrap_or_default();
-    let (repo, tag) = match last.split_once(':') {
-        Some(_) => (path.clone(), None),
-        None => (path.clone(), Some("latest")),
-    };
-    let repo_name = repo.split(':').next().unwrap_or_default();
-    if repo_name.is_empty()
-        || repo_name.chars().any(|c| c.is_ascii_uppercase())
-        || repo_name.split('/').any(str::is_empty)
-    {
-        return Err("invalid reference format: repository name must be lowercase".into());
-    }
-    Ok(match (digest, tag) {
-        (Some(d), _) => format!("{domain}/{repo}@{d}"),
-        (None, Some(t)) => format!("{domain}/{repo}:{t}"),
-        (None, None) => format!("{domain}/{repo}"),
-    })
-}
-
 fn new_id() -> String {
     let a = uuid::Uuid::new_v4().simple().to_string();
     let b = uuid::Uuid::new_v4().simple().to_string();
@@ -558,36 +402,4 @@ pub fn now_nanos() -> i64 {
         .duration_since(SystemTime::UNIX_EPOCH)
         .unwrap_or(Duration::ZERO)
         .as_nanos() as i64
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn references_normalize_as_containerd_does() {
-        assert_eq!(
-            normalize_reference("busybox").unwrap(),
-            "docker.io/library/busybox:latest"
-        );
-        assert_eq!(
-            normalize_reference("busybox:1.36").unwrap(),
-            "docker.io/library/busybox:1.36"
-        );
-        assert_eq!(
-            normalize_reference("quay.io/org/app").unwrap(),
-            "quay.io/org/app:latest"
-        );
-        assert_eq!(
-            normalize_reference("127.0.0.1:5000/data:v1").unwrap(),
-            "127.0.0.1:5000/data:v1"
-        );
-        assert_eq!(
-            normalize_reference("localhost/x@sha256:abc").unwrap(),
-            "localhost/x@sha256:abc"
-        );
-        assert!(normalize_reference("Upper/Case").is_err());
-        assert!(normalize_reference("has space").is_err());
-        assert!(normalize_reference("").is_err());
-    }
 }
