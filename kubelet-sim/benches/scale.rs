@@ -56,6 +56,7 @@ async fn run(pods: usize, nodes: usize) {
         volume_wait_timeout: Duration::from_secs(123),
         republish_period: Duration::from_secs(60),
         mounter: Arc::new(RecordingMounter::new()),
+        images: Default::default(),
     };
     let mut sim = Simulation::start(config).await.unwrap();
     let start = Instant::now();

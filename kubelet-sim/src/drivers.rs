@@ -1,14 +1,23 @@
 //! The CSI drivers a simulation runs against: `NAME=local` starts inlet's local driver in-process for each
 //! node, on that node's own socket (as a DaemonSet would), and `NAME=local:attach` the same with
-//! ControllerPublish/Unpublish enabled; `NAME=unix:///PATH` uses a driver already serving there (one a
-//! user is developing), shared by every simulated node.
+//! ControllerPublish/Unpublish enabled; `NAME=image` starts inlet's image driver per node, pulling through
+//! the simulation's runtime; `NAME=unix:///PATH` uses a driver already serving there (one a user is
+//! developing), shared by every simulated node.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use std::time::Duration;
+
+use inlet_plugin::image::{
+    Engine, EngineConfig, ImageDriverConfig, ImageService, StorageKind, VerificationPolicy,
+};
 use inlet_plugin::local::{LocalConfig, LocalDriver, LocalService};
 use inlet_plugin::mount::MountLayer;
 use inlet_plugin::server::serve_csi_on;
+use inlet_proto::csi::v1::{
+    controller_server::Controller, identity_server::Identity, node_server::Node,
+};
 
 /// Where a driver comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -18,11 +27,13 @@ pub enum DriverSource {
         /// Started with `--enable-attach`.
         attach: bool,
     },
+    /// inlet's image driver, started per node over the simulation's runtime.
+    Image,
     /// An external driver on a socket.
     Socket(PathBuf),
 }
 
-/// `--driver NAME=local|unix:///PATH`.
+/// `--driver NAME=local|local:attach|image|unix:///PATH`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DriverArg {
     /// The CSI driver name.
@@ -35,15 +46,18 @@ impl std::str::FromStr for DriverArg {
     type Err = String;
 
     fn from_str(text: &str) -> Result<Self, String> {
-        let (name, source) = text
-            .split_once('=')
-            .ok_or_else(|| format!("{text:?}: expected NAME=local or NAME=unix:///PATH"))?;
+        let (name, source) = text.split_once('=').ok_or_else(|| {
+            format!(
+                "{text:?}: expected NAME=local, NAME=local:attach, NAME=image or NAME=unix:///PATH"
+            )
+        })?;
         if name.is_empty() {
             return Err(format!("{text:?}: the driver name is empty"));
         }
         let source = match source {
             "local" => DriverSource::Local { attach: false },
             "local:attach" => DriverSource::Local { attach: true },
+            "image" => DriverSource::Image,
             endpoint => DriverSource::Socket(
                 inlet_proto::uds::socket_path(endpoint).map_err(|e| format!("{text:?}: {e}"))?,
             ),
@@ -55,8 +69,8 @@ impl std::str::FromStr for DriverArg {
     }
 }
 
-/// A local driver serving for one node until the simulation stops.
-pub struct LocalDriverHandle {
+/// An in-process driver serving for one node until the simulation stops.
+pub struct DriverHandle {
     /// The driver's name.
     pub name: String,
     /// The node it serves.
@@ -67,10 +81,10 @@ pub struct LocalDriverHandle {
     task: Option<tokio::task::JoinHandle<()>>,
 }
 
-impl LocalDriverHandle {
+impl DriverHandle {
     /// Starts the local driver `name` for `node`: socket and state under the node's
     /// `plugins/<name>/`, target paths confined to the node's kubelet root.
-    pub async fn start(
+    pub async fn start_local(
         name: &str,
         node: &str,
         node_root: &Path,
@@ -94,23 +108,57 @@ impl LocalDriverHandle {
         };
         let driver = LocalDriver::open(config, mounter)
             .map_err(|e| format!("local driver {name} on {node}: {e}"))?;
+        Self::serve(name, node, &dir, LocalService::new(driver)).await
+    }
+
+    /// Starts the image driver `name` for `node`, pulling through the runtime at `cri_socket`: socket and
+    /// state under the node's `plugins/<name>/`.
+    pub async fn start_image(
+        name: &str,
+        node: &str,
+        node_root: &Path,
+        cri_socket: &Path,
+        pull_wait: Duration,
+        mounter: Arc<dyn MountLayer>,
+    ) -> Result<Self, String> {
+        let dir = node_root.join("plugins").join(name);
+        let engine = Engine::start(
+            &EngineConfig {
+                runtime_endpoint: cri_socket.to_path_buf(),
+                storage: StorageKind::Auto,
+                storage_root: None,
+                snapshotter: "overlayfs".into(),
+                state_dir: dir.join("state"),
+                verification: VerificationPolicy::default(),
+            },
+            mounter,
+        )
+        .await
+        .map_err(|e| format!("image driver {name} on {node}: {e}"))?;
+        let config = ImageDriverConfig {
+            name: name.to_string(),
+            node_id: node.to_string(),
+            kubelet_dir: node_root.to_path_buf(),
+            state_dir: dir.join("state"),
+            pull_wait,
+        };
+        Self::serve(name, node, &dir, ImageService::new(config, engine)).await
+    }
+
+    async fn serve<S>(name: &str, node: &str, dir: &Path, service: S) -> Result<Self, String>
+    where
+        S: Identity + Controller + Node + Clone,
+    {
         let socket = dir.join("csi.sock");
         let incoming = inlet_proto::uds::listen(&socket)
             .await
-            .map_err(|e| format!("local driver {name} on {node}: {e}"))?;
+            .map_err(|e| format!("driver {name} on {node}: {e}"))?;
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let serve_socket = socket.clone();
         let task = tokio::spawn(async move {
-            if let Err(e) = serve_csi_on(
-                incoming,
-                &serve_socket,
-                LocalService::new(driver),
-                true,
-                async { drop(stopped.await) },
-            )
-            .await
-            {
-                tracing::error!("local driver stopped: {e}");
+            let shutdown = async { drop(stopped.await) };
+            if let Err(e) = serve_csi_on(incoming, &serve_socket, service, true, shutdown).await {
+                tracing::error!("driver stopped: {e}");
             }
         });
         Ok(Self {
@@ -153,6 +201,10 @@ mod tests {
                 .unwrap()
                 .source,
             DriverSource::Socket("/run/x.sock".into())
+        );
+        assert_eq!(
+            "a.dev=image".parse::<DriverArg>().unwrap().source,
+            DriverSource::Image
         );
         assert!("a.dev".parse::<DriverArg>().is_err());
         assert!("=local".parse::<DriverArg>().is_err());

@@ -12,7 +12,7 @@ use inlet_plugin::mount::{LinuxMounter, MountLayer, RecordingMounter, can_mount}
 use kubelet_sim::api::manifest;
 use kubelet_sim::drivers::DriverArg;
 use kubelet_sim::node::BackoffPolicy;
-use kubelet_sim::sim::{SimConfig, Simulation};
+use kubelet_sim::sim::{SimConfig, SimImages, Simulation};
 
 #[derive(Parser)]
 #[command(
@@ -37,7 +37,8 @@ struct RunArgs {
     #[arg(long, required = true, num_args = 1..)]
     manifests: Vec<PathBuf>,
     /// A CSI driver: NAME=local starts inlet's local driver on every node (NAME=local:attach with
-    /// ControllerPublish enabled); NAME=unix:///PATH uses a driver serving there. Repeatable.
+    /// ControllerPublish enabled); NAME=image starts inlet's image driver on every node; NAME=unix:///PATH
+    /// uses a driver serving there. Repeatable.
     #[arg(long = "driver")]
     drivers: Vec<DriverArg>,
     /// A CRI runtime's socket (for example containerd's). Without it, cri-fake runs in-process.
@@ -67,6 +68,20 @@ struct RunArgs {
     /// Mounts: linux (needs root), recording (a fake that mounts nothing), or auto.
     #[arg(long, value_enum, default_value_t = MounterKind::Auto)]
     mounter: MounterKind,
+    /// Images for the in-process cri-fake from an OCI layout: REPOSITORY=DIR, each tag T becoming
+    /// REPOSITORY:T. Repeatable.
+    #[arg(long = "image-layout", value_parser = parse_layout)]
+    image_layouts: Vec<(String, PathBuf)>,
+    /// A registry the in-process cri-fake pulls real images from over plain HTTP (HOST:PORT). Repeatable.
+    #[arg(long = "insecure-registry")]
+    insecure_registries: Vec<String>,
+}
+
+fn parse_layout(value: &str) -> Result<(String, PathBuf), String> {
+    let (repository, dir) = value.split_once('=').ok_or(
+        "expected REPOSITORY=DIR, for example example.inlet.dev/site=deploy/examples/images/site",
+    )?;
+    Ok((repository.to_string(), PathBuf::from(dir)))
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -169,6 +184,11 @@ async fn run(args: RunArgs) -> Result<bool, String> {
         volume_wait_timeout: Duration::from_secs(123),
         republish_period: Duration::from_secs(60),
         mounter,
+        images: SimImages {
+            layouts: args.image_layouts,
+            insecure_registries: args.insecure_registries,
+            ..SimImages::default()
+        },
     };
     let mut sim = Simulation::start(config).await?;
     sim.apply(manifests).await;

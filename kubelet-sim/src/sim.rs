@@ -8,6 +8,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cri_fake::FakeRuntime;
+use cri_fake::pull::Registries;
+use inlet_plugin::image::{Engine, EngineConfig, StorageKind, VerificationPolicy};
 use inlet_plugin::mount::MountLayer;
 use inlet_plugin::volume::csi::{CsiCall, CsiObserver};
 use inlet_proto::csi::v1 as csi_proto;
@@ -22,7 +24,7 @@ use crate::api::manifest::{EXPECTED_PHASE_ANNOTATION, Manifest, Object};
 use crate::api::{Api, now};
 use crate::controllers::attach_detach::AttachDetach;
 use crate::cri::Cri;
-use crate::drivers::{DriverArg, DriverSource, LocalDriverHandle};
+use crate::drivers::{DriverArg, DriverHandle, DriverSource};
 use crate::node::{BackoffPolicy, Kubelet, NodeConfig};
 use crate::report::{EventReport, PodReport, Rejection, Report, TeardownReport};
 
@@ -49,6 +51,31 @@ pub struct SimConfig {
     pub republish_period: Duration,
     /// The mount layer (real when root).
     pub mounter: Arc<dyn MountLayer>,
+    /// Where images come from, and how long image volumes wait for pulls.
+    pub images: SimImages,
+}
+
+/// Images in a simulation.
+#[derive(Debug, Clone)]
+pub struct SimImages {
+    /// OCI layouts the in-process cri-fake imports at start: `(repository, dir)`.
+    pub layouts: Vec<(String, PathBuf)>,
+    /// Registries the in-process cri-fake pulls real content from over plain HTTP.
+    pub insecure_registries: Vec<String>,
+    /// How long one mount attempt of an image volume (in-tree, or the `image` driver's NodePublish) waits
+    /// for its pull before retrying later while the pull goes on.
+    pub pull_wait: Duration,
+}
+
+impl Default for SimImages {
+    fn default() -> Self {
+        Self {
+            layouts: Vec::new(),
+            insecure_registries: Vec::new(),
+            // The kubelet's CSI timeout (two minutes) less the driver's margin.
+            pull_wait: Duration::from_secs(100),
+        }
+    }
 }
 
 /// Collects every CSI call for the report.
@@ -93,7 +120,7 @@ pub struct Simulation {
     >,
     /// The runtime's socket; each node dials it.
     cri_socket: PathBuf,
-    local_drivers: Vec<LocalDriverHandle>,
+    drivers: Vec<DriverHandle>,
     rejected: Vec<Rejection>,
     next_node: usize,
 }
@@ -108,28 +135,40 @@ impl Simulation {
         let mut tasks = Vec::new();
         // Each node dials the runtime itself, as each real kubelet has its own connection: one shared
         // HTTP/2 connection for every simulated node fails calls under load.
-        let (cri_socket, cri_fake) =
-            match &config.cri {
-                Some(socket) => (socket.clone(), None),
-                None => {
-                    let root = config.root.join("cri-fake");
-                    let runtime = Arc::new(
-                        FakeRuntime::new(root.clone(), Default::default())
-                            .map_err(|e| format!("cri-fake: {e}"))?,
-                    );
-                    let socket = root.join("cri.sock");
-                    let serving = Arc::clone(&runtime);
-                    let mut stopped = stop.subscribe();
-                    let path = socket.clone();
-                    tasks.push(tokio::spawn(async move {
-                        let _ = cri_fake::serve(&path, serving, async move {
-                            drop(stopped.changed().await)
-                        })
-                        .await;
-                    }));
-                    (socket, Some(runtime))
+        let (cri_socket, cri_fake) = match &config.cri {
+            Some(socket) => (socket.clone(), None),
+            None => {
+                let root = config.root.join("cri-fake");
+                let registries = Registries {
+                    secure: Vec::new(),
+                    insecure: config.images.insecure_registries.clone(),
+                };
+                let runtime = Arc::new(
+                    FakeRuntime::with_registries(root.clone(), Default::default(), registries)
+                        .map_err(|e| format!("cri-fake: {e}"))?,
+                );
+                for (repository, dir) in &config.images.layouts {
+                    runtime
+                        .images()
+                        .import_layout(dir, repository)
+                        .map_err(|e| format!("image layout {repository}={}: {e}", dir.display()))?;
                 }
-            };
+                let socket = root.join("cri.sock");
+                let serving = Arc::clone(&runtime);
+                let mut stopped = stop.subscribe();
+                let path = socket.clone();
+                tasks.push(tokio::spawn(async move {
+                    let _ =
+                        cri_fake::serve(
+                            &path,
+                            serving,
+                            async move { drop(stopped.changed().await) },
+                        )
+                        .await;
+                }));
+                (socket, Some(runtime))
+            }
+        };
         let calls = Arc::new(CallLog::default());
         let mut nodes: Vec<Arc<Kubelet>> = Vec::new();
         for i in 1..=config.nodes.max(1) {
@@ -141,14 +180,17 @@ impl Simulation {
                 backoff: config.backoff,
                 volume_wait_timeout: config.volume_wait_timeout,
                 republish_period: config.republish_period,
+                image_pull_wait: config.images.pull_wait,
             };
             let cri = connect_cri(&cri_socket).await?;
+            let images = image_engine(&cri_socket, &node_config.root, &config.mounter).await;
             nodes.push(Kubelet::new(
                 node_config,
                 Arc::clone(&api),
                 cri,
                 Arc::clone(&config.mounter),
                 calls.clone(),
+                images,
             ));
         }
         let attach_detach = AttachDetach::new(Arc::clone(&api), &nodes, config.backoff);
@@ -165,7 +207,7 @@ impl Simulation {
             tasks,
             node_runs: BTreeMap::new(),
             cri_socket,
-            local_drivers: Vec::new(),
+            drivers: Vec::new(),
             rejected: Vec::new(),
             next_node: 0,
             config,
@@ -189,7 +231,7 @@ impl Simulation {
             let socket = match &driver.source {
                 DriverSource::Socket(path) => path.clone(),
                 DriverSource::Local { attach } => {
-                    let handle = LocalDriverHandle::start(
+                    let handle = DriverHandle::start_local(
                         &driver.name,
                         &node.config.name,
                         &node.config.root,
@@ -198,7 +240,21 @@ impl Simulation {
                     )
                     .await?;
                     let socket = handle.socket.clone();
-                    self.local_drivers.push(handle);
+                    self.drivers.push(handle);
+                    socket
+                }
+                DriverSource::Image => {
+                    let handle = DriverHandle::start_image(
+                        &driver.name,
+                        &node.config.name,
+                        &node.config.root,
+                        &self.cri_socket,
+                        self.config.images.pull_wait,
+                        Arc::clone(&self.config.mounter),
+                    )
+                    .await?;
+                    let socket = handle.socket.clone();
+                    self.drivers.push(handle);
                     socket
                 }
             };
@@ -239,12 +295,14 @@ impl Simulation {
     /// reconstructs its volumes and pods from disk and the runtime.
     pub async fn start_node(&mut self, name: &str) -> Result<(), String> {
         let old = self.node(name).ok_or_else(|| format!("no node {name:?}"))?;
+        let images = image_engine(&self.cri_socket, &old.config.root, &self.config.mounter).await;
         let node = Kubelet::new(
             old.config.clone(),
             Arc::clone(&self.api),
             connect_cri(&self.cri_socket).await?,
             Arc::clone(&self.config.mounter),
             self.calls.clone(),
+            images,
         );
         for (driver, socket) in old.registry.endpoints() {
             node.registry.register(&driver, &socket).await?;
@@ -436,7 +494,7 @@ impl Simulation {
             .unwrap_or_else(|| "1Gi".into());
         let bytes = inlet_plugin::quantity::parse_bytes(&storage)
             .map_err(|e| format!("PersistentVolume {name:?}: spec.capacity.storage: {e}"))?;
-        for handle in self.local_drivers.iter().filter(|h| h.name == csi.driver) {
+        for handle in self.drivers.iter().filter(|h| h.name == csi.driver) {
             let channel = inlet_proto::uds::connect(&handle.socket)
                 .await
                 .map_err(|e| e.to_string())?;
@@ -642,7 +700,7 @@ impl Simulation {
         for task in self.tasks.drain(..) {
             let _ = task.await;
         }
-        for driver in self.local_drivers.drain(..) {
+        for driver in self.drivers.drain(..) {
             driver.stop().await;
         }
     }
@@ -655,6 +713,31 @@ async fn connect_cri(socket: &Path) -> Result<Cri, String> {
             Ok(cri) => return Ok(cri),
             Err(e) if Instant::now() >= deadline => return Err(format!("CRI runtime: {e}")),
             Err(_) => tokio::time::sleep(Duration::from_millis(5)).await,
+        }
+    }
+}
+
+/// The kubelet-side image engine of a node, over the runtime at `cri_socket`, with its state under the
+/// node's `plugins/kubernetes.io/image/`. None (image volumes unsupported on the node) when the runtime's
+/// storage cannot be opened.
+async fn image_engine(
+    cri_socket: &Path,
+    node_root: &Path,
+    mounter: &Arc<dyn MountLayer>,
+) -> Option<Arc<Engine>> {
+    let config = EngineConfig {
+        runtime_endpoint: cri_socket.to_path_buf(),
+        storage: StorageKind::Auto,
+        storage_root: None,
+        snapshotter: "overlayfs".into(),
+        state_dir: node_root.join("plugins/kubernetes.io/image"),
+        verification: VerificationPolicy::default(),
+    };
+    match Engine::start(&config, Arc::clone(mounter)).await {
+        Ok(engine) => Some(Arc::new(engine)),
+        Err(e) => {
+            tracing::warn!(node_root = %node_root.display(), error = %e, "image volumes are unavailable");
+            None
         }
     }
 }

@@ -85,11 +85,13 @@ pub fn volume_spec(
             read_only,
         ));
     }
+    // Image volumes are read-only by definition (KEP-4639), whatever the volumeMount says.
+    let read_only = volume.image.is_some();
     Ok((
         Spec::Inline {
             volume: Box::new(volume),
             csi: None,
         },
-        false,
+        read_only,
     ))
 }

@@ -208,6 +208,7 @@ async fn runs(w: &mut Sim) {
         volume_wait_timeout: Duration::from_secs(60),
         republish_period: Duration::from_millis(300),
         mounter,
+        images: Default::default(),
     };
     w.sim = Some(
         Simulation::start(config)

@@ -25,9 +25,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use inlet_plugin::image::Engine;
 use inlet_plugin::mount::MountLayer;
 use inlet_plugin::volume::VolumePlugin;
 use inlet_plugin::volume::csi::{CsiObserver, CsiPlugin};
+use inlet_plugin::volume::image::ImagePlugin;
 use k8s_openapi::api::core::v1::{Node, NodeStatus, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use parking_lot::Mutex;
@@ -61,6 +63,8 @@ pub struct NodeConfig {
     pub volume_wait_timeout: Duration,
     /// How often volumes of drivers with `requiresRepublish` are published again.
     pub republish_period: Duration,
+    /// How long one mount attempt of an image volume waits for its pull (the pull goes on after).
+    pub image_pull_wait: Duration,
 }
 
 /// A simulated kubelet.
@@ -83,12 +87,16 @@ pub struct Kubelet {
 
 impl Kubelet {
     /// A node over `api`, reaching its runtime through `cri`.
+    ///
+    /// Image volumes (`volumes[].image`) are served when `images` is given; without it such pods fail
+    /// with upstream's "no volume plugin matched".
     pub fn new(
         config: NodeConfig,
         api: Arc<Api>,
         cri: Cri,
         mounter: Arc<dyn MountLayer>,
         observer: Arc<dyn CsiObserver>,
+        images: Option<Arc<Engine>>,
     ) -> Arc<Self> {
         let registry = Arc::new(DriverRegistry::new(
             &config.name,
@@ -103,7 +111,14 @@ impl Kubelet {
             mounter,
             gates: config.gates.clone(),
         });
-        let plugins: Vec<Arc<dyn VolumePlugin>> = vec![Arc::new(CsiPlugin::new(host.clone()))];
+        let mut plugins: Vec<Arc<dyn VolumePlugin>> = vec![Arc::new(CsiPlugin::new(host.clone()))];
+        if let Some(engine) = images {
+            plugins.push(Arc::new(ImagePlugin::new(
+                host.clone(),
+                engine,
+                config.image_pull_wait,
+            )));
+        }
         api.put(Node {
             metadata: ObjectMeta {
                 name: Some(config.name.clone()),

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use inlet_plugin::volume::csi::rpc_error;
+use inlet_plugin::volume::image::PLUGIN_NAME as IMAGE_PLUGIN;
 use inlet_proto::runtime::v1 as cri;
 use k8s_openapi::api::core::v1::{
     Container, ContainerState, ContainerStateRunning, ContainerStatus, Pod, PodCondition, PodStatus,
@@ -510,6 +511,9 @@ impl Kubelet {
                 .map(|m| m.path.clone())
                 .ok_or_else(|| format!("volume {:?} is not mounted", mount.name))?;
             let host_path = match mount.sub_path.as_deref().filter(|s| !s.is_empty()) {
+                Some(sub) if unique.starts_with(IMAGE_PLUGIN) => {
+                    image_sub_path(&dir, sub, &mount.name)?
+                }
                 Some(sub) => sub_path(&dir, sub)?,
                 None => dir,
             };
@@ -679,6 +683,24 @@ fn sub_path(dir: &Path, sub: &str) -> Result<PathBuf, String> {
     let path = dir.join(rel);
     std::fs::create_dir_all(&path)
         .map_err(|e| format!("failed to prepare subPath {sub:?}: {e}"))?;
+    Ok(path)
+}
+
+/// A subPath inside an image volume: it must exist in the image (the CRI's `image_sub_path` rule); a
+/// read-only volume cannot have it created.
+fn image_sub_path(dir: &Path, sub: &str, volume: &str) -> Result<PathBuf, String> {
+    let rel = Path::new(sub);
+    if rel.is_absolute() || rel.components().any(|c| matches!(c, Component::ParentDir)) {
+        return Err(format!(
+            "subPath {sub:?} must be a relative path without '..'"
+        ));
+    }
+    let path = dir.join(rel);
+    if std::fs::symlink_metadata(&path).is_err() {
+        return Err(format!(
+            "subPath {sub:?} does not exist in image volume {volume:?}"
+        ));
+    }
     Ok(path)
 }
 

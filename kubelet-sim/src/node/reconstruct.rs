@@ -10,6 +10,7 @@ use std::time::Instant;
 
 use inlet_plugin::volume::PodInfo;
 use inlet_plugin::volume::csi::vol_data::{FILE_NAME, VolData};
+use inlet_plugin::volume::image::PLUGIN_NAME as IMAGE_PLUGIN;
 use inlet_proto::runtime::v1 as cri;
 use k8s_openapi::api::core::v1::Pod;
 
@@ -18,6 +19,7 @@ use super::pod_worker::{ContainerReport, MountReport, PodState};
 use super::{Kubelet, PodRuntime};
 
 const CSI_DIR: &str = "kubernetes.io~csi";
+const IMAGE_DIR: &str = "kubernetes.io~image";
 
 impl Kubelet {
     /// Rebuilds the actual state and the pod workers' view from disk and the runtime. Run once at start.
@@ -57,6 +59,7 @@ impl Kubelet {
                 },
             );
         }
+        self.reconstruct_image_volumes(&pods);
         for (data, path) in staging_dirs(&self.config.root.join("plugins").join(plugin.name())) {
             let unique = unique_name(&data, "");
             {
@@ -182,6 +185,42 @@ impl Kubelet {
     }
 }
 
+impl Kubelet {
+    /// Image volumes left mounted by the previous kubelet: the image plugin rebuilds each spec from the
+    /// engine's record of the mount.
+    fn reconstruct_image_volumes(&self, pods: &HashMap<String, std::sync::Arc<Pod>>) {
+        let Some(plugin) = self.plugins.iter().find(|p| p.name() == IMAGE_PLUGIN) else {
+            return;
+        };
+        for (uid, spec_name, dir) in plugin_volume_dirs(&self.config.root.join("pods"), IMAGE_DIR) {
+            let Ok(spec) = plugin.construct_volume_spec(&spec_name, &uid) else {
+                continue;
+            };
+            let unique = format!("{IMAGE_PLUGIN}/{uid}-{spec_name}");
+            let pod = pods
+                .get(&uid)
+                .map(|p| PodInfo::from_pod(p))
+                .unwrap_or_else(|| PodInfo {
+                    uid: uid.clone(),
+                    ..Default::default()
+                });
+            let mut asw = self.asw.lock();
+            asw.mark_attached(&unique, &spec);
+            asw.set_pod(
+                &unique,
+                MountedPod {
+                    pod,
+                    outer_name: spec_name.clone(),
+                    spec_name,
+                    path: dir,
+                    state: MountState::Uncertain,
+                    published_at: Instant::now(),
+                },
+            );
+        }
+    }
+}
+
 /// The unique name a reconstructed volume had (see `CsiPlugin::unique_volume_name`).
 fn unique_name(data: &VolData, pod_uid: &str) -> String {
     match data.lifecycle_mode.as_str() {
@@ -193,23 +232,28 @@ fn unique_name(data: &VolData, pod_uid: &str) -> String {
     }
 }
 
-/// `(pod uid, spec name, volume dir)` for every CSI volume dir under `pods/`.
+/// `(pod uid, spec name, volume dir)` for every CSI volume dir under `pods/` (one with its vol data).
 fn volume_dirs(pods: &Path) -> Vec<(String, String, PathBuf)> {
+    let mut found = plugin_volume_dirs(pods, CSI_DIR);
+    found.retain(|(_, _, dir)| dir.join(FILE_NAME).exists());
+    found
+}
+
+/// `(pod uid, spec name, volume dir)` for every dir under `pods/*/volumes/<plugin_dir>/`.
+fn plugin_volume_dirs(pods: &Path, plugin_dir: &str) -> Vec<(String, String, PathBuf)> {
     let mut found = Vec::new();
     for pod in std::fs::read_dir(pods).into_iter().flatten().flatten() {
         let uid = pod.file_name().to_string_lossy().into_owned();
-        for volume in std::fs::read_dir(pod.path().join("volumes").join(CSI_DIR))
+        for volume in std::fs::read_dir(pod.path().join("volumes").join(plugin_dir))
             .into_iter()
             .flatten()
             .flatten()
         {
-            if volume.path().join(FILE_NAME).exists() {
-                found.push((
-                    uid.clone(),
-                    volume.file_name().to_string_lossy().into_owned(),
-                    volume.path(),
-                ));
-            }
+            found.push((
+                uid.clone(),
+                volume.file_name().to_string_lossy().into_owned(),
+                volume.path(),
+            ));
         }
     }
     found

@@ -23,6 +23,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use inlet_proto::runtime::v1::{self as cri, image_service_client::ImageServiceClient};
+use sha2::Digest;
 use tonic::transport::Channel;
 
 pub use driver::{ImageDriverConfig, ImageService};
@@ -133,7 +134,13 @@ async fn open_store(config: &EngineConfig, channel: Channel) -> Result<Arc<dyn I
     };
     Ok(match kind {
         StorageKind::Containerd => {
-            Arc::new(Containerd::connect(&config.runtime_endpoint, &config.snapshotter).await?)
+            // Several instances may share one containerd; each owns what its state dir records.
+            let owner = hex::encode(
+                &sha2::Sha256::digest(config.state_dir.display().to_string().as_bytes())[..6],
+            );
+            Arc::new(
+                Containerd::connect(&config.runtime_endpoint, &config.snapshotter, &owner).await?,
+            )
         }
         _ => {
             let root = match &config.storage_root {

@@ -99,6 +99,15 @@ impl ImageVolumes {
         self.records.lock().await.get(&record_id(target)).cloned()
     }
 
+    /// The record of the volume at `target`, read from disk (for callers outside the async runtime, such as
+    /// volume reconstruction).
+    pub fn record_on_disk(&self, target: &Path) -> Option<ImageVolume> {
+        let path = self
+            .records_dir()
+            .join(format!("{}.json", record_id(target)));
+        serde_json::from_slice(&std::fs::read(path).ok()?).ok()
+    }
+
     /// How many volumes use `key`.
     pub async fn users(&self, key: &str) -> usize {
         let records = self.records.lock().await;

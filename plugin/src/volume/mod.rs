@@ -10,12 +10,13 @@
 //! - `host.rs`: [`VolumeHost`], what the kubelet gives plugins (secrets, CSIDriver objects, CSI clients,
 //!   tokens, VolumeAttachments, paths, the mount layer).
 //! - [`csi`]: the `kubernetes.io/csi` plugin, carrying the KEP-596 inline contract.
+//! - [`image`]: the `kubernetes.io/image` plugin: `volumes[].image` (KEP-4639) mounted kubelet-side.
 
 pub mod csi;
 mod error;
 mod host;
+pub mod image;
 mod spec;
-
 use std::path::{Path, PathBuf};
 
 use async_trait::async_trait;

@@ -60,6 +60,8 @@ pub struct PodInfo {
     pub service_account: String,
     /// `spec.securityContext.fsGroup`.
     pub fs_group: Option<i64>,
+    /// `spec.imagePullSecrets` names (in the pod's namespace).
+    pub image_pull_secrets: Vec<String>,
 }
 
 impl PodInfo {
@@ -80,6 +82,12 @@ impl PodInfo {
             fs_group: spec
                 .and_then(|s| s.security_context.as_ref())
                 .and_then(|c| c.fs_group),
+            image_pull_secrets: spec
+                .and_then(|s| s.image_pull_secrets.as_ref())
+                .into_iter()
+                .flatten()
+                .map(|r| r.name.clone())
+                .collect(),
         }
     }
 }

@@ -37,23 +37,34 @@ pub const NAMESPACE: &str = "k8s.io";
 /// The label on every snapshot inlet makes.
 pub const MANAGED_LABEL: &str = "inlet.dev/managed";
 
-/// containerd at one socket.
+/// The label naming which inlet instance made a snapshot.
+pub const OWNER_LABEL: &str = "inlet.dev/owner";
+
+/// containerd at one socket, for one inlet instance (several may share a containerd: a CSI driver and the
+/// kubelet-side plugin, or the nodes of a simulation). Snapshot and lease names are `inlet/<owner>/<key>`.
 #[derive(Debug, Clone)]
 pub struct Containerd {
     channel: Channel,
     snapshotter: String,
+    owner: String,
 }
 
 impl Containerd {
-    /// Connects to containerd's socket (`/run/containerd/containerd.sock`, the same socket as its CRI).
-    pub async fn connect(socket: &Path, snapshotter: &str) -> Result<Self> {
+    /// Connects to containerd's socket (`/run/containerd/containerd.sock`, the same socket as its CRI), as
+    /// the instance `owner`.
+    pub async fn connect(socket: &Path, snapshotter: &str, owner: &str) -> Result<Self> {
         let channel = inlet_proto::uds::connect(socket)
             .await
             .map_err(|e| Error::Unavailable(format!("containerd at {}: {e}", socket.display())))?;
         Ok(Self {
             channel,
             snapshotter: snapshotter.to_string(),
+            owner: owner.to_string(),
         })
+    }
+
+    fn name(&self, key: &str) -> String {
+        format!("inlet/{}/{key}", self.owner)
     }
 
     /// The top snapshot's name (chain id) of the image the CRI knows as `image_id`.
@@ -176,9 +187,10 @@ impl Containerd {
         mountable(&mounts)
     }
 
-    fn labels(image_id: &str) -> HashMap<String, String> {
+    fn labels(&self, image_id: &str) -> HashMap<String, String> {
         HashMap::from([
             (MANAGED_LABEL.to_string(), "true".to_string()),
+            (OWNER_LABEL.to_string(), self.owner.clone()),
             ("inlet.dev/image".to_string(), image_id.to_string()),
         ])
     }
@@ -192,12 +204,13 @@ impl ImageStore for Containerd {
 
     async fn view(&self, image_id: &str, key: &str) -> Result<Mountable> {
         let parent = self.chain_id(image_id).await?;
+        let key = &self.name(key);
         self.lease(key).await?;
         let view = ViewSnapshotRequest {
             snapshotter: self.snapshotter.clone(),
             key: key.to_string(),
             parent,
-            labels: Self::labels(image_id),
+            labels: self.labels(image_id),
         };
         match SnapshotsClient::new(self.channel.clone())
             .view(request(view, Some(key)))
@@ -211,12 +224,13 @@ impl ImageStore for Containerd {
 
     async fn prepare(&self, image_id: &str, key: &str) -> Result<Mountable> {
         let parent = self.chain_id(image_id).await?;
+        let key = &self.name(key);
         self.lease(key).await?;
         let prepare = PrepareSnapshotRequest {
             snapshotter: self.snapshotter.clone(),
             key: key.to_string(),
             parent,
-            labels: Self::labels(image_id),
+            labels: self.labels(image_id),
         };
         match SnapshotsClient::new(self.channel.clone())
             .prepare(request(prepare, Some(key)))
@@ -229,6 +243,7 @@ impl ImageStore for Containerd {
     }
 
     async fn remove(&self, key: &str) -> Result<()> {
+        let key = &self.name(key);
         let remove = RemoveSnapshotRequest {
             snapshotter: self.snapshotter.clone(),
             key: key.to_string(),
@@ -258,7 +273,7 @@ impl ImageStore for Containerd {
     async fn keys(&self) -> Result<Vec<String>> {
         let list = ListSnapshotsRequest {
             snapshotter: self.snapshotter.clone(),
-            filters: vec![format!("labels.\"{MANAGED_LABEL}\"==true")],
+            filters: vec![format!("labels.\"{OWNER_LABEL}\"=={}", self.owner)],
         };
         let mut stream = SnapshotsClient::new(self.channel.clone())
             .list(request(list, None))
@@ -271,7 +286,12 @@ impl ImageStore for Containerd {
             .await
             .map_err(|s| status_error(s, "snapshots", ""))?
         {
-            keys.extend(page.info.into_iter().map(|i| i.name));
+            let prefix = self.name("");
+            keys.extend(
+                page.info
+                    .into_iter()
+                    .filter_map(|i| i.name.strip_prefix(&prefix).map(str::to_string)),
+            );
         }
         Ok(keys)
     }
