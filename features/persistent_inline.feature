@@ -59,7 +59,9 @@ Feature: Persistent inline volumes (the KEP-596 draft, feature gate PersistentIn
   Scenario: Detach happens when the last pod using the handle is gone
     Given the feature gate "PersistentInlineCSI" is on
     When the simulation runs
-    And pod "app-a" is deleted
+    Then pod "app-a" is Running
+    And pod "app-b" is Running
+    When pod "app-a" is deleted
     Then there is 1 VolumeAttachment
     And the driver got no ControllerUnpublishVolume call
     When all pods are deleted

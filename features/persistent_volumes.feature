@@ -55,7 +55,9 @@ Feature: Persistent volumes through PV and PVC
 
   Scenario: Unstage and detach wait for the last pod on the node
     When the simulation runs
-    And pod "first" is deleted
+    Then pod "first" is Running
+    And pod "second" is Running
+    When pod "first" is deleted
     Then the driver got NodeUnpublishVolume for volume "pv-data" of pod "first"
     And the driver got no NodeUnstageVolume call
     And there is 1 VolumeAttachment

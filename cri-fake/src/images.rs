@@ -50,8 +50,8 @@ impl Images {
         Ok(names)
     }
 
-    /// PullImage: real content from a configured registry (with `auth`), else a record without content.
-    /// Returns the image id.
+    /// PullImage: real content from a configured registry (with `auth`); for other registries the image
+    /// already held under that name, else a record without content. Returns the image id.
     pub async fn pull(
         &self,
         reference: &str,
@@ -62,6 +62,9 @@ impl Images {
         let id = if self.registries.serves(parsed.registry()) {
             let auth = pull::registry_auth(auth);
             pull::pull(&self.storage, &self.registries, &parsed, &auth).await?
+        } else if let Some(held) = self.get(reference) {
+            // No registry to ask: the image held under that name (imported from a layout) is the pull.
+            return Ok(held.id);
         } else {
             let name = parsed.whole();
             let id = hex::encode(Sha256::digest(name.as_bytes()));

@@ -2,8 +2,9 @@
 //! layout directories, both into the containers/storage layout of [`crate::storage`].
 //!
 //! Which images are real is configured: references on a registry named with `--registry` (HTTPS) or
-//! `--insecure-registry` (plain HTTP) are pulled; every other reference is recorded without content, as
-//! before, so scenarios can name container images no registry here has.
+//! `--insecure-registry` (plain HTTP) are pulled; any other reference resolves to the image held under that
+//! name (imported from a layout), else is recorded without content, so scenarios can name container images
+//! no registry here has.
 //!
 //! Each pull uses a fresh registry client, so a token one caller's credentials earned is never reused for
 //! another caller. Credentials are never logged. Layers are checked against the config's diff ids.

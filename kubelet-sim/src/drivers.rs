@@ -77,6 +77,8 @@ pub struct DriverHandle {
     pub node: String,
     /// Its socket.
     pub socket: PathBuf,
+    /// An image driver's state dir (what a teardown must find empty).
+    pub image_state: Option<PathBuf>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<()>>,
 }
@@ -108,7 +110,7 @@ impl DriverHandle {
         };
         let driver = LocalDriver::open(config, mounter)
             .map_err(|e| format!("local driver {name} on {node}: {e}"))?;
-        Self::serve(name, node, &dir, LocalService::new(driver)).await
+        Self::serve(name, node, &dir, LocalService::new(driver), None).await
     }
 
     /// Starts the image driver `name` for `node`, pulling through the runtime at `cri_socket`: socket and
@@ -142,10 +144,17 @@ impl DriverHandle {
             state_dir: dir.join("state"),
             pull_wait,
         };
-        Self::serve(name, node, &dir, ImageService::new(config, engine)).await
+        let state = Some(dir.join("state"));
+        Self::serve(name, node, &dir, ImageService::new(config, engine), state).await
     }
 
-    async fn serve<S>(name: &str, node: &str, dir: &Path, service: S) -> Result<Self, String>
+    async fn serve<S>(
+        name: &str,
+        node: &str,
+        dir: &Path,
+        service: S,
+        image_state: Option<PathBuf>,
+    ) -> Result<Self, String>
     where
         S: Identity + Controller + Node + Clone,
     {
@@ -165,6 +174,7 @@ impl DriverHandle {
             name: name.to_string(),
             node: node.to_string(),
             socket,
+            image_state,
             stop: Some(stop),
             task: Some(task),
         })

@@ -85,6 +85,9 @@ pub struct TeardownReport {
     pub leftover_pod_dirs: Vec<String>,
     /// VolumeAttachments left.
     pub leftover_attachments: Vec<String>,
+    /// Image volume state left: records, shared image mounts' dirs, writable layers (of the kubelet-side
+    /// plugin and of in-process image drivers).
+    pub leftover_image_state: Vec<String>,
 }
 
 impl TeardownReport {
@@ -94,6 +97,7 @@ impl TeardownReport {
             && self.leftover_mounts.is_empty()
             && self.leftover_pod_dirs.is_empty()
             && self.leftover_attachments.is_empty()
+            && self.leftover_image_state.is_empty()
     }
 }
 
@@ -189,14 +193,15 @@ impl Report {
             match t.clean() {
                 true => writeln!(
                     out,
-                    "teardown: every pod deleted; no mount, pod directory or attachment left"
+                    "teardown: every pod deleted; no mount, pod directory, attachment or image volume state left"
                 )?,
                 false => writeln!(
                     out,
-                    "teardown: INCOMPLETE: {} mounts, {} pod dirs, {} attachments left",
+                    "teardown: INCOMPLETE: {} mounts, {} pod dirs, {} attachments, {} image volume state entries left",
                     t.leftover_mounts.len(),
                     t.leftover_pod_dirs.len(),
-                    t.leftover_attachments.len()
+                    t.leftover_attachments.len(),
+                    t.leftover_image_state.len()
                 )?,
             }
         }

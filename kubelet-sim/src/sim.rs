@@ -677,6 +677,24 @@ impl Simulation {
                 }
             }
         }
+        let mut leftover_image_state = Vec::new();
+        for node in &self.nodes {
+            let plugins = node.config.root.join("plugins");
+            let mut dirs = vec![plugins.join("kubernetes.io/image")];
+            dirs.extend(
+                self.drivers
+                    .iter()
+                    .filter(|d| d.node == node.config.name)
+                    .filter_map(|d| d.image_state.clone()),
+            );
+            for dir in dirs {
+                leftover_image_state.extend(
+                    inlet_plugin::image::leftovers(&dir)
+                        .into_iter()
+                        .map(|p| p.display().to_string()),
+                );
+            }
+        }
         let leftover_attachments = self
             .api
             .list::<VolumeAttachment>()
@@ -688,6 +706,7 @@ impl Simulation {
             leftover_mounts,
             leftover_pod_dirs,
             leftover_attachments,
+            leftover_image_state,
         }
     }
 

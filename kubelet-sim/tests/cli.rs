@@ -35,17 +35,26 @@ fn mounter() -> Arc<dyn MountLayer> {
     }
 }
 
+/// The README's main command, on a root and report of the test's own.
 #[test]
 fn the_examples_run_and_the_report_keeps_its_contract() {
     let dir = tempfile::tempdir().unwrap();
     let report = dir.path().join("report.json");
     let root = dir.path().join("root");
+    let site = format!(
+        "example.inlet.dev/site={}",
+        examples().join("../images/site").display()
+    );
     let (code, stdout, stderr) = run(&[
         "run",
         "--manifests",
         examples().to_str().unwrap(),
         "--driver",
         "local.inlet.dev=local",
+        "--driver",
+        "image.inlet.dev=image",
+        "--image-layout",
+        &site,
         "--teardown",
         "--root",
         root.to_str().unwrap(),
@@ -109,6 +118,28 @@ fn the_examples_run_and_the_report_keeps_its_contract() {
         assert!(!read[field].is_null(), "api_reads[].{field} missing");
     }
     assert!(report["volume_attachments"].is_array());
+    for field in [
+        "complete",
+        "leftover_mounts",
+        "leftover_pod_dirs",
+        "leftover_attachments",
+        "leftover_image_state",
+    ] {
+        assert!(
+            !report["teardown"][field].is_null(),
+            "teardown.{field} missing"
+        );
+    }
+    let site_mounts = &report["pods"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "site")
+        .unwrap()["containers"][0]["mounts"];
+    assert_eq!(
+        site_mounts[0]["readonly"], true,
+        "image volumes are read-only"
+    );
     let text = report.to_string();
     assert!(
         !text.contains("not-a-real-password"),

@@ -176,6 +176,21 @@ async fn image_fs_root(mut cri: ImageServiceClient<Channel>) -> Result<PathBuf> 
     })
 }
 
+/// What an engine with state in `state_dir` still holds: volume records, shared mounts' dirs, writable
+/// layers. Empty once every volume is unpublished (cached images stay: the runtime's image GC owns them).
+pub fn leftovers(state_dir: &Path) -> Vec<PathBuf> {
+    ["volumes", "images", "rw"]
+        .iter()
+        .flat_map(|dir| {
+            std::fs::read_dir(state_dir.join(dir))
+                .into_iter()
+                .flatten()
+                .flatten()
+        })
+        .map(|e| e.path())
+        .collect()
+}
+
 /// How long a caller waits for a pull: its gRPC deadline less a margin to answer in, at most `cap`.
 pub fn pull_wait(deadline: Option<Duration>, cap: Duration) -> Duration {
     match deadline {

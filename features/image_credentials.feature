@@ -1,0 +1,99 @@
+@registry
+Feature: Private volume images
+  Credentials come from the pod's imagePullSecrets (in-tree) or the volume's nodePublishSecretRef (CSI),
+  and reach the registry through the runtime's PullImage. A node that holds a private image hands it only
+  to pods that prove access to it (KEP-2535), and says in an event why a pod was refused. These scenarios
+  run a real docker-registry behind basic auth.
+
+  Background:
+    Given a private registry with user "alice" and password "s3cret"
+    And the registry holds image "$REGISTRY/team/data:v1" with files:
+      | path       | content       |
+      | secret.txt | private bytes |
+    And a pull secret "default/regcred" for the registry with user "alice" and password "s3cret"
+
+  Scenario: A pod with the pull secret mounts the private image; one without it is refused
+    Given the manifests:
+      """
+      apiVersion: v1
+      kind: Pod
+      metadata: {name: allowed}
+      spec:
+        imagePullSecrets: [{name: regcred}]
+        containers: [{name: app, image: busybox, volumeMounts: [{name: data, mountPath: /data}]}]
+        volumes: [{name: data, image: {reference: "$REGISTRY/team/data:v1"}}]
+      """
+    When the simulation runs
+    Then pod "allowed" is Running
+    And pod "allowed" reads "private bytes" at "/data:secret.txt"
+    When these manifests are applied:
+      """
+      apiVersion: v1
+      kind: Pod
+      metadata: {name: intruder}
+      spec:
+        containers: [{name: app, image: busybox, volumeMounts: [{name: data, mountPath: /data}]}]
+        volumes: [{name: data, image: {reference: "$REGISTRY/team/data:v1", pullPolicy: IfNotPresent}}]
+      """
+    Then pod "intruder" has a Warning "FailedMount" event saying "was pulled with credentials this volume does not have"
+    And pod "intruder" is Pending
+    And no report, log or call carries a secret value
+
+  Scenario: Wrong credentials are refused by the registry
+    Given a pull secret "default/wrong" for the registry with user "alice" and password "guess"
+    And the manifests:
+      """
+      apiVersion: v1
+      kind: Pod
+      metadata: {name: web}
+      spec:
+        imagePullSecrets: [{name: wrong}]
+        containers: [{name: app, image: busybox, volumeMounts: [{name: data, mountPath: /data}]}]
+        volumes: [{name: data, image: {reference: "$REGISTRY/team/data:v1"}}]
+      """
+    When the simulation runs
+    Then pod "web" has a Warning "FailedMount" event saying "unauthorized"
+    And pod "web" is Pending
+
+  Scenario: An unknown image in the registry is a clear event
+    Given the manifests:
+      """
+      apiVersion: v1
+      kind: Pod
+      metadata: {name: web}
+      spec:
+        imagePullSecrets: [{name: regcred}]
+        containers: [{name: app, image: busybox, volumeMounts: [{name: data, mountPath: /data}]}]
+        volumes: [{name: data, image: {reference: "$REGISTRY/team/absent:v1"}}]
+      """
+    When the simulation runs
+    Then pod "web" has a Warning "FailedMount" event saying "not found"
+    And pod "web" is Pending
+
+  Scenario: The CSI driver takes credentials from the volume's nodePublishSecretRef
+    Given the image driver "image.inlet.dev"
+    And a CSIDriver "image.inlet.dev" with:
+      """
+      volumeLifecycleModes: [Ephemeral]
+      podInfoOnMount: true
+      """
+    And the manifests:
+      """
+      apiVersion: v1
+      kind: Pod
+      metadata: {name: web}
+      spec:
+        containers: [{name: app, image: busybox, volumeMounts: [{name: data, mountPath: /data}]}]
+        volumes:
+          - name: data
+            csi:
+              driver: image.inlet.dev
+              readOnly: true
+              volumeAttributes: {image: "$REGISTRY/team/data:v1"}
+              nodePublishSecretRef: {name: regcred}
+      """
+    When the simulation runs
+    Then pod "web" is Running
+    And the publish of "data" in pod "web" has secret keys ".dockerconfigjson"
+    And pod "web" reads "private bytes" at "/data:secret.txt"
+    And no report, log or call carries a secret value

@@ -1,0 +1,196 @@
+Feature: Image volumes through CRI
+  A container image's files mounted as a volume: pulled through the runtime's CRI (so its registry
+  configuration applies), mounted from the runtime's own storage (containers/storage's layers here, as
+  cri-fake keeps them), one shared read-only mount per image on a node, a copy-on-write layer per writable
+  volume, nothing left behind.
+
+  Background:
+    Given an image "example.inlet.dev/site:v1" with files:
+      | path            | content                |
+      | index.html      | <h1>hello</h1>         |
+      | data/motd.txt   | from the first layer   |
+      | (new layer)     |                        |
+      | data/version.txt| v1                     |
+    And the image driver "image.inlet.dev"
+    And a CSIDriver "image.inlet.dev" with:
+      """
+      volumeLifecycleModes: [Ephemeral, Persistent]
+      podInfoOnMount: true
+      fsGroupPolicy: None
+      """
+
+  Scenario: An in-tree image volume is mounted read-only with the image's files
+    Given the manifests:
+      """
+      apiVersion: v1
+      kind: Pod
+      metadata: {name: web}
+      spec:
+        containers: [{name: app, image: busybox, volumeMounts: [{name: site, mountPath: /site}]}]
+        volumes: [{name: site, image: {reference: example.inlet.dev/site:v1, pullPolicy: IfNotPresent}}]
+      """
+    When the simulation runs
+    Then pod "web" is Running
+    And container "app" of pod "web" mounts "/site" read-only
+    And pod "web" reads "<h1>hello</h1>" at "/site:index.html"
+    And pod "web" reads "v1" at "/site:data/version.txt"
+    And pod "web" cannot write to "/site:new.txt"
+
+  Scenario: A subPath of an image volume mounts a directory of the image
+    Given the manifests:
+      """
+      apiVersion: v1
+      kind: Pod
+      metadata: {name: web}
+      spec:
+        containers: [{name: app, image: busybox, volumeMounts: [{name: site, mountPath: /motd, subPath: data}]}]
+        volumes: [{name: site, image: {reference: example.inlet.dev/site:v1}}]
+      """
+    When the simulation runs
+    Then pod "web" is Running
+    And pod "web" reads "from the first layer" at "/motd:motd.txt"
+
+  Scenario: A subPath missing from the image fails the container, as the CRI asks
+    Given the manifests:
+      """
+      apiVersion: v1
+      kind: Pod
+      metadata: {name: web}
+      spec:
+        containers: [{name: app, image: busybox, volumeMounts: [{name: site, mountPath: /x, subPath: nope}]}]
+        volumes: [{name: site, image: {reference: example.inlet.dev/site:v1}}]
+      """
+    When the simulation runs
+    Then pod "web" has a Warning "Failed" event saying "does not exist in image volume"
+    And pod "web" is Pending
+
+  Scenario: Pods using the same image on a node share one read-only mount
+    Given the manifests:
+      """
+      apiVersion: v1
+      kind: Pod
+      metadata: {name: a}
+      spec:
+        containers: [{name: app, image: busybox, volumeMounts: [{name: site, mountPath: /site}]}]
+        volumes: [{name: site, image: {reference: example.inlet.dev/site:v1}}]
+      ---
+      apiVersion: v1
+      kind: Pod
+      metadata: {name: b}
+      spec:
+        containers: [{name: app, image: busybox, volumeMounts: [{name: site, mountPath: /site}]}]
+        volumes: [{name: site, image: {reference: example.inlet.dev/site:v1}}]
+      """
+    When the simulation runs
+    Then pod "a" is Running
+    And pod "b" is Running
+    And node "node-1" holds 1 shared read-only image mount
+    And pod "b" reads "<h1>hello</h1>" at "/site:index.html"
+    When pod "a" is deleted
+    Then node "node-1" holds 1 shared read-only image mount
+    And pod "b" reads "<h1>hello</h1>" at "/site:index.html"
+    When all pods are deleted
+    Then node "node-1" holds 0 shared read-only image mounts
+    And nothing is left on the node
+
+  Scenario: Writable image volumes of two pods are isolated copies of one image
+    Given the manifests:
+      """
+      apiVersion: v1
+      kind: Pod
+      metadata: {name: a}
+      spec:
+        containers: [{name: app, image: busybox, volumeMounts: [{name: site, mountPath: /site}]}]
+        volumes: [{name: site, csi: {driver: image.inlet.dev, volumeAttributes: {image: example.inlet.dev/site:v1}}}]
+      ---
+      apiVersion: v1
+      kind: Pod
+      metadata: {name: b}
+      spec:
+        containers: [{name: app, image: busybox, volumeMounts: [{name: site, mountPath: /site}]}]
+        volumes: [{name: site, csi: {driver: image.inlet.dev, volumeAttributes: {image: example.inlet.dev/site:v1}}}]
+      """
+    When the simulation runs
+    Then pod "a" is Running
+    And pod "b" is Running
+    And the publish of "site" in pod "a" is read-write
+    When pod "a" writes "draft" to "/site:index.html"
+    Then pod "a" reads "draft" at "/site:index.html"
+    And pod "b" reads "<h1>hello</h1>" at "/site:index.html"
+    When all pods are deleted
+    Then the driver got NodeUnpublishVolume for volume "site" of pod "a"
+    And nothing is left on the node
+
+  Scenario: A read-only inline CSI image volume shares the image's mount
+    Given the manifests:
+      """
+      apiVersion: v1
+      kind: Pod
+      metadata: {name: web}
+      spec:
+        containers: [{name: app, image: busybox, volumeMounts: [{name: site, mountPath: /site}]}]
+        volumes: [{name: site, csi: {driver: image.inlet.dev, readOnly: true, volumeAttributes: {image: example.inlet.dev/site:v1}}}]
+      """
+    When the simulation runs
+    Then pod "web" is Running
+    And the publish of "site" in pod "web" is read-only
+    And node "node-1" holds 1 shared read-only image mount
+    And pod "web" cannot write to "/site:index.html"
+
+  Scenario: A PersistentVolume whose handle is the image is mounted read-only
+    Given the manifests:
+      """
+      apiVersion: v1
+      kind: PersistentVolume
+      metadata: {name: site}
+      spec:
+        capacity: {storage: 1Gi}
+        accessModes: [ReadOnlyMany]
+        csi: {driver: image.inlet.dev, volumeHandle: "example.inlet.dev/site:v1"}
+        claimRef: {namespace: default, name: site}
+      ---
+      apiVersion: v1
+      kind: PersistentVolumeClaim
+      metadata: {name: site}
+      spec: {accessModes: [ReadOnlyMany], volumeName: site, resources: {requests: {storage: 1Gi}}}
+      status: {phase: Bound}
+      ---
+      apiVersion: v1
+      kind: Pod
+      metadata: {name: web}
+      spec:
+        containers: [{name: app, image: busybox, volumeMounts: [{name: site, mountPath: /site}]}]
+        volumes: [{name: site, persistentVolumeClaim: {claimName: site, readOnly: true}}]
+      """
+    When the simulation runs
+    Then pod "web" is Running
+    And pod "web" reads "<h1>hello</h1>" at "/site:index.html"
+
+  Scenario: A PersistentVolume of an image with a writable access mode is refused
+    Given the manifests:
+      """
+      apiVersion: v1
+      kind: PersistentVolume
+      metadata: {name: site}
+      spec:
+        capacity: {storage: 1Gi}
+        accessModes: [ReadWriteOnce]
+        csi: {driver: image.inlet.dev, volumeHandle: "example.inlet.dev/site:v1"}
+        claimRef: {namespace: default, name: site}
+      ---
+      apiVersion: v1
+      kind: PersistentVolumeClaim
+      metadata: {name: site}
+      spec: {accessModes: [ReadWriteOnce], volumeName: site, resources: {requests: {storage: 1Gi}}}
+      status: {phase: Bound}
+      ---
+      apiVersion: v1
+      kind: Pod
+      metadata: {name: web}
+      spec:
+        containers: [{name: app, image: busybox, volumeMounts: [{name: site, mountPath: /site}]}]
+        volumes: [{name: site, persistentVolumeClaim: {claimName: site}}]
+      """
+    When the simulation runs
+    Then pod "web" has a Warning "FailedMount" event saying "AccessMode of PV can be only ReadOnlyMany or ReadOnlyOnce"
+    And pod "web" is Pending

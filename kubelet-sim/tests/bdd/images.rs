@@ -1,0 +1,265 @@
+//! Steps of the image volume scenarios (`features/image_volumes*.feature`): images built by code into OCI
+//! layouts for cri-fake, a private `docker-registry` behind basic auth, the image driver, pull timing, and
+//! checks on what a container sees through its mounts.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use base64::Engine;
+use cri_fake::faults::Fault;
+use cri_fake::layout::{ImageBuilder, push};
+use cri_fake::registry::LocalRegistry;
+use cucumber::gherkin::Step;
+use cucumber::{given, then, when};
+use inlet_plugin::mount::can_mount;
+use oci_client::secrets::RegistryAuth;
+
+use super::Sim;
+
+/// The placeholder scenarios write for the private registry's `HOST:PORT`.
+pub const REGISTRY_PLACEHOLDER: &str = "$REGISTRY";
+
+fn files(step: &Step) -> ImageBuilder {
+    let mut image = ImageBuilder::new();
+    for row in step
+        .table
+        .as_ref()
+        .map(|t| &t.rows[1..])
+        .unwrap_or_default()
+    {
+        match row[0].as_str() {
+            "(new layer)" => image = image.layer(),
+            path if row[1] == "(deleted)" => image = image.remove(path),
+            path => image = image.file(path, row[1].replace("\\n", "\n")),
+        }
+    }
+    image
+}
+
+fn split(reference: &str) -> (&str, &str) {
+    reference
+        .rsplit_once(':')
+        .expect("an image reference with a tag")
+}
+
+#[given(regex = r#"^an image "([^"]+)" with files:$"#)]
+fn image_with_files(w: &mut Sim, reference: String, step: &Step) {
+    add_layout(w, &reference, files(step));
+}
+
+#[given(regex = r#"^an image "([^"]+)" with no layers$"#)]
+fn image_without_layers(w: &mut Sim, reference: String) {
+    add_layout(w, &reference, ImageBuilder::new());
+}
+
+fn add_layout(w: &mut Sim, reference: &str, image: ImageBuilder) {
+    let (repository, tag) = split(reference);
+    let dir = w
+        .dir
+        .path()
+        .join("layouts")
+        .join(w.images.layouts.len().to_string());
+    image
+        .write_layout(&dir, tag)
+        .expect("the layout is written");
+    w.images.layouts.push((repository.to_string(), dir));
+}
+
+#[given(regex = r#"^the image driver "([^"]+)"$"#)]
+fn image_driver(w: &mut Sim, name: String) {
+    w.drivers
+        .push(format!("{name}=image").parse().expect("driver"));
+}
+
+#[given(regex = r"^one mount attempt waits at most (\d+)ms for a pull$")]
+fn pull_wait(w: &mut Sim, ms: u64) {
+    w.images.pull_wait = Duration::from_millis(ms);
+}
+
+#[given(regex = r"^the runtime takes (\d+)ms to pull an image$")]
+fn slow_pulls(w: &mut Sim, ms: u64) {
+    w.pull_delay = Some(Duration::from_millis(ms));
+}
+
+#[given(regex = r#"^a private registry with user "([^"]+)" and password "([^"]+)"$"#)]
+fn private_registry(w: &mut Sim, user: String, password: String) {
+    let registry = LocalRegistry::start(&w.dir.path().join("registry"), Some((&user, &password)))
+        .expect(
+            "docker-registry starts (scenarios tagged @registry run only when it is installed)",
+        );
+    w.images.insecure_registries.push(registry.address.clone());
+    w.registry = Some((registry, user, password));
+}
+
+#[given(regex = r#"^the registry holds image "([^"]+)" with files:$"#)]
+async fn registry_image(w: &mut Sim, reference: String, step: &Step) {
+    let (registry, user, password) = w.registry.as_ref().expect("a private registry");
+    let reference = reference.replace(REGISTRY_PLACEHOLDER, &registry.address);
+    let image = files(step).build().expect("the image builds");
+    push(
+        &image,
+        &reference.parse().expect("reference"),
+        &RegistryAuth::Basic(user.clone(), password.clone()),
+        std::slice::from_ref(&registry.address),
+    )
+    .await
+    .expect("the image is pushed");
+}
+
+#[given(
+    regex = r#"^a pull secret "([^"/]+)/([^"]+)" for the registry with user "([^"]+)" and password "([^"]+)"$"#
+)]
+fn pull_secret(w: &mut Sim, namespace: String, name: String, user: String, password: String) {
+    let (registry, ..) = w.registry.as_ref().expect("a private registry");
+    let auth = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
+    let config = format!(
+        r#"{{"auths":{{"{}":{{"auth":"{auth}"}}}}}}"#,
+        registry.address
+    );
+    let data = base64::engine::general_purpose::STANDARD.encode(config);
+    w.manifests.push(format!(
+        "apiVersion: v1\nkind: Secret\nmetadata: {{name: {name}, namespace: {namespace}}}\ntype: kubernetes.io/dockerconfigjson\ndata: {{.dockerconfigjson: {data}}}\n"
+    ));
+}
+
+/// Applies the pull delay once cri-fake runs.
+pub fn after_start(w: &Sim) {
+    if let Some(delay) = w.pull_delay {
+        let runtime = w.sim().cri_fake.as_ref().expect("cri-fake runs in-process");
+        runtime.set_fault(
+            "PullImage",
+            Fault {
+                delay: Some(delay),
+                ..Default::default()
+            },
+        );
+    }
+}
+
+// ---- what containers see ----
+
+/// The host path behind `container_path` in pod `pod`'s first container that mounts it.
+fn host_path(w: &Sim, pod: &str, container_path: &str) -> PathBuf {
+    let report = w.report();
+    let mount = report
+        .pods
+        .iter()
+        .filter(|p| p.name == pod)
+        .flat_map(|p| &p.containers)
+        .flat_map(|c| &c.mounts)
+        .find(|m| m.container_path == container_path)
+        .unwrap_or_else(|| panic!("pod {pod} mounts nothing at {container_path}"));
+    PathBuf::from(&mount.host_path)
+}
+
+fn content_visible(what: &str) -> bool {
+    if can_mount() {
+        return true;
+    }
+    println!("SKIPPED (not root, no real mounts): {what}");
+    false
+}
+
+#[then(regex = r#"^pod "([^"]+)" reads "([^"]+)" at "([^"]+)"$"#)]
+fn reads(w: &mut Sim, pod: String, text: String, path: String) {
+    let (mount, file) = split_mount(&path);
+    if !content_visible(&format!("pod {pod} reads {path}")) {
+        return;
+    }
+    let host = host_path(w, &pod, mount).join(file);
+    let body = std::fs::read_to_string(&host).unwrap_or_else(|e| panic!("{}: {e}", host.display()));
+    assert_eq!(body.trim_end(), text.replace("\\n", "\n").trim_end());
+}
+
+#[then(regex = r#"^pod "([^"]+)" finds no "([^"]+)"$"#)]
+fn finds_no(w: &mut Sim, pod: String, path: String) {
+    let (mount, file) = split_mount(&path);
+    if !content_visible(&format!("pod {pod} finds no {path}")) {
+        return;
+    }
+    let host = host_path(w, &pod, mount).join(file);
+    assert!(
+        host.symlink_metadata().is_err(),
+        "{} exists",
+        host.display()
+    );
+}
+
+#[when(regex = r#"^pod "([^"]+)" writes "([^"]+)" to "([^"]+)"$"#)]
+fn writes(w: &mut Sim, pod: String, text: String, path: String) {
+    let (mount, file) = split_mount(&path);
+    if !content_visible(&format!("pod {pod} writes {path}")) {
+        return;
+    }
+    let host = host_path(w, &pod, mount).join(file);
+    std::fs::write(&host, text).unwrap_or_else(|e| panic!("{}: {e}", host.display()));
+}
+
+#[then(regex = r#"^pod "([^"]+)" cannot write to "([^"]+)"$"#)]
+fn cannot_write(w: &mut Sim, pod: String, path: String) {
+    let (mount, file) = split_mount(&path);
+    if !content_visible(&format!("pod {pod} cannot write {path}")) {
+        return;
+    }
+    let host = host_path(w, &pod, mount).join(file);
+    let err = std::fs::write(&host, "x").expect_err("the write is refused");
+    assert_eq!(err.raw_os_error(), Some(nix::libc::EROFS), "{err}");
+}
+
+/// `/mount/path:file/in/it` -> (`/mount/path`, `file/in/it`).
+fn split_mount(path: &str) -> (&str, &str) {
+    path.split_once(':')
+        .expect("write MOUNT_PATH:FILE, for example /data:hello.txt")
+}
+
+// ---- engine state ----
+
+#[then(regex = r#"^node "([^"]+)" holds (\d+) shared read-only image mounts?$"#)]
+fn shared_mounts(w: &mut Sim, node: String, count: usize) {
+    let plugins = w.dir.path().join("root").join(&node).join("plugins");
+    // The in-tree plugin's state, and each image driver's.
+    let mut states = vec![plugins.join("kubernetes.io/image")];
+    for driver in std::fs::read_dir(&plugins).into_iter().flatten().flatten() {
+        states.push(driver.path().join("state"));
+    }
+    let found: Vec<PathBuf> = states
+        .iter()
+        .flat_map(|s| {
+            std::fs::read_dir(s.join("images"))
+                .into_iter()
+                .flatten()
+                .flatten()
+        })
+        .map(|e| e.path())
+        .filter(|p| p.join("rootfs").exists())
+        .collect();
+    assert_eq!(found.len(), count, "{found:#?}");
+}
+
+#[then(regex = r#"^the runtime got PullImage for "([^"]+)" (\d+) times?$"#)]
+fn pulls(w: &mut Sim, reference: String, count: usize) {
+    let reference = match &w.registry {
+        Some((registry, ..)) => reference.replace(REGISTRY_PLACEHOLDER, &registry.address),
+        None => reference,
+    };
+    let runtime = w.sim().cri_fake.as_ref().expect("cri-fake runs in-process");
+    let calls: Vec<_> = runtime
+        .calls()
+        .into_iter()
+        .filter(|c| c.method == "PullImage" && c.subject == reference)
+        .collect();
+    assert_eq!(calls.len(), count, "{:#?}", runtime.calls());
+}
+
+/// Replaces the registry placeholder in manifests.
+pub fn resolve(w: &Sim, yaml: &str) -> String {
+    match &w.registry {
+        Some((registry, ..)) => yaml.replace(REGISTRY_PLACEHOLDER, &registry.address),
+        None => yaml.to_string(),
+    }
+}
+
+/// True when the scenarios tagged `@registry` can run here.
+pub fn registry_available() -> bool {
+    LocalRegistry::available()
+}
