@@ -83,6 +83,8 @@ pub struct Kubelet {
     ops: Mutex<Operations>,
     pods: Mutex<HashMap<String, PodRuntime>>,
     kick: Notify,
+    /// Set once the state left by a previous kubelet is reconstructed; the node is not idle before.
+    reconstructed: std::sync::atomic::AtomicBool,
 }
 
 impl Kubelet {
@@ -138,6 +140,7 @@ impl Kubelet {
             asw: Mutex::default(),
             pods: Mutex::default(),
             kick: Notify::new(),
+            reconstructed: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -146,6 +149,8 @@ impl Kubelet {
     pub async fn run(self: Arc<Self>, stop: impl std::future::Future<Output = ()>) {
         tokio::pin!(stop);
         self.reconstruct().await;
+        self.reconstructed
+            .store(true, std::sync::atomic::Ordering::Release);
         let mut watch = self.api.watch();
         loop {
             self.sync().await;
@@ -202,9 +207,12 @@ impl Kubelet {
         self.pods.lock().get(uid).cloned()
     }
 
-    /// True when nothing is wanted, nothing is attached, staged or mounted, and no operation runs.
+    /// True when nothing is wanted, nothing is attached, staged or mounted, and no operation runs (and
+    /// what a previous kubelet left has been looked at).
     pub fn idle(&self) -> bool {
-        !self.ops.lock().busy()
+        self.reconstructed
+            .load(std::sync::atomic::Ordering::Acquire)
+            && !self.ops.lock().busy()
             && self.dsw.lock().volumes().is_empty()
             && self.asw.lock().volumes().is_empty()
     }

@@ -356,7 +356,13 @@ impl Kubelet {
                 namespace: namespace.clone(),
                 attempt: 0,
             }),
-            hostname: name.clone(),
+            // Host-network pods keep the node's hostname (`kuberuntime_sandbox.go` sets one only for pods
+            // with their own network; runc refuses a hostname without a private UTS namespace).
+            hostname: if host_network {
+                String::new()
+            } else {
+                name.clone()
+            },
             log_directory: log_directory.display().to_string(),
             labels: HashMap::from([
                 ("io.kubernetes.pod.name".to_string(), name),

@@ -46,13 +46,15 @@ impl fmt::Debug for Credentials {
 }
 
 impl Credentials {
-    /// The CRI form.
+    /// The CRI form. `server_address` stays empty, as the kubelet leaves it for pull-secret credentials
+    /// (`kuberuntime_image.go`): the credential was matched to the image already, and containerd reads a
+    /// non-empty one as a URL and drops credentials whose host differs from the one it resolves.
     pub fn to_cri(&self) -> cri::AuthConfig {
         cri::AuthConfig {
             username: self.username.clone(),
             password: self.password.clone(),
             auth: String::new(),
-            server_address: self.server.clone(),
+            server_address: String::new(),
             identity_token: self.identity_token.clone(),
             registry_token: self.registry_token.clone(),
         }
