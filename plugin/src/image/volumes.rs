@@ -50,7 +50,13 @@ impl ImageVolume {
     /// The store key: shared by every read-only volume of an image (with or without metadata), unique to a
     /// writable volume.
     pub fn key(&self) -> String {
-        let image = self.image_id.trim_start_matches("sha256:");
+        // Keys name directories and snapshots: a runtime's hex id as it is, anything else hashed.
+        let id = self.image_id.trim_start_matches("sha256:");
+        let image = if id.chars().all(|c| c.is_ascii_hexdigit()) {
+            id.to_string()
+        } else {
+            short_hash(id)
+        };
         match (self.writable, self.metadata) {
             (true, _) => format!("inlet-rw-{}", short_hash(&self.volume_id)),
             (false, false) => format!("inlet-ro-{image}"),
@@ -333,5 +339,156 @@ fn remove_dir(dir: &Path) -> Result<()> {
             Err(e).context(|| format!("removing {}", dir.display()))
         }
         _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::image::store::ImageMetadata;
+    use crate::mount::RecordingMounter;
+    use parking_lot::Mutex as SyncMutex;
+
+    /// A store that hands out one layer dir and records what it was asked.
+    #[derive(Default)]
+    struct FakeStore {
+        calls: SyncMutex<Vec<String>>,
+        keys: SyncMutex<Vec<String>>,
+        fail: SyncMutex<bool>,
+    }
+
+    #[async_trait::async_trait]
+    impl ImageStore for FakeStore {
+        fn kind(&self) -> &'static str {
+            "fake"
+        }
+        async fn view(&self, image_id: &str, key: &str) -> Result<Mountable> {
+            self.calls.lock().push(format!("view {image_id} {key}"));
+            if *self.fail.lock() {
+                return Err(Error::FailedPrecondition("no such layers".into()));
+            }
+            self.keys.lock().push(key.into());
+            Ok(Mountable::Bind("/layers/1".into()))
+        }
+        async fn prepare(&self, image_id: &str, key: &str) -> Result<Mountable> {
+            self.calls.lock().push(format!("prepare {image_id} {key}"));
+            self.keys.lock().push(key.into());
+            Ok(Mountable::Overlay(Overlay {
+                lower: vec!["/layers/1".into()],
+                upper: Some(("/u".into(), "/w".into())),
+            }))
+        }
+        async fn remove(&self, key: &str) -> Result<()> {
+            self.calls.lock().push(format!("remove {key}"));
+            self.keys.lock().retain(|k| k != key);
+            Ok(())
+        }
+        async fn keys(&self) -> Result<Vec<String>> {
+            Ok(self.keys.lock().clone())
+        }
+        async fn metadata(&self, _: &str) -> Result<ImageMetadata> {
+            Ok(ImageMetadata::default())
+        }
+    }
+
+    fn volume(dir: &Path, name: &str, writable: bool) -> ImageVolume {
+        ImageVolume {
+            volume_id: name.into(),
+            target: dir.join("targets").join(name),
+            image: "reg.example/data:v1".into(),
+            image_id: "abc123".into(),
+            writable,
+            metadata: false,
+        }
+    }
+
+    fn engine(dir: &Path) -> (Arc<FakeStore>, Arc<RecordingMounter>, ImageVolumes) {
+        let store = Arc::new(FakeStore::default());
+        let mounter = Arc::new(RecordingMounter::new());
+        let volumes = ImageVolumes::open(store.clone(), mounter.clone(), dir).unwrap();
+        (store, mounter, volumes)
+    }
+
+    #[tokio::test]
+    async fn read_only_volumes_share_one_view_until_the_last_is_gone() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, mounter, volumes) = engine(dir.path());
+        let (a, b) = (
+            volume(dir.path(), "a", false),
+            volume(dir.path(), "b", false),
+        );
+        volumes.publish(&a).await.unwrap();
+        volumes.publish(&b).await.unwrap();
+        volumes.publish(&b).await.unwrap();
+        assert_eq!(
+            store.calls.lock().len(),
+            1,
+            "one view: {:?}",
+            store.calls.lock()
+        );
+        assert_eq!(volumes.users(&a.key()).await, 2);
+        // The shared mount plus one bind per volume.
+        assert_eq!(mounter.mounts().len(), 3);
+        volumes.unpublish(&a.target).await.unwrap();
+        assert_eq!(mounter.mounts().len(), 2, "the shared mount stays for b");
+        volumes.unpublish(&b.target).await.unwrap();
+        volumes.unpublish(&b.target).await.unwrap();
+        assert!(mounter.mounts().is_empty());
+        assert_eq!(store.calls.lock().last().unwrap(), "remove inlet-ro-abc123");
+        assert!(crate::image::leftovers(dir.path()).is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_writable_volume_has_its_own_layer_and_a_target_holds_one_volume() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, _, volumes) = engine(dir.path());
+        let rw = volume(dir.path(), "rw", true);
+        volumes.publish(&rw).await.unwrap();
+        let other = ImageVolume {
+            image: "reg.example/other:v1".into(),
+            ..rw.clone()
+        };
+        let err = volumes.publish(&other).await.unwrap_err();
+        assert!(matches!(err, Error::AlreadyExists(_)), "{err}");
+        volumes.unpublish(&rw.target).await.unwrap();
+        assert_eq!(
+            *store.calls.lock(),
+            [
+                format!("prepare abc123 {}", rw.key()),
+                format!("remove {}", rw.key())
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_failed_publish_leaves_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, mounter, volumes) = engine(dir.path());
+        *store.fail.lock() = true;
+        let a = volume(dir.path(), "a", false);
+        assert!(volumes.publish(&a).await.is_err());
+        assert!(volumes.published().await.is_empty());
+        assert!(mounter.mounts().is_empty());
+        assert!(crate::image::leftovers(dir.path()).is_empty());
+    }
+
+    #[tokio::test]
+    async fn recovery_forgets_unmounted_volumes_and_removes_unexplained_snapshots() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, mounter, volumes) = engine(dir.path());
+        let (a, b) = (
+            volume(dir.path(), "a", false),
+            volume(dir.path(), "b", true),
+        );
+        volumes.publish(&a).await.unwrap();
+        volumes.publish(&b).await.unwrap();
+        store.keys.lock().push("inlet-rw-from-a-crash".into());
+        // b's mount went away while the driver was down (a node reboot, say).
+        mounter.unmount(&b.target).unwrap();
+        let reopened = ImageVolumes::open(store.clone(), mounter.clone(), dir.path()).unwrap();
+        assert_eq!(reopened.recover().await.unwrap(), 1);
+        assert_eq!(*store.keys.lock(), [a.key()]);
+        assert_eq!(reopened.at(&a.target).await, Some(a));
+        assert_eq!(reopened.at(&b.target).await, None);
     }
 }
