@@ -194,3 +194,26 @@ Feature: Image volumes through CRI
     When the simulation runs
     Then pod "web" has a Warning "FailedMount" event saying "AccessMode of PV can be only ReadOnlyMany or ReadOnlyOnce"
     And pod "web" is Pending
+
+  Scenario: On request, the image's metadata is presented beside its files
+    Given an image "example.inlet.dev/annotated:v1" with files:
+      | path                             | content |
+      | index.html                       | hello   |
+      | (annotation) org.example.purpose | demo    |
+    And the manifests:
+      """
+      apiVersion: v1
+      kind: Pod
+      metadata: {name: web}
+      spec:
+        containers: [{name: app, image: busybox, volumeMounts: [{name: site, mountPath: /site}]}]
+        volumes:
+          - name: site
+            csi: {driver: image.inlet.dev, readOnly: true, volumeAttributes: {image: example.inlet.dev/annotated:v1, metadata: "true"}}
+      """
+    When the simulation runs
+    Then pod "web" is Running
+    And pod "web" reads "hello" at "/site:index.html"
+    And pod "web" reads "{"org.example.purpose":"demo"}" at "/site:.image-metadata/annotations.json"
+    When all pods are deleted
+    Then nothing is left on the node

@@ -7,12 +7,12 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use std::time::Duration;
-
 use inlet_plugin::image::{
     Engine, EngineConfig, ImageDriverConfig, ImageService, StorageKind, VerificationPolicy,
 };
 use inlet_plugin::local::{LocalConfig, LocalDriver, LocalService};
+
+use crate::sim::SimImages;
 use inlet_plugin::mount::MountLayer;
 use inlet_plugin::server::serve_csi_on;
 use inlet_proto::csi::v1::{
@@ -120,9 +120,12 @@ impl DriverHandle {
         node: &str,
         node_root: &Path,
         cri_socket: &Path,
-        pull_wait: Duration,
+        images: &SimImages,
         mounter: Arc<dyn MountLayer>,
     ) -> Result<Self, String> {
+        let pull_wait = images.pull_wait;
+        // The simulation's plain-HTTP registries serve artifacts too.
+        let artifact_insecure_registries = images.insecure_registries.clone();
         let dir = node_root.join("plugins").join(name);
         let engine = Engine::start(
             &EngineConfig {
@@ -132,6 +135,7 @@ impl DriverHandle {
                 snapshotter: "overlayfs".into(),
                 state_dir: dir.join("state"),
                 verification: VerificationPolicy::default(),
+                artifact_insecure_registries,
             },
             mounter,
         )

@@ -249,7 +249,7 @@ impl Simulation {
                         &node.config.name,
                         &node.config.root,
                         &self.cri_socket,
-                        self.config.images.pull_wait,
+                        &self.config.images,
                         Arc::clone(&self.config.mounter),
                     )
                     .await?;
@@ -751,6 +751,7 @@ async fn image_engine(
         snapshotter: "overlayfs".into(),
         state_dir: node_root.join("plugins/kubernetes.io/image"),
         verification: VerificationPolicy::default(),
+        artifact_insecure_registries: Vec::new(),
     };
     match Engine::start(&config, Arc::clone(mounter)).await {
         Ok(engine) => Some(Arc::new(engine)),

@@ -94,6 +94,10 @@ struct ServeArgs {
     /// `image` driver: which cached images a volume must prove credentials for (KEP-2535's policy).
     #[arg(long, value_enum, default_value_t = VerificationPolicy::NeverVerifyPreloadedImages)]
     image_pull_credentials_verification_policy: VerificationPolicy,
+    /// `image` driver: a registry OCI artifacts (`artifact: "true"` volumes, fetched without the runtime)
+    /// may be fetched from over plain HTTP (HOST:PORT). Repeatable.
+    #[arg(long = "artifact-insecure-registry")]
+    artifact_insecure_registries: Vec<String>,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -197,6 +201,7 @@ async fn serve_image(
         snapshotter: args.snapshotter,
         state_dir: args.state_dir.clone(),
         verification: args.image_pull_credentials_verification_policy,
+        artifact_insecure_registries: args.artifact_insecure_registries,
     };
     tracing::info!(driver = %args.name, runtime, "starting image driver");
     let engine = Engine::start(&engine_config, mounter).await?;

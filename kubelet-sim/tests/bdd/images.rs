@@ -29,6 +29,9 @@ fn files(step: &Step) -> ImageBuilder {
     {
         match row[0].as_str() {
             "(new layer)" => image = image.layer(),
+            annotation if annotation.starts_with("(annotation) ") => {
+                image = image.annotation(&annotation["(annotation) ".len()..], &row[1])
+            }
             path if row[1] == "(deleted)" => image = image.remove(path),
             path => image = image.file(path, row[1].replace("\\n", "\n")),
         }
@@ -106,6 +109,51 @@ async fn registry_image(w: &mut Sim, reference: String, step: &Step) {
     .expect("the image is pushed");
 }
 
+#[given(regex = r#"^the registry holds artifact "([^"]+)" with files:$"#)]
+async fn registry_artifact(w: &mut Sim, reference: String, step: &Step) {
+    use oci_client::client::{Config, ImageLayer};
+    let (registry, user, password) = w.registry.as_ref().expect("a private registry");
+    let reference = reference.replace(REGISTRY_PLACEHOLDER, &registry.address);
+    let layers: Vec<ImageLayer> = step
+        .table
+        .as_ref()
+        .map(|t| &t.rows[1..])
+        .unwrap_or_default()
+        .iter()
+        .map(|row| {
+            let title = std::collections::BTreeMap::from([(
+                inlet_plugin::image::artifact::TITLE_ANNOTATION.to_string(),
+                row[0].clone(),
+            )]);
+            ImageLayer::new(
+                row[1].clone().into_bytes(),
+                "application/vnd.example.data.v1".into(),
+                Some(title),
+            )
+        })
+        .collect();
+    let config = Config::new(
+        b"{}".to_vec(),
+        "application/vnd.example.config.v1+json".into(),
+        None,
+    );
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let client = oci_client::Client::new(oci_client::client::ClientConfig {
+        protocol: oci_client::client::ClientProtocol::HttpsExcept(vec![registry.address.clone()]),
+        ..Default::default()
+    });
+    client
+        .push(
+            &reference.parse().expect("reference"),
+            &layers,
+            config,
+            &RegistryAuth::Basic(user.clone(), password.clone()),
+            None,
+        )
+        .await
+        .expect("the artifact is pushed");
+}
+
 #[given(
     regex = r#"^a pull secret "([^"/]+)/([^"]+)" for the registry with user "([^"]+)" and password "([^"]+)"$"#
 )]
@@ -160,7 +208,7 @@ fn content_visible(what: &str) -> bool {
     false
 }
 
-#[then(regex = r#"^pod "([^"]+)" reads "([^"]+)" at "([^"]+)"$"#)]
+#[then(regex = r#"^pod "([^"]+)" reads "(.+)" at "([^"]+)"$"#)]
 fn reads(w: &mut Sim, pod: String, text: String, path: String) {
     let (mount, file) = split_mount(&path);
     if !content_visible(&format!("pod {pod} reads {path}")) {
@@ -224,12 +272,8 @@ fn shared_mounts(w: &mut Sim, node: String, count: usize) {
     }
     let found: Vec<PathBuf> = states
         .iter()
-        .flat_map(|s| {
-            std::fs::read_dir(s.join("images"))
-                .into_iter()
-                .flatten()
-                .flatten()
-        })
+        .flat_map(|s| [s.join("images"), s.join("artifacts/images")])
+        .flat_map(|d| std::fs::read_dir(d).into_iter().flatten().flatten())
         .map(|e| e.path())
         .filter(|p| p.join("rootfs").exists())
         .collect();

@@ -7,6 +7,8 @@
 //! - persistent (a pre-provisioned PV whose `volumeHandle` is the image reference), read-only access modes
 //!   only;
 //! - credentials from the request's `secrets` (the volume's `nodePublishSecretRef`);
+//! - `artifact: "true"` fetches an OCI artifact without the runtime (see [`super::artifact`]), read-only;
+//! - `metadata: "true"` adds the manifest, config and annotations under `.image-metadata/`;
 //! - a pull longer than the caller's deadline goes on in the background; the call answers ABORTED with the
 //!   progress, and a retry mounts the volume.
 //!
@@ -25,8 +27,8 @@ use tonic::{Request, Response, Status};
 
 use super::auth::{self, Credentials};
 use super::{
-    Engine, IMAGE_ATTRIBUTE, ImageVolume, METADATA_ATTRIBUTE, PULL_ALWAYS_ATTRIBUTE,
-    PULL_POLICY_ATTRIBUTE, PullPolicy, PullRequest, pull_wait,
+    ARTIFACT_ATTRIBUTE, Engine, IMAGE_ATTRIBUTE, ImageVolume, METADATA_ATTRIBUTE,
+    PULL_ALWAYS_ATTRIBUTE, PULL_POLICY_ATTRIBUTE, PullPolicy, PullRequest, pull_wait,
 };
 use crate::error::{Error, Result};
 use crate::local::{EPHEMERAL_KEY, validate};
@@ -143,6 +145,38 @@ impl ImageService {
             }
         };
         let credentials = secret_credentials(&r.secrets, &reference.whole())?;
+        let artifact = match attributes.get(ARTIFACT_ATTRIBUTE).map(String::as_str) {
+            None | Some("false") => false,
+            Some("true") => true,
+            Some(other) => {
+                return Err(Error::invalid(
+                    "volume_context.artifact",
+                    format!("{other:?} is not \"true\" or \"false\""),
+                ));
+            }
+        };
+        if artifact {
+            if !(r.readonly || reader_only) {
+                return Err(Error::invalid(
+                    "readonly",
+                    "OCI artifact volumes are read-only: set readOnly: true on the volume",
+                ));
+            }
+            let id = self
+                .engine
+                .artifacts
+                .fetch(&reference, &credentials)
+                .await?;
+            let volume = ImageVolume {
+                volume_id: volume_id.to_string(),
+                target,
+                image: reference.whole(),
+                image_id: id,
+                writable: false,
+                metadata,
+            };
+            return self.engine.artifact_volumes.publish(&volume).await;
+        }
         let pulled = self
             .engine
             .puller
@@ -286,7 +320,10 @@ impl Node for ImageService {
                 &self.config.kubelet_dir,
                 &self.config.state_dir,
             )?;
-            self.engine.volumes.unpublish(&target).await
+            match self.engine.artifact_volumes.at(&target).await {
+                Some(_) => self.engine.artifact_volumes.unpublish(&target).await,
+                None => self.engine.volumes.unpublish(&target).await,
+            }
         }
         .await;
         reply("NodeUnpublishVolume", outcome.map(|()| Default::default()))

@@ -10,8 +10,10 @@
 //!   check that a cached private image goes only to callers with credentials for it.
 //! - [`store`]: where the runtime keeps images: containerd's snapshots or containers/storage's layers.
 //! - [`volumes`]: [`ImageVolumes`]: shared read-only views, writable copy-on-write volumes, records, recovery.
+//! - [`artifact`]: OCI artifacts runtimes cannot pull, fetched with oci-client on an explicit opt-in.
 //! - `driver.rs`: the CSI Identity, Node and (empty) Controller services.
 
+pub mod artifact;
 pub mod auth;
 mod driver;
 pub mod pull;
@@ -42,6 +44,8 @@ pub const PULL_POLICY_ATTRIBUTE: &str = "pullPolicy";
 pub const PULL_ALWAYS_ATTRIBUTE: &str = "pullAlways";
 /// The volume attribute asking for the image's metadata beside its files (`"true"`).
 pub const METADATA_ATTRIBUTE: &str = "metadata";
+/// The volume attribute opting in to fetching an OCI artifact without the runtime (`"true"`).
+pub const ARTIFACT_ATTRIBUTE: &str = "artifact";
 
 /// Which storage backend to read images from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -69,6 +73,8 @@ pub struct EngineConfig {
     pub state_dir: PathBuf,
     /// Which cached images need proof of credentials.
     pub verification: VerificationPolicy,
+    /// Registries OCI artifacts are fetched from over plain HTTP (artifacts bypass the runtime).
+    pub artifact_insecure_registries: Vec<String>,
 }
 
 /// The engine's parts: a puller and the published volumes, over one store.
@@ -79,6 +85,10 @@ pub struct Engine {
     pub puller: Arc<Puller>,
     /// What is published.
     pub volumes: Arc<ImageVolumes>,
+    /// OCI artifacts, fetched without the runtime.
+    pub artifacts: Arc<artifact::Artifacts>,
+    /// What is published of them.
+    pub artifact_volumes: Arc<ImageVolumes>,
 }
 
 impl Engine {
@@ -103,13 +113,22 @@ impl Engine {
             config.verification,
             Some(Arc::clone(&store)),
         )?;
-        let volumes = ImageVolumes::open(store, mounter, &config.state_dir)?;
+        let volumes = ImageVolumes::open(store, Arc::clone(&mounter), &config.state_dir)?;
         let published = volumes.recover().await?;
-        tracing::info!(published, "image volumes recovered");
+        let artifacts_dir = config.state_dir.join("artifacts");
+        let artifacts = Arc::new(artifact::Artifacts::new(
+            &artifacts_dir,
+            config.artifact_insecure_registries.clone(),
+        ));
+        let artifact_volumes = ImageVolumes::open(artifacts.clone(), mounter, &artifacts_dir)?;
+        let artifacts_published = artifact_volumes.recover().await?;
+        tracing::info!(published, artifacts_published, "image volumes recovered");
         Ok(Self {
             cri,
             puller: Arc::new(puller),
             volumes: Arc::new(volumes),
+            artifacts,
+            artifact_volumes: Arc::new(artifact_volumes),
         })
     }
 }
