@@ -60,6 +60,12 @@ fn help_explains_every_flag() {
         "--default-volume-size",
         "--kubelet-dir",
         "--mounter",
+        "--runtime-endpoint",
+        "--storage",
+        "--storage-root",
+        "--pull-wait",
+        "--image-pull-credentials-verification-policy",
+        "--artifact-insecure-registry",
     ] {
         assert!(stdout.contains(flag), "--help does not mention {flag}");
     }
@@ -183,4 +189,29 @@ async fn wait_for(socket: &Path) -> tonic::transport::Channel {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+#[test]
+fn the_image_driver_needs_a_reachable_runtime() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let mut args = serve_args(d, &format!("unix://{d}/csi.sock"));
+    args[2] = "image".into();
+    let (code, _, stderr) = run(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("--runtime-endpoint"), "{stderr}");
+    args.extend([
+        "--runtime-endpoint".into(),
+        format!("unix://{d}/nothing.sock"),
+    ]);
+    let (code, _, stderr) = run(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.contains(&format!("container runtime at {d}/nothing.sock")),
+        "{stderr}"
+    );
+    assert!(
+        !Path::new(&format!("{d}/csi.sock")).exists(),
+        "no socket is left"
+    );
 }

@@ -144,6 +144,9 @@ impl ImageVolumes {
             records.remove(&id);
             self.release(volume, &records).await;
             let _ = remove_record(&self.records_dir(), &id);
+            if !self.is_mounted(&volume.target).unwrap_or(true) {
+                let _ = remove_dir(&volume.target);
+            }
             return Err(err);
         }
         tracing::info!(target = %volume.target.display(), image = %volume.image, key = volume.key(), "published image volume");
@@ -469,6 +472,7 @@ mod tests {
         assert!(volumes.publish(&a).await.is_err());
         assert!(volumes.published().await.is_empty());
         assert!(mounter.mounts().is_empty());
+        assert!(!a.target.exists(), "the target dir it made is gone");
         assert!(crate::image::leftovers(dir.path()).is_empty());
     }
 
