@@ -70,12 +70,15 @@ impl PullPolicy {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum VerificationPolicy {
     /// Any cached image is handed to anyone.
+    #[value(name = "NeverVerify")]
     NeverVerify,
     /// Images this node pulled with credentials need the caller's proof; images it found on the node
     /// (preloaded, or pulled by someone else) are trusted. The upstream default.
     #[default]
+    #[value(name = "NeverVerifyPreloadedImages")]
     NeverVerifyPreloadedImages,
     /// Every cached image needs proof unless it was pulled anonymously.
+    #[value(name = "AlwaysVerify")]
     AlwaysVerify,
 }
 
