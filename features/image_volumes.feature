@@ -36,6 +36,7 @@ Feature: Image volumes through CRI
     And pod "web" reads "v1" at "/site:data/version.txt"
     And pod "web" cannot write to "/site:new.txt"
 
+  @mounts
   Scenario: A subPath of an image volume mounts a directory of the image
     Given the manifests:
       """

@@ -738,8 +738,8 @@ fn main() {
         .enable_all()
         .build()
         .expect("runtime");
-    // Scenarios tagged @registry need Debian's docker-registry (CI installs it); elsewhere they are counted
-    // as skipped, and say so.
+    // Scenarios tagged @registry need Debian's docker-registry (CI installs it), those tagged @mounts need
+    // real mounts (root); elsewhere they are counted as skipped, and say so.
     let registry = images::registry_available();
     let filtered = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let counted = Arc::clone(&filtered);
@@ -758,18 +758,18 @@ fn main() {
                 })
             })
             .filter_run(features, move |feature, _, scenario| {
-                let needs_registry = feature
-                    .tags
-                    .iter()
-                    .chain(&scenario.tags)
-                    .any(|t| t == "registry");
-                if needs_registry && !registry {
+                let tagged =
+                    |tag: &str| feature.tags.iter().chain(&scenario.tags).any(|t| t == tag);
+                let missing = if tagged("registry") && !registry {
+                    Some(format!("{} is not installed", cri_fake::registry::BINARY))
+                } else if tagged("mounts") && !can_mount() {
+                    Some("not root: it needs real mounts".to_string())
+                } else {
+                    None
+                };
+                if let Some(why) = missing {
                     counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    println!(
-                        "SKIPPED ({} is not installed): {}",
-                        cri_fake::registry::BINARY,
-                        scenario.name
-                    );
+                    println!("SKIPPED ({why}): {}", scenario.name);
                     return false;
                 }
                 true

@@ -516,11 +516,11 @@ impl Kubelet {
                 .mounted(unique, uid)
                 .map(|m| m.path.clone())
                 .ok_or_else(|| format!("volume {:?} is not mounted", mount.name))?;
+            let image_volume = unique
+                .starts_with(IMAGE_PLUGIN)
+                .then_some(mount.name.as_str());
             let host_path = match mount.sub_path.as_deref().filter(|s| !s.is_empty()) {
-                Some(sub) if unique.starts_with(IMAGE_PLUGIN) => {
-                    image_sub_path(&dir, sub, &mount.name)?
-                }
-                Some(sub) => sub_path(&dir, sub)?,
+                Some(sub) => sub_path(&dir, sub, image_volume)?,
                 None => dir,
             };
             let propagation = match mount.mount_propagation.as_deref() {
@@ -678,36 +678,37 @@ impl Kubelet {
     }
 }
 
-/// A subPath inside a volume dir: relative, without `..`, created if missing (as the kubelet does).
-fn sub_path(dir: &Path, sub: &str) -> Result<PathBuf, String> {
+/// A subPath inside a volume dir: relative, without `..`, and still inside the volume once symlinks are
+/// resolved (the kubelet's guard against CVE-2017-1002101: a symlink in a volume must not lead a container to
+/// a host path). In a writable volume a missing subPath is created, as the kubelet does, one component at a
+/// time so no symlink is followed out; in an image volume it must exist (the CRI's `image_sub_path` rule).
+fn sub_path(dir: &Path, sub: &str, image_volume: Option<&str>) -> Result<PathBuf, String> {
     let rel = Path::new(sub);
     if rel.is_absolute() || rel.components().any(|c| matches!(c, Component::ParentDir)) {
         return Err(format!(
             "subPath {sub:?} must be a relative path without '..'"
         ));
     }
-    let path = dir.join(rel);
-    std::fs::create_dir_all(&path)
+    let root = dir
+        .canonicalize()
         .map_err(|e| format!("failed to prepare subPath {sub:?}: {e}"))?;
-    Ok(path)
-}
-
-/// A subPath inside an image volume: it must exist in the image (the CRI's `image_sub_path` rule); a
-/// read-only volume cannot have it created.
-fn image_sub_path(dir: &Path, sub: &str, volume: &str) -> Result<PathBuf, String> {
-    let rel = Path::new(sub);
-    if rel.is_absolute() || rel.components().any(|c| matches!(c, Component::ParentDir)) {
-        return Err(format!(
-            "subPath {sub:?} must be a relative path without '..'"
-        ));
+    let escapes = || format!("subPath {sub:?} leads outside the volume");
+    let mut path = dir.to_path_buf();
+    for component in rel.components() {
+        path.push(component);
+        match (path.canonicalize(), image_volume) {
+            (Ok(real), _) if !real.starts_with(&root) => return Err(escapes()),
+            (Ok(_), _) => {}
+            (Err(_), Some(volume)) => {
+                return Err(format!(
+                    "subPath {sub:?} does not exist in image volume {volume:?}"
+                ));
+            }
+            (Err(_), None) => std::fs::create_dir(&path)
+                .map_err(|e| format!("failed to prepare subPath {sub:?}: {e}"))?,
+        }
     }
-    let path = dir.join(rel);
-    if std::fs::symlink_metadata(&path).is_err() {
-        return Err(format!(
-            "subPath {sub:?} does not exist in image volume {volume:?}"
-        ));
-    }
-    Ok(path)
+    path.canonicalize().map_err(|_| escapes())
 }
 
 /// Every directory under `dir`, `dir` included.
@@ -725,4 +726,43 @@ pub(super) fn walk_dirs(dir: &Path) -> Vec<PathBuf> {
         dirs.push(d);
     }
     dirs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sub_paths_stay_inside_their_volume() {
+        let dir = tempfile::tempdir().unwrap();
+        let volume = dir.path().join("volume");
+        std::fs::create_dir_all(volume.join("data")).unwrap();
+        std::os::unix::fs::symlink("/etc", volume.join("escape")).unwrap();
+        std::os::unix::fs::symlink("data", volume.join("inside")).unwrap();
+        assert_eq!(
+            sub_path(&volume, "data", None).unwrap(),
+            volume.join("data")
+        );
+        assert_eq!(
+            sub_path(&volume, "inside", None).unwrap(),
+            volume.join("data")
+        );
+        assert_eq!(
+            sub_path(&volume, "new/dir", None).unwrap(),
+            volume.join("new/dir")
+        );
+        for bad in ["escape", "escape/ssl", "../x", "/etc"] {
+            assert!(sub_path(&volume, bad, None).is_err(), "{bad}");
+        }
+        assert!(!Path::new("/etc/ssl/new").exists());
+        let missing = sub_path(&volume, "nope", Some("site")).unwrap_err();
+        assert!(
+            missing.contains("does not exist in image volume"),
+            "{missing}"
+        );
+        assert!(
+            !volume.join("nope").exists(),
+            "nothing is created in an image volume"
+        );
+    }
 }
