@@ -52,3 +52,21 @@ where
     tracing::info!(socket = %socket.display(), "stopped serving CSI");
     Ok(served?)
 }
+
+/// A driver method's outcome as a gRPC reply, logged by call name and code only: requests and replies are
+/// never logged whole (CSI `secrets` would reach the log).
+pub fn reply<T>(
+    call: &'static str,
+    outcome: crate::Result<T>,
+) -> Result<tonic::Response<T>, tonic::Status> {
+    match outcome {
+        Ok(reply) => {
+            tracing::debug!(call, "ok");
+            Ok(tonic::Response::new(reply))
+        }
+        Err(err) => {
+            tracing::warn!(call, code = ?err.code(), error = %err, "failed");
+            Err(err.into())
+        }
+    }
+}

@@ -38,26 +38,7 @@ impl Kubelet {
                 continue;
             };
             let unique = unique_name(&data, &uid);
-            let pod = pods
-                .get(&uid)
-                .map(|p| PodInfo::from_pod(p))
-                .unwrap_or_else(|| PodInfo {
-                    uid: uid.clone(),
-                    ..Default::default()
-                });
-            let mut asw = self.asw.lock();
-            asw.mark_attached(&unique, &spec);
-            asw.set_pod(
-                &unique,
-                MountedPod {
-                    pod,
-                    outer_name: spec_name.clone(),
-                    spec_name,
-                    path: dir.join("mount"),
-                    state: MountState::Uncertain,
-                    published_at: Instant::now(),
-                },
-            );
+            self.adopt(&pods, &unique, &spec, &uid, spec_name, dir.join("mount"));
         }
         self.reconstruct_image_volumes(&pods);
         for (data, path) in staging_dirs(&self.config.root.join("plugins").join(plugin.name())) {
@@ -197,27 +178,41 @@ impl Kubelet {
                 continue;
             };
             let unique = format!("{IMAGE_PLUGIN}/{uid}-{spec_name}");
-            let pod = pods
-                .get(&uid)
-                .map(|p| PodInfo::from_pod(p))
-                .unwrap_or_else(|| PodInfo {
-                    uid: uid.clone(),
-                    ..Default::default()
-                });
-            let mut asw = self.asw.lock();
-            asw.mark_attached(&unique, &spec);
-            asw.set_pod(
-                &unique,
-                MountedPod {
-                    pod,
-                    outer_name: spec_name.clone(),
-                    spec_name,
-                    path: dir,
-                    state: MountState::Uncertain,
-                    published_at: Instant::now(),
-                },
-            );
+            self.adopt(pods, &unique, &spec, &uid, spec_name, dir);
         }
+    }
+
+    /// Records a volume found on disk as possibly mounted for its pod (the pod may be gone: then only its
+    /// UID is known, which is all the unmounter needs).
+    fn adopt(
+        &self,
+        pods: &HashMap<String, std::sync::Arc<Pod>>,
+        unique: &str,
+        spec: &inlet_plugin::volume::Spec,
+        uid: &str,
+        spec_name: String,
+        path: PathBuf,
+    ) {
+        let pod = pods
+            .get(uid)
+            .map(|p| PodInfo::from_pod(p))
+            .unwrap_or_else(|| PodInfo {
+                uid: uid.to_string(),
+                ..Default::default()
+            });
+        let mut asw = self.asw.lock();
+        asw.mark_attached(unique, spec);
+        asw.set_pod(
+            unique,
+            MountedPod {
+                pod,
+                outer_name: spec_name.clone(),
+                spec_name,
+                path,
+                state: MountState::Uncertain,
+                published_at: Instant::now(),
+            },
+        );
     }
 }
 

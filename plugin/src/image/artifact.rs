@@ -206,43 +206,34 @@ fn set_read_only(path: &Path) -> Result<()> {
 }
 
 fn registry_error(name: &str, error: oci_client::errors::OciDistributionError) -> Error {
-    use oci_client::errors::OciDistributionError as E;
-    match &error {
-        E::AuthenticationFailure(_) | E::UnauthorizedError { .. } => Error::PermissionDenied(
-            format!("artifact {name:?}: the registry refused the credentials"),
-        ),
-        E::ImageManifestNotFoundError(_) => Error::not_found("artifact", name),
-        E::ServerError { code: 404, .. } => Error::not_found("artifact", name),
-        E::ServerError {
-            code: 401 | 403, ..
-        } => Error::PermissionDenied(format!(
+    use oci_client::errors::{OciDistributionError as E, OciErrorCode as C};
+    let codes = |wanted: &[C]| match &error {
+        E::RegistryError { envelope, .. } => {
+            envelope.errors.iter().any(|e| wanted.contains(&e.code))
+        }
+        _ => false,
+    };
+    let refused = matches!(
+        error,
+        E::AuthenticationFailure(_)
+            | E::UnauthorizedError { .. }
+            | E::ServerError {
+                code: 401 | 403,
+                ..
+            }
+    ) || codes(&[C::Unauthorized, C::Denied]);
+    let missing = matches!(
+        error,
+        E::ImageManifestNotFoundError(_) | E::ServerError { code: 404, .. }
+    ) || codes(&[C::ManifestUnknown, C::NameUnknown]);
+    if refused {
+        Error::PermissionDenied(format!(
             "artifact {name:?}: the registry refused the credentials"
-        )),
-        E::RegistryError { envelope, .. }
-            if envelope.errors.iter().any(|e| {
-                matches!(
-                    e.code,
-                    oci_client::errors::OciErrorCode::ManifestUnknown
-                        | oci_client::errors::OciErrorCode::NameUnknown
-                )
-            }) =>
-        {
-            Error::not_found("artifact", name)
-        }
-        E::RegistryError { envelope, .. }
-            if envelope.errors.iter().any(|e| {
-                matches!(
-                    e.code,
-                    oci_client::errors::OciErrorCode::Unauthorized
-                        | oci_client::errors::OciErrorCode::Denied
-                )
-            }) =>
-        {
-            Error::PermissionDenied(format!(
-                "artifact {name:?}: the registry refused the credentials"
-            ))
-        }
-        _ => Error::Unavailable(format!("artifact {name:?}: {error}")),
+        ))
+    } else if missing {
+        Error::not_found("artifact", name)
+    } else {
+        Error::Unavailable(format!("artifact {name:?}: {error}"))
     }
 }
 

@@ -32,6 +32,7 @@ use super::{
 };
 use crate::error::{Error, Result};
 use crate::local::{EPHEMERAL_KEY, validate};
+use crate::server::reply;
 
 /// How the image driver is set up (from `inlet-plugin serve --driver image` flags).
 #[derive(Debug, Clone)]
@@ -134,27 +135,9 @@ impl ImageService {
             )
             .map_err(|e| Error::invalid("volume_context.pullPolicy", e))?,
         };
-        let metadata = match attributes.get(METADATA_ATTRIBUTE).map(String::as_str) {
-            None | Some("false") => false,
-            Some("true") => true,
-            Some(other) => {
-                return Err(Error::invalid(
-                    "volume_context.metadata",
-                    format!("{other:?} is not \"true\" or \"false\""),
-                ));
-            }
-        };
+        let metadata = flag(attributes, METADATA_ATTRIBUTE)?;
         let credentials = secret_credentials(&r.secrets, &reference.whole())?;
-        let artifact = match attributes.get(ARTIFACT_ATTRIBUTE).map(String::as_str) {
-            None | Some("false") => false,
-            Some("true") => true,
-            Some(other) => {
-                return Err(Error::invalid(
-                    "volume_context.artifact",
-                    format!("{other:?} is not \"true\" or \"false\""),
-                ));
-            }
-        };
+        let artifact = flag(attributes, ARTIFACT_ATTRIBUTE)?;
         if artifact {
             if !(r.readonly || reader_only) {
                 return Err(Error::invalid(
@@ -199,6 +182,18 @@ impl ImageService {
     }
 }
 
+/// A `"true"` / `"false"` attribute; absent is false.
+fn flag(attributes: &std::collections::HashMap<String, String>, key: &str) -> Result<bool> {
+    match attributes.get(key).map(String::as_str) {
+        None | Some("false") => Ok(false),
+        Some("true") => Ok(true),
+        Some(other) => Err(Error::invalid(
+            format!("volume_context.{key}"),
+            format!("{other:?} is not \"true\" or \"false\""),
+        )),
+    }
+}
+
 /// The credentials in a CSI `secrets` map that apply to `image`.
 fn secret_credentials(
     secrets: &std::collections::HashMap<String, String>,
@@ -227,19 +222,6 @@ fn grpc_timeout(metadata: &tonic::metadata::MetadataMap) -> Option<Duration> {
         "n" => Duration::from_nanos(n),
         _ => return None,
     })
-}
-
-fn reply<T>(call: &'static str, outcome: Result<T>) -> Result<Response<T>, Status> {
-    match outcome {
-        Ok(reply) => {
-            tracing::debug!(call, "ok");
-            Ok(Response::new(reply))
-        }
-        Err(err) => {
-            tracing::warn!(call, code = ?err.code(), error = %err, "failed");
-            Err(err.into())
-        }
-    }
 }
 
 #[tonic::async_trait]

@@ -190,6 +190,9 @@ pub struct Puller {
     progress: Option<Arc<dyn ImageStore>>,
 }
 
+/// How long the result of a finished pull waits for its caller.
+const FORGET_AFTER: Duration = Duration::from_secs(600);
+
 /// The record file's id (`pulls.json`).
 const RECORDS: &str = "pulls";
 
@@ -319,6 +322,8 @@ impl Puller {
         let key = format!("{}\n{}", request.image, fingerprints.join(","));
         let (started, mut done) = {
             let mut running = self.running.lock();
+            // A finished pull whose caller never came back (its pod was deleted) is forgotten after a while.
+            running.retain(|_, r| r.done.borrow().is_none() || r.started.elapsed() < FORGET_AFTER);
             let entry = running.entry(key.clone()).or_insert_with(|| {
                 let (tx, rx) = watch::channel(None);
                 let cri = self.cri.clone();

@@ -39,16 +39,7 @@ impl LocalService {
         let outcome = tokio::task::spawn_blocking(move || f(&mut driver.lock()))
             .await
             .map_err(|e| Status::internal(format!("{call} failed unexpectedly: {e}")))?;
-        match outcome {
-            Ok(reply) => {
-                tracing::debug!(call, "ok");
-                Ok(Response::new(reply))
-            }
-            Err(err) => {
-                tracing::warn!(call, code = ?err.code(), error = %err, "failed");
-                Err(err.into())
-            }
-        }
+        crate::server::reply(call, outcome)
     }
 }
 

@@ -187,6 +187,44 @@ impl Containerd {
         mountable(&mounts)
     }
 
+    /// `Prepare` (writable) or `View` (read-only) the snapshot `key` on the image's top snapshot, under a
+    /// lease of the same name; an existing one is reused.
+    async fn snapshot(&self, image_id: &str, key: &str, writable: bool) -> Result<Mountable> {
+        let parent = self.chain_id(image_id).await?;
+        let key = &self.name(key);
+        self.lease(key).await?;
+        let (snapshotter, labels) = (self.snapshotter.clone(), self.labels(image_id));
+        let mut client = SnapshotsClient::new(self.channel.clone());
+        let made = if writable {
+            let prepare = PrepareSnapshotRequest {
+                snapshotter,
+                key: key.to_string(),
+                parent,
+                labels,
+            };
+            client
+                .prepare(request(prepare, Some(key)))
+                .await
+                .map(|r| r.into_inner().mounts)
+        } else {
+            let view = ViewSnapshotRequest {
+                snapshotter,
+                key: key.to_string(),
+                parent,
+                labels,
+            };
+            client
+                .view(request(view, Some(key)))
+                .await
+                .map(|r| r.into_inner().mounts)
+        };
+        match made {
+            Ok(mounts) => mountable(&mounts),
+            Err(s) if s.code() == Code::AlreadyExists => self.mounts(key).await,
+            Err(s) => Err(status_error(s, "snapshot", key)),
+        }
+    }
+
     fn labels(&self, image_id: &str) -> HashMap<String, String> {
         HashMap::from([
             (MANAGED_LABEL.to_string(), "true".to_string()),
@@ -203,43 +241,11 @@ impl ImageStore for Containerd {
     }
 
     async fn view(&self, image_id: &str, key: &str) -> Result<Mountable> {
-        let parent = self.chain_id(image_id).await?;
-        let key = &self.name(key);
-        self.lease(key).await?;
-        let view = ViewSnapshotRequest {
-            snapshotter: self.snapshotter.clone(),
-            key: key.to_string(),
-            parent,
-            labels: self.labels(image_id),
-        };
-        match SnapshotsClient::new(self.channel.clone())
-            .view(request(view, Some(key)))
-            .await
-        {
-            Ok(reply) => mountable(&reply.into_inner().mounts),
-            Err(s) if s.code() == Code::AlreadyExists => self.mounts(key).await,
-            Err(s) => Err(status_error(s, "snapshot", key)),
-        }
+        self.snapshot(image_id, key, false).await
     }
 
     async fn prepare(&self, image_id: &str, key: &str) -> Result<Mountable> {
-        let parent = self.chain_id(image_id).await?;
-        let key = &self.name(key);
-        self.lease(key).await?;
-        let prepare = PrepareSnapshotRequest {
-            snapshotter: self.snapshotter.clone(),
-            key: key.to_string(),
-            parent,
-            labels: self.labels(image_id),
-        };
-        match SnapshotsClient::new(self.channel.clone())
-            .prepare(request(prepare, Some(key)))
-            .await
-        {
-            Ok(reply) => mountable(&reply.into_inner().mounts),
-            Err(s) if s.code() == Code::AlreadyExists => self.mounts(key).await,
-            Err(s) => Err(status_error(s, "snapshot", key)),
-        }
+        self.snapshot(image_id, key, true).await
     }
 
     async fn remove(&self, key: &str) -> Result<()> {
