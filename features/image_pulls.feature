@@ -40,6 +40,7 @@ Feature: Pulling volume images: policies, slow pulls and errors
       """
     Then pod "c" becomes Running
     And the runtime got PullImage for "example.inlet.dev/site:v1" 1 time
+    And pod "c" has a Normal "Pulled" event saying "Successfully pulled image"
 
   Scenario: Never with an absent image is refused with the kubelet's words
     Given the manifests:
@@ -69,6 +70,7 @@ Feature: Pulling volume images: policies, slow pulls and errors
       """
     When the simulation runs
     Then pod "web" has a Warning "FailedMount" event saying "in the background (0s elapsed"
+    And pod "web" has a Normal "Pulling" event saying "example.inlet.dev/site:v1"
     And pod "web" becomes Running
     And the runtime got PullImage for "example.inlet.dev/site:v1" 1 time
 

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use inlet_plugin::mount::MountLayer;
 use inlet_plugin::volume::csi::CsiClient;
-use inlet_plugin::volume::{TokenRequestArgs, VolumeHost};
-use k8s_openapi::api::core::v1::Secret;
+use inlet_plugin::volume::{PodInfo, TokenRequestArgs, VolumeHost};
+use k8s_openapi::api::core::v1::{Pod, Secret};
 use k8s_openapi::api::storage::v1::{CSIDriver, VolumeAttachment};
 
 use super::registry::DriverRegistry;
@@ -96,6 +96,16 @@ impl VolumeHost for NodeHost {
             self.api.put(attachment);
         }
         Ok(())
+    }
+
+    fn pod_event(&self, pod: &PodInfo, type_: &str, reason: &str, message: &str) {
+        if let Some(object) = self
+            .api
+            .peek::<Pod>(&pod.namespace, &pod.name)
+            .filter(|p| p.metadata.uid.as_deref() == Some(pod.uid.as_str()))
+        {
+            self.api.record_event(&object, type_, reason, message);
+        }
     }
 
     async fn delete_volume_attachment(&self, name: &str) -> Result<(), String> {

@@ -171,6 +171,8 @@ impl From<PullError> for Error {
 pub struct Pulled {
     /// `Image.id` (`PullImageResponse.image_ref`).
     pub id: String,
+    /// True when this call pulled (or took the result of a pull); false when the cached image was used.
+    pub pulled: bool,
 }
 
 type Outcome = Option<Result<(String, Option<String>), PullError>>;
@@ -247,6 +249,7 @@ impl Puller {
         if !need_pull {
             return Ok(Pulled {
                 id: present.unwrap_or_default(),
+                pulled: false,
             });
         }
         if request.policy == PullPolicy::Never {
@@ -266,7 +269,7 @@ impl Puller {
             Err(e) => return Err(e),
         };
         self.remember(&id, fingerprint);
-        Ok(Pulled { id })
+        Ok(Pulled { id, pulled: true })
     }
 
     /// The id of the image if the runtime has it.

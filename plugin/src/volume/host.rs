@@ -8,6 +8,7 @@ use async_trait::async_trait;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::storage::v1::{CSIDriver, VolumeAttachment};
 
+use super::PodInfo;
 use super::csi::CsiClient;
 use crate::mount::MountLayer;
 
@@ -64,4 +65,6 @@ pub trait VolumeHost: Send + Sync {
     async fn create_volume_attachment(&self, attachment: VolumeAttachment) -> Result<(), String>;
     /// Deletes a VolumeAttachment (the external attacher then detaches); a missing one is OK.
     async fn delete_volume_attachment(&self, name: &str) -> Result<(), String>;
+    /// Records an event on a pod (`Normal`/`Warning`, a reason, a message); a pod that is gone is ignored.
+    fn pod_event(&self, pod: &PodInfo, type_: &str, reason: &str, message: &str);
 }

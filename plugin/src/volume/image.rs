@@ -22,6 +22,7 @@ use super::{
     Unmounter, VolumeError, VolumeHost, VolumePlugin,
 };
 use crate::image::auth::{self, Credentials};
+use crate::image::pull::PullError;
 use crate::image::{Engine, ImageVolume, PullPolicy, PullRequest};
 
 /// The plugin's name.
@@ -84,6 +85,7 @@ impl VolumePlugin for ImagePlugin {
             pod: pod.clone(),
             path: self.dir(&pod.uid, spec.name()),
             volume_id: format!("{}-{}", pod.uid, spec.name()),
+            spec_name: spec.name().to_string(),
         }))
     }
 
@@ -142,6 +144,7 @@ pub struct ImageMounter {
     pod: PodInfo,
     path: PathBuf,
     volume_id: String,
+    spec_name: String,
 }
 
 impl ImageMounter {
@@ -198,17 +201,33 @@ impl Mounter for ImageMounter {
             .map_err(VolumeError::final_)?;
         let image = parsed.whole();
         let credentials = self.credentials(&image).await?;
-        let pulled = self
-            .engine
-            .puller
-            .ensure(&PullRequest {
-                image: image.clone(),
-                policy,
-                credentials,
-                wait: self.pull_wait,
-            })
-            .await
-            .map_err(|e| engine_error(e.into()))?;
+        let started = std::time::Instant::now();
+        let request = PullRequest {
+            image: image.clone(),
+            policy,
+            credentials,
+            wait: self.pull_wait,
+        };
+        // The kubelet's image events, for the volume's image (`kuberuntime_image.go` words).
+        let pulled = match self.engine.puller.ensure(&request).await {
+            Ok(pulled) => pulled,
+            Err(err @ PullError::InProgress { .. }) => {
+                self.host
+                    .pod_event(&self.pod, "Normal", "Pulling", &err.to_string());
+                return Err(engine_error(err.into()));
+            }
+            Err(err) => return Err(engine_error(err.into())),
+        };
+        if pulled.pulled {
+            let message = format!(
+                "Successfully pulled image {image:?} for volume {:?} in {}",
+                self.spec_name,
+                humantime::format_duration(Duration::from_millis(
+                    started.elapsed().as_millis() as u64
+                ))
+            );
+            self.host.pod_event(&self.pod, "Normal", "Pulled", &message);
+        }
         let volume = ImageVolume {
             volume_id: self.volume_id.clone(),
             target: dir.to_path_buf(),
