@@ -122,3 +122,18 @@ Feature: Pulling volume images: policies, slow pulls and errors
     And pod "empty" is Pending
     When all pods are deleted
     Then nothing is left on the node
+
+  Scenario: An unreachable runtime is a clear, retried event
+    Given the runtime fails ImageStatus with UNAVAILABLE
+    And the manifests:
+      """
+      apiVersion: v1
+      kind: Pod
+      metadata: {name: web}
+      spec:
+        containers: [{name: app, image: busybox, volumeMounts: [{name: site, mountPath: /site}]}]
+        volumes: [{name: site, image: {reference: example.inlet.dev/site:v1}}]
+      """
+    When the simulation runs
+    Then pod "web" has a Warning "FailedMount" event saying "container runtime is unavailable: connection refused"
+    And pod "web" is Pending

@@ -45,7 +45,8 @@ struct Sim {
     images: SimImages,
     /// A private registry, with its user and password.
     registry: Option<(cri_fake::registry::LocalRegistry, String, String)>,
-    pull_delay: Option<Duration>,
+    /// Faults cri-fake injects once it runs: (CRI method, fault).
+    faults: Vec<(String, cri_fake::faults::Fault)>,
 }
 
 impl std::fmt::Debug for Sim {
@@ -71,7 +72,7 @@ impl Sim {
             teardown: None,
             images: SimImages::default(),
             registry: None,
-            pull_delay: None,
+            faults: Vec::new(),
         }
     }
 

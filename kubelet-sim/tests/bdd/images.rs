@@ -81,7 +81,18 @@ fn pull_wait(w: &mut Sim, ms: u64) {
 
 #[given(regex = r"^the runtime takes (\d+)ms to pull an image$")]
 fn slow_pulls(w: &mut Sim, ms: u64) {
-    w.pull_delay = Some(Duration::from_millis(ms));
+    let delay = Fault {
+        delay: Some(Duration::from_millis(ms)),
+        ..Default::default()
+    };
+    w.faults.push(("PullImage".into(), delay));
+}
+
+#[given(regex = r"^the runtime fails (\w+) with (\w+)$")]
+fn runtime_fails(w: &mut Sim, method: String, code: String) {
+    let fault = cri_fake::faults::parse_error_flag(&format!("{method}={code}:connection refused"))
+        .expect("a CRI method and a gRPC code");
+    w.faults.push(fault);
 }
 
 #[given(regex = r#"^a private registry with user "([^"]+)" and password "([^"]+)"$"#)]
@@ -170,17 +181,11 @@ fn pull_secret(w: &mut Sim, namespace: String, name: String, user: String, passw
     ));
 }
 
-/// Applies the pull delay once cri-fake runs.
+/// Injects the scenario's runtime faults once cri-fake runs.
 pub fn after_start(w: &Sim) {
-    if let Some(delay) = w.pull_delay {
-        let runtime = w.sim().cri_fake.as_ref().expect("cri-fake runs in-process");
-        runtime.set_fault(
-            "PullImage",
-            Fault {
-                delay: Some(delay),
-                ..Default::default()
-            },
-        );
+    let runtime = w.sim().cri_fake.as_ref().expect("cri-fake runs in-process");
+    for (method, fault) in &w.faults {
+        runtime.set_fault(method, fault.clone());
     }
 }
 
