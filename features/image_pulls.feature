@@ -137,3 +137,24 @@ Feature: Pulling volume images: policies, slow pulls and errors
     When the simulation runs
     Then pod "web" has a Warning "FailedMount" event saying "container runtime is unavailable: connection refused"
     And pod "web" is Pending
+
+  Scenario: An image volume without a reference, or with an unknown pull policy, is refused at admission
+    Given the manifests:
+      """
+      apiVersion: v1
+      kind: Pod
+      metadata: {name: no-reference}
+      spec:
+        containers: [{name: app, image: busybox, volumeMounts: [{name: site, mountPath: /site}]}]
+        volumes: [{name: site, image: {pullPolicy: Always}}]
+      ---
+      apiVersion: v1
+      kind: Pod
+      metadata: {name: bad-policy}
+      spec:
+        containers: [{name: app, image: busybox, volumeMounts: [{name: site, mountPath: /site}]}]
+        volumes: [{name: site, image: {reference: example.inlet.dev/site:v1, pullPolicy: Sometimes}}]
+      """
+    When the simulation runs
+    Then pod "no-reference" was rejected with "spec.volumes[0].image.reference: Required value"
+    And pod "bad-policy" was rejected with "spec.volumes[0].image.pullPolicy: Unsupported value"

@@ -104,6 +104,23 @@ impl Admission {
                     )));
                 }
             }
+            // The image volume source's validation (`validateImageVolumeSource`).
+            if let Some(image) = &volume.image {
+                if image.reference.as_deref().unwrap_or_default().is_empty() {
+                    return Err(invalid(format!(
+                        "spec.volumes[{i}].image.reference: Required value"
+                    )));
+                }
+                if let Some(policy) = image
+                    .pull_policy
+                    .as_deref()
+                    .filter(|p| !["Always", "IfNotPresent", "Never"].contains(p))
+                {
+                    return Err(invalid(format!(
+                        "spec.volumes[{i}].image.pullPolicy: Unsupported value: {policy:?}: supported values: \"Always\", \"IfNotPresent\", \"Never\""
+                    )));
+                }
+            }
         }
         for (c, container) in spec.containers.iter().enumerate() {
             if container.image.as_deref().unwrap_or_default().is_empty() {
