@@ -7,9 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use inlet_plugin::image::{
-    Engine, EngineConfig, ImageDriverConfig, ImageService, StorageKind, VerificationPolicy,
-};
+use inlet_plugin::image::{Engine, EngineConfig, ImageDriverConfig, ImageService};
 use inlet_plugin::local::{LocalConfig, LocalDriver, LocalService};
 
 use crate::sim::SimImages;
@@ -123,19 +121,12 @@ impl DriverHandle {
         images: &SimImages,
         mounter: Arc<dyn MountLayer>,
     ) -> Result<Self, String> {
-        let pull_wait = images.pull_wait;
-        // The simulation's plain-HTTP registries serve artifacts too.
-        let artifact_insecure_registries = images.insecure_registries.clone();
         let dir = node_root.join("plugins").join(name);
         let engine = Engine::start(
             &EngineConfig {
-                runtime_endpoint: cri_socket.to_path_buf(),
-                storage: StorageKind::Auto,
-                storage_root: None,
-                snapshotter: "overlayfs".into(),
-                state_dir: dir.join("state"),
-                verification: VerificationPolicy::default(),
-                artifact_insecure_registries,
+                // The simulation's plain-HTTP registries serve artifacts too.
+                artifact_insecure_registries: images.insecure_registries.clone(),
+                ..EngineConfig::new(cri_socket, &dir.join("state"))
             },
             mounter,
         )
@@ -146,7 +137,7 @@ impl DriverHandle {
             node_id: node.to_string(),
             kubelet_dir: node_root.to_path_buf(),
             state_dir: dir.join("state"),
-            pull_wait,
+            pull_wait: images.pull_wait,
         };
         let state = Some(dir.join("state"));
         Self::serve(name, node, &dir, ImageService::new(config, engine), state).await

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use cri_fake::FakeRuntime;
 use cri_fake::pull::Registries;
-use inlet_plugin::image::{Engine, EngineConfig, StorageKind, VerificationPolicy};
+use inlet_plugin::image::{Engine, EngineConfig};
 use inlet_plugin::mount::MountLayer;
 use inlet_plugin::volume::csi::{CsiCall, CsiObserver};
 use inlet_proto::csi::v1 as csi_proto;
@@ -744,15 +744,7 @@ async fn image_engine(
     node_root: &Path,
     mounter: &Arc<dyn MountLayer>,
 ) -> Option<Arc<Engine>> {
-    let config = EngineConfig {
-        runtime_endpoint: cri_socket.to_path_buf(),
-        storage: StorageKind::Auto,
-        storage_root: None,
-        snapshotter: "overlayfs".into(),
-        state_dir: node_root.join("plugins/kubernetes.io/image"),
-        verification: VerificationPolicy::default(),
-        artifact_insecure_registries: Vec::new(),
-    };
+    let config = EngineConfig::new(cri_socket, &node_root.join("plugins/kubernetes.io/image"));
     match Engine::start(&config, Arc::clone(mounter)).await {
         Ok(engine) => Some(Arc::new(engine)),
         Err(e) => {

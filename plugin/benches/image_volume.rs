@@ -16,9 +16,7 @@ use std::time::{Duration, Instant};
 use cri_fake::FakeRuntime;
 use cri_fake::layout::ImageBuilder;
 use csi::volume_capability::{AccessMode, AccessType, MountVolume, access_mode::Mode};
-use inlet_plugin::image::{
-    Engine, EngineConfig, ImageDriverConfig, ImageService, StorageKind, VerificationPolicy,
-};
+use inlet_plugin::image::{Engine, EngineConfig, ImageDriverConfig, ImageService};
 use inlet_plugin::mount::{LinuxMounter, MountLayer, RecordingMounter, can_mount};
 use inlet_plugin::server::serve_csi;
 use inlet_proto::csi::v1::{self as csi, node_client::NodeClient};
@@ -77,15 +75,7 @@ async fn run(iterations: usize, layers: usize) {
     wait_for(&cri_socket).await;
     let state = dir.path().join("state");
     let engine = Engine::start(
-        &EngineConfig {
-            runtime_endpoint: cri_socket,
-            storage: StorageKind::Auto,
-            storage_root: None,
-            snapshotter: "overlayfs".into(),
-            state_dir: state.clone(),
-            verification: VerificationPolicy::default(),
-            artifact_insecure_registries: Vec::new(),
-        },
+        &EngineConfig::new(&cri_socket, &state),
         Arc::clone(&mounter),
     )
     .await

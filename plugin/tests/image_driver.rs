@@ -10,9 +10,7 @@ use std::time::Duration;
 use cri_fake::FakeRuntime;
 use cri_fake::faults::Fault;
 use cri_fake::layout::ImageBuilder;
-use inlet_plugin::image::{
-    Engine, EngineConfig, ImageDriverConfig, ImageService, StorageKind, VerificationPolicy,
-};
+use inlet_plugin::image::{Engine, EngineConfig, ImageDriverConfig, ImageService};
 use inlet_plugin::mount::{LinuxMounter, MountLayer, RecordingMounter, can_mount};
 use inlet_plugin::server::serve_csi;
 use inlet_proto::csi::v1::volume_capability::{
@@ -66,15 +64,7 @@ impl Fixture {
         };
         let state = dir.path().join("state");
         let engine = Engine::start(
-            &EngineConfig {
-                runtime_endpoint: cri_socket,
-                storage: StorageKind::Auto,
-                storage_root: None,
-                snapshotter: "overlayfs".into(),
-                state_dir: state.clone(),
-                verification: VerificationPolicy::default(),
-                artifact_insecure_registries: Vec::new(),
-            },
+            &EngineConfig::new(&cri_socket, &state),
             Arc::clone(&mounter),
         )
         .await

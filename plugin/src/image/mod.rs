@@ -77,6 +77,22 @@ pub struct EngineConfig {
     pub artifact_insecure_registries: Vec<String>,
 }
 
+impl EngineConfig {
+    /// The defaults for a runtime at `runtime_endpoint`: storage asked of the runtime, containerd's default
+    /// snapshotter, upstream's default verification policy, artifacts over HTTPS only.
+    pub fn new(runtime_endpoint: &Path, state_dir: &Path) -> Self {
+        Self {
+            runtime_endpoint: runtime_endpoint.to_path_buf(),
+            storage: StorageKind::Auto,
+            storage_root: None,
+            snapshotter: "overlayfs".into(),
+            state_dir: state_dir.to_path_buf(),
+            verification: VerificationPolicy::default(),
+            artifact_insecure_registries: Vec::new(),
+        }
+    }
+}
+
 /// The engine's parts: a puller and the published volumes, over one store.
 pub struct Engine {
     /// The runtime's image service.
