@@ -97,3 +97,24 @@ Feature: Private volume images
     And the publish of "data" in pod "web" has secret keys ".dockerconfigjson"
     And pod "web" reads "private bytes" at "/data:secret.txt"
     And no report, log or call carries a secret value
+
+  Scenario: Container images are pulled with the same pull secrets
+    Given the manifests:
+      """
+      apiVersion: v1
+      kind: Pod
+      metadata: {name: with-secret}
+      spec:
+        imagePullSecrets: [{name: regcred}]
+        containers: [{name: app, image: "$REGISTRY/team/data:v1"}]
+      ---
+      apiVersion: v1
+      kind: Pod
+      metadata: {name: without}
+      spec:
+        containers: [{name: app, image: "$REGISTRY/team/data:v1", imagePullPolicy: Always}]
+      """
+    When the simulation runs
+    Then pod "with-secret" is Running
+    And pod "without" has a Warning "Failed" event saying "401 Unauthorized"
+    And pod "without" is Pending

@@ -7,11 +7,13 @@ use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
+use inlet_plugin::image::auth::{self, Credentials};
 use inlet_plugin::volume::csi::rpc_error;
 use inlet_plugin::volume::image::PLUGIN_NAME as IMAGE_PLUGIN;
 use inlet_proto::runtime::v1 as cri;
 use k8s_openapi::api::core::v1::{
-    Container, ContainerState, ContainerStateRunning, ContainerStatus, Pod, PodCondition, PodStatus,
+    Container, ContainerState, ContainerStateRunning, ContainerStatus, Pod, PodCondition,
+    PodStatus, Secret,
 };
 
 use super::Kubelet;
@@ -306,12 +308,27 @@ impl Kubelet {
                     "Pulling",
                     &format!("Pulling image {image:?}"),
                 );
-                let request = cri::PullImageRequest {
-                    image: Some(spec),
-                    auth: None,
-                    sandbox_config: Some(self.sandbox_config(pod)),
+                // Each pull secret that applies, in keyring order, until one works; none: anonymous
+                // (`kuberuntime_image.go` PullImage).
+                let credentials = self.pull_credentials(pod, &image);
+                let attempts: Vec<Option<cri::AuthConfig>> = if credentials.is_empty() {
+                    vec![None]
+                } else {
+                    credentials.iter().map(|c| Some(c.to_cri())).collect()
                 };
-                match self.cri.image.clone().pull_image(request).await {
+                let mut outcome = Err(tonic::Status::unknown("no pull attempted"));
+                for auth in attempts {
+                    let request = cri::PullImageRequest {
+                        image: Some(spec.clone()),
+                        auth,
+                        sandbox_config: Some(self.sandbox_config(pod)),
+                    };
+                    outcome = self.cri.image.clone().pull_image(request).await;
+                    if outcome.is_ok() {
+                        break;
+                    }
+                }
+                match outcome {
                     Ok(_) => {
                         self.api.record_event(
                             pod,
@@ -329,6 +346,34 @@ impl Kubelet {
                 }
             }
         }
+    }
+
+    /// The credentials of the pod's `imagePullSecrets` (read from its namespace) that apply to `image`;
+    /// secrets that are missing or unreadable are skipped, as the kubelet skips them.
+    fn pull_credentials(&self, pod: &Pod, image: &str) -> Vec<Credentials> {
+        let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
+        let names = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.image_pull_secrets.as_ref())
+            .into_iter()
+            .flatten()
+            .map(|r| r.name.as_str());
+        let mut all = Vec::new();
+        for name in names {
+            let Some(secret) = self.api.get::<Secret>(namespace, name) else {
+                continue;
+            };
+            let data = secret
+                .data
+                .clone()
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(k, v)| (k, v.0))
+                .collect();
+            all.extend(auth::from_secret_data(&data).unwrap_or_default());
+        }
+        auth::for_reference(&all, image)
     }
 
     fn sandbox_config(&self, pod: &Pod) -> cri::PodSandboxConfig {

@@ -204,6 +204,14 @@ pub fn for_image(credentials: &[Credentials], image: &str) -> Vec<Credentials> {
     matched.into_iter().map(|(_, c)| c.clone()).collect()
 }
 
+/// [`for_image`] for a reference as a user wrote it (`busybox`, `reg.example:5000/app:1`), normalized first.
+pub fn for_reference(credentials: &[Credentials], reference: &str) -> Vec<Credentials> {
+    let normalized = oci_client::Reference::try_from(reference)
+        .map(|r| r.whole())
+        .unwrap_or_else(|_| reference.to_string());
+    for_image(credentials, &normalized)
+}
+
 fn canonical_host(host: &str) -> &str {
     match host {
         "index.docker.io" | "registry-1.docker.io" => "docker.io",
