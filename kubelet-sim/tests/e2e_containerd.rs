@@ -354,6 +354,45 @@ spec:
         2
     );
 
+    // The leases keep the snapshots (and their parents) through the image's removal and a synchronous
+    // garbage collection: the volumes stay readable.
+    let data_names: Vec<String> = containerd
+        .ctr(&["images", "ls", "-q"])
+        .lines()
+        .filter(|n| !n.contains("/pause:") && !n.contains("/busybox:") && !n.contains("/busybox@"))
+        .filter(|n| !n.contains("/pause@"))
+        .map(str::to_string)
+        .collect();
+    assert!(
+        data_names.iter().any(|n| n.contains("team/data")),
+        "{data_names:?}"
+    );
+    let mut remove = vec!["images", "rm", "--sync"];
+    remove.extend(data_names.iter().map(String::as_str));
+    containerd.ctr(&remove);
+    assert!(
+        !containerd
+            .ctr(&["images", "ls", "-q"])
+            .contains("team/data")
+    );
+    let snapshots = containerd.ctr(&["snapshots", "ls"]);
+    assert_eq!(snapshots.matches("/inlet-ro-").count(), 1, "{snapshots}");
+    assert_eq!(snapshots.matches("/inlet-rw-").count(), 1, "{snapshots}");
+    let report: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let reader_mount = report["pods"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "reader")
+        .and_then(|p| p["containers"][0]["mounts"][0]["host_path"].as_str())
+        .unwrap()
+        .to_string();
+    assert_eq!(
+        std::fs::read_to_string(Path::new(&reader_mount).join("hello.txt")).unwrap(),
+        "hello from a private image volume\n",
+        "the volume outlives its image"
+    );
+
     // A new kubelet on the same root, with the pods gone from the API: it reconstructs the volumes from
     // disk, stops the orphaned sandboxes, tears the volumes down, and the engine releases its snapshots.
     let driver_only = dir.path().join("driver-only.yaml");
