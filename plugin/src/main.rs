@@ -45,8 +45,9 @@ struct ServeArgs {
     #[arg(long)]
     endpoint: String,
     /// This node's id, reported by NodeGetInfo and the only node ControllerPublishVolume accepts.
-    #[arg(long)]
-    node_id: String,
+    /// Default: $NODE_NAME (a DaemonSet sets it from spec.nodeName), else the host's name.
+    #[arg(long, env = "NODE_NAME")]
+    node_id: Option<String>,
     /// Where volume records and content are kept; they survive restarts.
     #[arg(long)]
     state_dir: PathBuf,
@@ -173,7 +174,7 @@ async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
     }
     let config = LocalConfig {
         name: args.name,
-        node_id: args.node_id,
+        node_id: node_id(args.node_id)?,
         state_dir: args.state_dir,
         kubelet_dir: args.kubelet_dir,
         capacity_bytes: args.capacity,
@@ -207,7 +208,7 @@ async fn serve_image(
     let engine = Engine::start(&engine_config, mounter).await?;
     let config = ImageDriverConfig {
         name: args.name,
-        node_id: args.node_id,
+        node_id: node_id(args.node_id)?,
         kubelet_dir: args.kubelet_dir,
         state_dir: args.state_dir,
         pull_wait: args.pull_wait,
@@ -220,6 +221,16 @@ async fn serve_image(
     )
     .await?;
     Ok(())
+}
+
+/// `--node-id`, else the host's name.
+fn node_id(flag: Option<String>) -> Result<String, String> {
+    match flag {
+        Some(id) => Ok(id),
+        None => nix::unistd::gethostname()
+            .map(|h| h.to_string_lossy().into_owned())
+            .map_err(|e| format!("--node-id is not set and the host's name cannot be read: {e}")),
+    }
 }
 
 async fn shutdown_signal() {

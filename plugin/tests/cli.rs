@@ -215,3 +215,64 @@ fn the_image_driver_needs_a_reachable_runtime() {
         "no socket is left"
     );
 }
+
+/// The image driver started exactly as issue #4 spells it (no `--node-id`: the host's name stands in),
+/// against cri-fake serving in this test; it answers NodeGetInfo and stops cleanly on SIGTERM.
+#[test]
+fn the_image_driver_serves_with_the_flags_it_documents() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let cri_socket = dir.path().join("cri.sock");
+    let fake = std::sync::Arc::new(
+        cri_fake::FakeRuntime::new(dir.path().join("cri"), Default::default()).unwrap(),
+    );
+    let (stop_cri, cri_stopped) = tokio::sync::oneshot::channel::<()>();
+    let serving = cri_socket.clone();
+    runtime.spawn(async move {
+        cri_fake::serve(&serving, fake, async { drop(cri_stopped.await) }).await
+    });
+    runtime.block_on(wait_for(&cri_socket));
+    let socket = dir.path().join("csi.sock");
+    let child = Command::new(BIN)
+        .args(["serve", "--driver", "image", "--name", "image.inlet.dev"])
+        .arg("--endpoint")
+        .arg(format!("unix://{}", socket.display()))
+        .arg("--runtime-endpoint")
+        .arg(format!("unix://{}", cri_socket.display()))
+        .args(["--storage", "containers-storage", "--mounter", "recording"])
+        .arg("--state-dir")
+        .arg(format!("{d}/state"))
+        .arg("--kubelet-dir")
+        .arg(format!("{d}/kubelet"))
+        .env_remove("NODE_NAME")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let node_id = runtime.block_on(async {
+        let channel = wait_for(&socket).await;
+        inlet_proto::csi::v1::node_client::NodeClient::new(channel)
+            .node_get_info(inlet_proto::csi::v1::NodeGetInfoRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .node_id
+    });
+    let host = nix::unistd::gethostname().unwrap();
+    assert_eq!(node_id, host.to_string_lossy());
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!socket.exists());
+    let _ = stop_cri.send(());
+}
