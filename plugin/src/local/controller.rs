@@ -236,7 +236,7 @@ impl LocalDriver {
         })
     }
 
-    /// ListVolumes, ordered by id, paginated (see [`paginate`]). Ephemeral volumes are node-local objects the
+    /// ListVolumes, ordered by id, paginated (see `paginate`). Ephemeral volumes are node-local objects the
     /// CO never created through the controller, so they are not listed.
     pub fn list_volumes(&self, req: csi::ListVolumesRequest) -> Result<csi::ListVolumesResponse> {
         let volumes: Vec<&VolumeRecord> = self
