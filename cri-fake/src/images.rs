@@ -179,6 +179,15 @@ pub fn parse(reference: &str) -> Result<Reference, Status> {
     })
 }
 
+/// Parses `REPOSITORY=DIR`, the `--image-layout` flag of cri-fake and kubelet-sim.
+pub fn parse_layout_flag(value: &str) -> Result<(String, std::path::PathBuf), String> {
+    let (repository, dir) = value
+        .split_once('=')
+        .filter(|(r, d)| !r.is_empty() && !d.is_empty())
+        .ok_or("expected REPOSITORY=DIR, for example example.inlet.dev/site=deploy/images/site")?;
+    Ok((repository.to_string(), dir.into()))
+}
+
 /// `registry/repo` of a `registry/repo:tag` or `registry/repo@digest` name.
 fn repository(name: &str) -> &str {
     let name = name.split('@').next().unwrap_or(name);

@@ -44,7 +44,7 @@ struct ServeArgs {
     insecure_registries: Vec<String>,
     /// Import the images of an OCI layout at start: REPOSITORY=DIR, each tag T becoming REPOSITORY:T.
     /// Repeatable.
-    #[arg(long = "image-layout", value_parser = parse_layout)]
+    #[arg(long = "image-layout", value_parser = cri_fake::images::parse_layout_flag)]
     image_layouts: Vec<(String, PathBuf)>,
     /// Faults to inject, from a YAML or JSON file: `PullImage: {code: Unavailable, message: ..., delay: 2s, times: 1}`.
     #[arg(long)]
@@ -102,13 +102,6 @@ fn run(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
     }
     tokio::runtime::Runtime::new()?.block_on(serve(&socket, runtime, shutdown_signal()))?;
     Ok(())
-}
-
-fn parse_layout(value: &str) -> Result<(String, PathBuf), String> {
-    let (repository, dir) = value
-        .split_once('=')
-        .ok_or("expected REPOSITORY=DIR, for example registry.example/data=./layout")?;
-    Ok((repository.to_string(), PathBuf::from(dir)))
 }
 
 async fn shutdown_signal() {

@@ -10,6 +10,12 @@ use std::time::{Duration, Instant};
 /// The registry binary's name.
 pub const BINARY: &str = "docker-registry";
 
+/// True when `binary` is a file in a `$PATH` directory (what tests check before using a Debian tool).
+pub fn installed(binary: &str) -> bool {
+    std::env::var_os("PATH")
+        .is_some_and(|paths| std::env::split_paths(&paths).any(|p| p.join(binary).is_file()))
+}
+
 /// A running registry.
 #[derive(Debug)]
 pub struct LocalRegistry {
@@ -21,8 +27,7 @@ pub struct LocalRegistry {
 impl LocalRegistry {
     /// True when the registry binary is installed.
     pub fn available() -> bool {
-        std::env::var_os("PATH")
-            .is_some_and(|paths| std::env::split_paths(&paths).any(|p| p.join(BINARY).is_file()))
+        installed(BINARY)
     }
 
     /// Starts a registry keeping its data and config in `dir`; with `basic_auth`, every request needs that

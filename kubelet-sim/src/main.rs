@@ -70,18 +70,11 @@ struct RunArgs {
     mounter: MounterKind,
     /// Images for the in-process cri-fake from an OCI layout: REPOSITORY=DIR, each tag T becoming
     /// REPOSITORY:T. Repeatable.
-    #[arg(long = "image-layout", value_parser = parse_layout)]
+    #[arg(long = "image-layout", value_parser = cri_fake::images::parse_layout_flag)]
     image_layouts: Vec<(String, PathBuf)>,
     /// A registry the in-process cri-fake pulls real images from over plain HTTP (HOST:PORT). Repeatable.
     #[arg(long = "insecure-registry")]
     insecure_registries: Vec<String>,
-}
-
-fn parse_layout(value: &str) -> Result<(String, PathBuf), String> {
-    let (repository, dir) = value.split_once('=').ok_or(
-        "expected REPOSITORY=DIR, for example example.inlet.dev/site=deploy/examples/images/site",
-    )?;
-    Ok((repository.to_string(), PathBuf::from(dir)))
 }
 
 #[derive(Clone, Copy, ValueEnum)]

@@ -28,9 +28,7 @@ fn missing_prerequisite() -> Option<String> {
         return Some("not root".into());
     }
     for binary in ["containerd", "runc", "ctr", cri_fake::registry::BINARY] {
-        let found = std::env::var_os("PATH")
-            .is_some_and(|paths| std::env::split_paths(&paths).any(|p| p.join(binary).is_file()));
-        if !found {
+        if !cri_fake::registry::installed(binary) {
             return Some(format!("{binary} is not installed"));
         }
     }

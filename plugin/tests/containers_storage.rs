@@ -10,16 +10,11 @@ use std::process::Command;
 use std::sync::Arc;
 
 use cri_fake::layout::{ImageBuilder, push};
-use cri_fake::registry::LocalRegistry;
+use cri_fake::registry::{LocalRegistry, installed};
 use inlet_plugin::image::store::Mountable;
 use inlet_plugin::image::{ContainersStorage, ImageStore, ImageVolume, ImageVolumes};
 use inlet_plugin::mount::{LinuxMounter, MountLayer, RecordingMounter, can_mount};
 use oci_client::secrets::RegistryAuth;
-
-fn installed(binary: &str) -> bool {
-    std::env::var_os("PATH")
-        .is_some_and(|paths| std::env::split_paths(&paths).any(|p| p.join(binary).is_file()))
-}
 
 fn podman_pull(root: &Path, reference: &str) {
     let out = Command::new("podman")

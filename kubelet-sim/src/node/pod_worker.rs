@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use inlet_plugin::image::auth::{self, Credentials};
+use inlet_plugin::volume::PodInfo;
 use inlet_plugin::volume::csi::rpc_error;
 use inlet_plugin::volume::image::PLUGIN_NAME as IMAGE_PLUGIN;
 use inlet_proto::runtime::v1 as cri;
@@ -351,28 +352,13 @@ impl Kubelet {
     /// The credentials of the pod's `imagePullSecrets` (read from its namespace) that apply to `image`;
     /// secrets that are missing or unreadable are skipped, as the kubelet skips them.
     fn pull_credentials(&self, pod: &Pod, image: &str) -> Vec<Credentials> {
-        let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
-        let names = pod
-            .spec
-            .as_ref()
-            .and_then(|s| s.image_pull_secrets.as_ref())
-            .into_iter()
-            .flatten()
-            .map(|r| r.name.as_str());
-        let mut all = Vec::new();
-        for name in names {
-            let Some(secret) = self.api.get::<Secret>(namespace, name) else {
-                continue;
-            };
-            let data = secret
-                .data
-                .clone()
-                .unwrap_or_default()
-                .into_iter()
-                .map(|(k, v)| (k, v.0))
-                .collect();
-            all.extend(auth::from_secret_data(&data).unwrap_or_default());
-        }
+        let info = PodInfo::from_pod(pod);
+        let all: Vec<Credentials> = info
+            .image_pull_secrets
+            .iter()
+            .filter_map(|name| self.api.get::<Secret>(&info.namespace, name))
+            .flat_map(|secret| auth::from_secret(&secret).unwrap_or_default())
+            .collect();
         auth::for_reference(&all, image)
     }
 

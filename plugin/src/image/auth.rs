@@ -133,6 +133,19 @@ pub fn from_secret_data(
     Ok(found)
 }
 
+/// Every credential in a Kubernetes pull secret (its `data`, decoded).
+pub fn from_secret(
+    secret: &k8s_openapi::api::core::v1::Secret,
+) -> Result<Vec<Credentials>, CredentialError> {
+    let data = secret
+        .data
+        .iter()
+        .flatten()
+        .map(|(k, v)| (k.clone(), v.0.clone()))
+        .collect();
+    from_secret_data(&data)
+}
+
 fn entries(
     key: &str,
     auths: BTreeMap<String, DockerAuth>,

@@ -161,13 +161,7 @@ impl ImageMounter {
                 }
                 Err(e) => return Err(VolumeError::transient(e)),
             };
-            let data = secret
-                .data
-                .unwrap_or_default()
-                .into_iter()
-                .map(|(k, v)| (k, v.0))
-                .collect();
-            let found = auth::from_secret_data(&data).map_err(|e| {
+            let found = auth::from_secret(&secret).map_err(|e| {
                 VolumeError::final_(format!(
                     "image pull secret {}/{name}: {e}",
                     self.pod.namespace
