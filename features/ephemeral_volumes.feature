@@ -175,4 +175,4 @@ Feature: Ephemeral inline CSI volumes (KEP-596)
       """
     When the simulation runs
     Then pod "bad-size" is Pending
-    And pod "bad-size" has a Warning "FailedMount" event saying "MountVolume.SetUp failed for volume "data" : kubernetes.io/csi: rpc error: code = InvalidArgument desc = volume_context["size"]"
+    And pod "bad-size" has a Warning "FailedMount" event saying "MountVolume.SetUp failed for volume "data" : rpc error: code = InvalidArgument desc = volume_context["size"]"

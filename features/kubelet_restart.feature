@@ -62,3 +62,23 @@ Feature: Kubelet restarts and several nodes
     And pods "one" and "two" run on different nodes
     When all pods are deleted
     Then nothing is left on the node
+
+  Scenario: A restarted kubelet tears nothing down before its pods are loaded
+    Upstream's reconciler unmounts nothing until the populator has added the pods of every source
+    (reconstruct.go, readyToUnmount): a pod not yet seen is not a deleted pod.
+    Given the manifests:
+      """
+      apiVersion: v1
+      kind: Pod
+      metadata: {name: keep, uid: 6b0c3c5e-0000-4000-8000-000000000001}
+      spec:
+        containers: [{name: app, image: busybox, volumeMounts: [{name: data, mountPath: /data}]}]
+        volumes: [{name: data, csi: {driver: local.inlet.dev}}]
+      """
+    When the simulation runs
+    And kubelet-sim restarts on the same root, its manifests applied 300 ms later
+    Then pod "keep" is Running
+    And the driver got no NodeUnpublishVolume for volume "data" of pod "keep"
+    And the driver published "data" of pod "keep" at least 1 times
+    When all pods are deleted
+    Then nothing is left on the node

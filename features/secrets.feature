@@ -55,7 +55,7 @@ Feature: Secrets for inline volumes
       """
     When the simulation runs
     Then pod "web" is Pending
-    And pod "web" has a Warning "FailedMount" event saying "MountVolume.SetUp failed for volume "data" : kubernetes.io/csi: fetching NodePublishSecretRef default/late failed: secrets "late" not found"
+    And pod "web" has a Warning "FailedMount" event saying "MountVolume.SetUp failed for volume "data" : fetching NodePublishSecretRef default/late failed: secrets "late" not found"
     And the driver got no NodePublishVolume call
     When these manifests are applied:
       """

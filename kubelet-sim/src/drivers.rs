@@ -24,6 +24,8 @@ pub enum DriverSource {
     Local {
         /// Started with `--enable-attach`.
         attach: bool,
+        /// Started with `--volume-mount-group`: it applies fsGroup itself (VOLUME_MOUNT_GROUP).
+        mount_group: bool,
     },
     /// inlet's image driver, started per node over the simulation's runtime.
     Image,
@@ -31,7 +33,7 @@ pub enum DriverSource {
     Socket(PathBuf),
 }
 
-/// `--driver NAME=local|local:attach|image|unix:///PATH`.
+/// `--driver NAME=local|local:attach|local:mount-group|local:attach,mount-group|image|unix:///PATH`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DriverArg {
     /// The CSI driver name.
@@ -52,12 +54,32 @@ impl std::str::FromStr for DriverArg {
         if name.is_empty() {
             return Err(format!("{text:?}: the driver name is empty"));
         }
-        let source = match source {
-            "local" => DriverSource::Local { attach: false },
-            "local:attach" => DriverSource::Local { attach: true },
-            "image" => DriverSource::Image,
-            endpoint => DriverSource::Socket(
-                inlet_proto::uds::socket_path(endpoint).map_err(|e| format!("{text:?}: {e}"))?,
+        let source = match source.split_once(':') {
+            _ if source == "local" => DriverSource::Local {
+                attach: false,
+                mount_group: false,
+            },
+            Some(("local", options)) => {
+                let mut local = (false, false);
+                for option in options.split(',') {
+                    match option {
+                        "attach" => local.0 = true,
+                        "mount-group" => local.1 = true,
+                        other => {
+                            return Err(format!(
+                                "{text:?}: unknown local driver option {other:?} (expected attach, mount-group)"
+                            ));
+                        }
+                    }
+                }
+                DriverSource::Local {
+                    attach: local.0,
+                    mount_group: local.1,
+                }
+            }
+            _ if source == "image" => DriverSource::Image,
+            _ => DriverSource::Socket(
+                inlet_proto::uds::socket_path(source).map_err(|e| format!("{text:?}: {e}"))?,
             ),
         };
         Ok(Self {
@@ -88,7 +110,7 @@ impl DriverHandle {
         name: &str,
         node: &str,
         node_root: &Path,
-        attach: bool,
+        (attach, mount_group): (bool, bool),
         mounter: Arc<dyn MountLayer>,
     ) -> Result<Self, String> {
         let dir = node_root.join("plugins").join(name);
@@ -105,6 +127,7 @@ impl DriverHandle {
             enable_attach: attach,
             // As csi-driver-host-path's deployments do, so inline volumes work without podInfoOnMount.
             ephemeral_default: true,
+            volume_mount_group: mount_group,
         };
         let driver = LocalDriver::open(config, mounter)
             .map_err(|e| format!("local driver {name} on {node}: {e}"))?;
@@ -194,11 +217,33 @@ mod tests {
     fn parses_driver_flags() {
         assert_eq!(
             "a.dev=local".parse::<DriverArg>().unwrap().source,
-            DriverSource::Local { attach: false }
+            DriverSource::Local {
+                attach: false,
+                mount_group: false
+            }
         );
         assert_eq!(
             "a.dev=local:attach".parse::<DriverArg>().unwrap().source,
-            DriverSource::Local { attach: true }
+            DriverSource::Local {
+                attach: true,
+                mount_group: false
+            }
+        );
+        assert_eq!(
+            "a.dev=local:attach,mount-group"
+                .parse::<DriverArg>()
+                .unwrap()
+                .source,
+            DriverSource::Local {
+                attach: true,
+                mount_group: true
+            }
+        );
+        assert!(
+            "a.dev=local:bogus"
+                .parse::<DriverArg>()
+                .unwrap_err()
+                .contains("unknown local driver option \"bogus\"")
         );
         assert_eq!(
             "a.dev=unix:///run/x.sock"

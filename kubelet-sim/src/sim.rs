@@ -230,12 +230,15 @@ impl Simulation {
         for node in self.nodes.clone() {
             let socket = match &driver.source {
                 DriverSource::Socket(path) => path.clone(),
-                DriverSource::Local { attach } => {
+                DriverSource::Local {
+                    attach,
+                    mount_group,
+                } => {
                     let handle = DriverHandle::start_local(
                         &driver.name,
                         &node.config.name,
                         &node.config.root,
-                        *attach,
+                        (*attach, *mount_group),
                         Arc::clone(&self.config.mounter),
                     )
                     .await?;
@@ -358,6 +361,7 @@ impl Simulation {
             }
         }
         self.bind_claims();
+        self.api.mark_sources_ready();
     }
 
     fn apply_one(&mut self, object: Object) -> Result<(), String> {

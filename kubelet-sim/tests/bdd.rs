@@ -47,6 +47,8 @@ struct Sim {
     registry: Option<(cri_fake::registry::LocalRegistry, String, String)>,
     /// Faults cri-fake injects once it runs: (CRI method, fault).
     faults: Vec<(String, cri_fake::faults::Fault)>,
+    /// The config the simulation started with, to start it again on the same root.
+    config: Option<SimConfig>,
 }
 
 impl std::fmt::Debug for Sim {
@@ -73,6 +75,7 @@ impl Sim {
             images: SimImages::default(),
             registry: None,
             faults: Vec::new(),
+            config: None,
         }
     }
 
@@ -147,12 +150,15 @@ impl Sim {
 
 // ---- Given ----
 
-#[given(regex = r#"^the local driver "([^"]+)"( with attach)?$"#)]
-fn local_driver(w: &mut Sim, name: String, attach: String) {
-    let source = if attach.is_empty() {
-        "local"
-    } else {
-        "local:attach"
+#[given(
+    regex = r#"^the local driver "([^"]+)"(?: with (attach|mount group|attach and mount group))?$"#
+)]
+fn local_driver(w: &mut Sim, name: String, options: String) {
+    let source = match options.as_str() {
+        "" => "local",
+        "attach" => "local:attach",
+        "mount group" => "local:mount-group",
+        _ => "local:attach,mount-group",
     };
     w.drivers
         .push(format!("{name}={source}").parse().expect("driver"));
@@ -222,6 +228,7 @@ async fn runs(w: &mut Sim) {
         mounter,
         images: w.images.clone(),
     };
+    w.config = Some(config.clone());
     w.sim = Some(
         Simulation::start(config)
             .await
@@ -230,12 +237,34 @@ async fn runs(w: &mut Sim) {
     images::after_start(w);
     let yaml = w.manifests.join("\n---\n");
     w.apply(&yaml).await;
+    settle(w).await;
+}
+
+async fn settle(w: &Sim) {
     w.wait("every pod is Running or has a warning", |r| {
         r.pods
             .iter()
             .all(|p| p.phase == "Running" || p.events.iter().any(|e| e.type_ == "Warning"))
     })
     .await;
+}
+
+/// The whole `kubelet-sim` process restarts on the same root (mounts, driver state and runtime state stay),
+/// and its manifests reach the new API only after a delay: a slow start, as a real kubelet's API sources
+/// may be. Nothing must be torn down meanwhile.
+#[when(regex = r"^kubelet-sim restarts on the same root, its manifests applied (\d+) ms later$")]
+async fn sim_restarts(w: &mut Sim, delay: u64) {
+    w.sim.take().expect("running").shutdown().await;
+    let config = w.config.clone().expect("the simulation ran");
+    w.sim = Some(
+        Simulation::start(config)
+            .await
+            .expect("the simulation starts again"),
+    );
+    tokio::time::sleep(Duration::from_millis(delay)).await;
+    let yaml = w.manifests.join("\n---\n");
+    w.apply(&yaml).await;
+    settle(w).await;
 }
 
 #[when(regex = r"^these manifests are applied:$")]
@@ -453,6 +482,12 @@ async fn got_call(w: &mut Sim, method: String, volume: String, pod: String) {
     .await;
 }
 
+#[then(regex = r#"^the driver got no (\w+) for volume "([^"]+)" of pod "([^"]+)"$"#)]
+fn got_no_call(w: &mut Sim, method: String, volume: String, pod: String) {
+    let calls = w.calls_for(&method, &pod, &volume);
+    assert!(calls.is_empty(), "unexpected {method}: {calls:#?}");
+}
+
 #[then(regex = r#"^the driver got no (\w+) calls?$"#)]
 fn no_call(w: &mut Sim, method: String) {
     let calls: Vec<CsiCall> = w
@@ -478,6 +513,26 @@ fn call_count(w: &mut Sim, method: String, handle: String, times: usize) {
         "{method} for {handle}: {:#?}",
         w.report().csi_calls
     );
+}
+
+#[then(
+    regex = r#"^every (\w+) call for handle "([^"]+)" has (access mode|volume mount group) "([^"]*)"$"#
+)]
+fn call_capability(w: &mut Sim, method: String, handle: String, field: String, value: String) {
+    let calls: Vec<CsiCall> = w
+        .report()
+        .csi_calls
+        .into_iter()
+        .filter(|c| c.method == method && c.volume_id == handle)
+        .collect();
+    assert!(!calls.is_empty(), "no {method} for {handle}");
+    for call in &calls {
+        let got = match field.as_str() {
+            "access mode" => &call.access_mode,
+            _ => &call.volume_mount_group,
+        };
+        assert_eq!(got, &value, "{field} of {call:#?}");
+    }
 }
 
 #[then(regex = r#"^the driver published "([^"]+)" of pod "([^"]+)" at least (\d+) times$"#)]
@@ -695,6 +750,27 @@ async fn no_attachments(w: &mut Sim) {
 }
 
 // ---- Then: the node ----
+
+#[then(regex = r#"^the staging record of handle "([^"]+)" on "([^"]+)" is exactly (\{.*\})$"#)]
+fn staging_record(w: &mut Sim, handle: String, node: String, expected: String) {
+    let plugin = w
+        .dir
+        .path()
+        .join("root")
+        .join(&node)
+        .join("plugins/kubernetes.io/csi");
+    let records: Vec<String> = walkdir::WalkDir::new(&plugin)
+        .into_iter()
+        .flatten()
+        .filter(|e| e.file_name() == "vol_data.json")
+        .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+        .collect();
+    let record = records
+        .iter()
+        .find(|r| r.contains(&format!("{handle:?}")))
+        .unwrap_or_else(|| panic!("no staging record of {handle} under {}", plugin.display()));
+    assert_eq!(record, &format!("{expected}\n"));
+}
 
 #[then(regex = r"^nothing is left on the node$")]
 fn nothing_left(w: &mut Sim) {

@@ -172,6 +172,7 @@ async fn an_external_driver_and_an_external_runtime_on_sockets() {
         default_volume_bytes: 8 << 20,
         enable_attach: false,
         ephemeral_default: false,
+        volume_mount_group: false,
     };
     let incoming = inlet_proto::uds::listen(&driver_socket).await.unwrap();
     let service = LocalService::new(LocalDriver::open(config, mounter()).unwrap());

@@ -45,6 +45,7 @@ async fn run(iterations: usize) {
         default_volume_bytes: 1 << 20,
         enable_attach: false,
         ephemeral_default: false,
+        volume_mount_group: false,
     };
     let socket = dir.path().join("csi.sock");
     let service = LocalService::new(LocalDriver::open(config, mounter).unwrap());

@@ -68,6 +68,10 @@ struct ServeArgs {
     /// with podInfoOnMount: true), without a staging path, of an unknown volume as ephemeral.
     #[arg(long)]
     ephemeral: bool,
+    /// Advertise VOLUME_MOUNT_GROUP and give each volume to the group the kubelet sends (the pod's
+    /// fsGroup) instead of letting the kubelet change its ownership.
+    #[arg(long)]
+    volume_mount_group: bool,
     /// Target and staging paths must be inside this directory (the kubelet's root dir).
     #[arg(long, default_value = "/var/lib/kubelet")]
     kubelet_dir: PathBuf,
@@ -182,6 +186,7 @@ async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
         default_volume_bytes: args.default_volume_size,
         enable_attach: args.enable_attach,
         ephemeral_default: args.ephemeral,
+        volume_mount_group: args.volume_mount_group,
     };
     tracing::info!(driver = %config.name, node_id = %config.node_id, state_dir = %config.state_dir.display(), "starting local driver");
     let driver = LocalDriver::open(config, mounter)?;

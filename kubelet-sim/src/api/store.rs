@@ -53,6 +53,8 @@ pub struct Api {
     /// Events by pod UID (see `Api::record_event`).
     pub(crate) events: Mutex<HashMap<String, Vec<k8s_openapi::api::core::v1::Event>>>,
     revision: Arc<tokio::sync::watch::Sender<u64>>,
+    /// Set once every object the run was given has been applied (the kubelet's "all sources ready").
+    sources_ready: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for Api {
@@ -97,6 +99,23 @@ impl Api {
     /// A receiver that sees every change (the revision).
     pub fn watch(&self) -> tokio::sync::watch::Receiver<u64> {
         self.revision.subscribe()
+    }
+
+    /// Marks the API's content complete: nodes may now act on what is *not* in it (see
+    /// [`Api::sources_ready`]). Wakes every watcher.
+    pub fn mark_sources_ready(&self) {
+        self.sources_ready
+            .store(true, std::sync::atomic::Ordering::Release);
+        self.changed();
+    }
+
+    /// True once the pods the run wants are all in the API. Before that, a pod missing from the API may
+    /// just not be loaded yet, so a kubelet must not tear down what it finds on disk (upstream's
+    /// `sourcesReady.AllReady()`, which gates the populator's `HasAddedPods` and the reconciler's
+    /// `readyToUnmount`).
+    pub fn sources_ready(&self) -> bool {
+        self.sources_ready
+            .load(std::sync::atomic::Ordering::Acquire)
     }
 
     fn changed(&self) {

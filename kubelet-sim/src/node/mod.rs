@@ -23,6 +23,7 @@ pub mod registry;
 use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use inlet_plugin::image::Engine;
@@ -85,6 +86,12 @@ pub struct Kubelet {
     kick: Notify,
     /// Set once the state left by a previous kubelet is reconstructed; the node is not idle before.
     reconstructed: std::sync::atomic::AtomicBool,
+    /// Set by the first populator pass after the API's sources are ready (upstream's `HasAddedPods`):
+    /// until then nothing is torn down, no sandbox is stopped and no pod dir removed, since a pod missing
+    /// from the desired state may only not be loaded yet (`reconstruct.go`, `readyToUnmount`).
+    populator_has_added_pods: std::sync::atomic::AtomicBool,
+    /// Set once the sandboxes a previous kubelet left have been adopted or stopped.
+    sandboxes_adopted: std::sync::atomic::AtomicBool,
 }
 
 impl Kubelet {
@@ -141,6 +148,8 @@ impl Kubelet {
             pods: Mutex::default(),
             kick: Notify::new(),
             reconstructed: std::sync::atomic::AtomicBool::new(false),
+            populator_has_added_pods: std::sync::atomic::AtomicBool::new(false),
+            sandboxes_adopted: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -149,8 +158,7 @@ impl Kubelet {
     pub async fn run(self: Arc<Self>, stop: impl std::future::Future<Output = ()>) {
         tokio::pin!(stop);
         self.reconstruct().await;
-        self.reconstructed
-            .store(true, std::sync::atomic::Ordering::Release);
+        self.reconstructed.store(true, Ordering::Release);
         let mut watch = self.api.watch();
         loop {
             self.sync().await;
@@ -170,10 +178,21 @@ impl Kubelet {
 
     async fn sync(self: &Arc<Self>) {
         self.populate().await;
+        let ready = self.populator_has_added_pods();
+        if ready && !self.sandboxes_adopted.swap(true, Ordering::AcqRel) {
+            self.adopt_sandboxes().await;
+        }
         self.reconcile().await;
         self.sync_pods().await;
-        self.clean_orphaned_pod_dirs();
+        if ready {
+            self.clean_orphaned_pod_dirs();
+        }
         self.report_volumes_in_use();
+    }
+
+    /// True once the populator has added every pod of the API after its sources were ready.
+    fn populator_has_added_pods(&self) -> bool {
+        self.populator_has_added_pods.load(Ordering::Acquire)
     }
 
     /// Pods bound to this node.
@@ -210,8 +229,8 @@ impl Kubelet {
     /// True when nothing is wanted, nothing is attached, staged or mounted, and no operation runs (and
     /// what a previous kubelet left has been looked at).
     pub fn idle(&self) -> bool {
-        self.reconstructed
-            .load(std::sync::atomic::Ordering::Acquire)
+        self.reconstructed.load(Ordering::Acquire)
+            && self.sandboxes_adopted.load(Ordering::Acquire)
             && !self.ops.lock().busy()
             && self.dsw.lock().volumes().is_empty()
             && self.asw.lock().volumes().is_empty()

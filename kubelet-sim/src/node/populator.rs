@@ -12,6 +12,8 @@ use crate::specs::{Reads, volume_spec};
 
 impl Kubelet {
     pub(super) async fn populate(self: &Arc<Self>) {
+        // Read before listing pods: a pass that began before the sources were ready may have missed some.
+        let sources_ready = self.api.sources_ready();
         let pods = self.my_pods();
         // Remove pods deleted from the API, or whose containers are gone while they terminate.
         let known: Vec<String> = pods.iter().filter_map(|p| p.metadata.uid.clone()).collect();
@@ -50,6 +52,10 @@ impl Kubelet {
                     .api
                     .record_event(&pod, "Warning", "FailedMount", &message),
             }
+        }
+        if sources_ready {
+            self.populator_has_added_pods
+                .store(true, std::sync::atomic::Ordering::Release);
         }
     }
 

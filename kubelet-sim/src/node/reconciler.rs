@@ -121,8 +121,12 @@ impl Kubelet {
         let dsw = self.dsw.lock();
         let asw = self.asw.lock();
         let mut actions = Vec::new();
-        // Unmount first: mounts no pod wants, then staging no pod uses, then forget what is gone.
-        for (unique, actual) in asw.volumes() {
+        // Unmount first: mounts no pod wants, then staging no pod uses, then forget what is gone. Not
+        // before the populator has added the API's pods: a volume reconstructed after a restart may
+        // belong to a pod not loaded yet, and tearing it down would delete an ephemeral volume's data
+        // (upstream's `readyToUnmount`, reconstruct.go).
+        let ready_to_unmount = self.populator_has_added_pods();
+        for (unique, actual) in asw.volumes().iter().filter(|_| ready_to_unmount) {
             let wanted = dsw.volume(unique);
             for (uid, mount) in &actual.pods {
                 if wanted.is_none_or(|w| !w.pods.contains_key(uid)) {
@@ -236,6 +240,12 @@ impl Kubelet {
     }
 
     async fn set_up(self: Arc<Self>, unique: String, volume: PodVolume) -> bool {
+        if self.read_write_once_pod_conflict(&unique, &volume) {
+            let e = VolumeError::transient(
+                "volume uses the ReadWriteOncePod access mode and is already in use by another pod",
+            );
+            return self.failed(&volume, "MountVolume.SetUp", &e);
+        }
         let plugin = self.plugin_for(&volume.spec);
         let mounter = match plugin.new_mounter(&volume.spec, &volume.pod) {
             Ok(m) => m,
@@ -282,13 +292,19 @@ impl Kubelet {
                 true
             }
             Err(e) => {
-                self.warn(
-                    &mount.pod,
-                    &format!(
-                        "UnmountVolume.TearDown failed for volume {:?} : {}",
-                        mount.outer_name, e.message
-                    ),
+                // No event (upstream's recorder is nil here); the mount may be half torn down, so it is
+                // uncertain until a retry succeeds, and SetUp runs again for a pod that still wants it
+                // (operation_generator.go, GenerateUnmountVolumeFunc).
+                tracing::warn!(
+                    node = %self.config.name,
+                    pod = %mount.pod.uid,
+                    "UnmountVolume.TearDown failed for volume {:?} : {}",
+                    mount.outer_name,
+                    e.message
                 );
+                let mut uncertain = mount;
+                uncertain.state = MountState::Uncertain;
+                self.asw.lock().set_pod(&unique, uncertain);
                 false
             }
         }
@@ -328,13 +344,7 @@ impl Kubelet {
                     }
                 }
                 for pod in &waiting {
-                    self.warn(
-                        &pod.pod,
-                        &format!(
-                            "MountVolume.MountDevice failed for volume {:?} : {}",
-                            pod.outer_name, e.message
-                        ),
-                    );
+                    self.failed(pod, "MountVolume.MountDevice", &e);
                 }
                 false
             }
@@ -358,15 +368,35 @@ impl Kubelet {
         }
     }
 
+    /// A failed mount operation as a FailedMount event: `GenerateError` of operation_executor.go names
+    /// the volume spec (a claim's PV), not the pod's volume.
     fn failed(&self, volume: &PodVolume, operation: &str, e: &VolumeError) -> bool {
         self.warn(
             &volume.pod,
             &format!(
                 "{operation} failed for volume {:?} : {}",
-                volume.outer_name, e.message
+                volume.spec.name(),
+                e.message
             ),
         );
         false
+    }
+
+    /// A PV whose only access mode is ReadWriteOncePod, mounted (or possibly mounted) for another pod of
+    /// the node: the kubelet refuses the second pod before any CSI call (operation_generator.go,
+    /// `IsVolumeMountedElsewhere`; several access modes leave the intent unknown, so they are not checked).
+    fn read_write_once_pod_conflict(&self, unique: &str, volume: &PodVolume) -> bool {
+        let Spec::Persistent { pv, .. } = &volume.spec else {
+            return false;
+        };
+        let modes = pv.spec.as_ref().and_then(|s| s.access_modes.as_deref());
+        if modes != Some(&["ReadWriteOncePod".to_string()][..]) {
+            return false;
+        }
+        self.asw
+            .lock()
+            .volume(unique)
+            .is_some_and(|v| v.pods.keys().any(|uid| *uid != volume.pod.uid))
     }
 }
 

@@ -1,7 +1,8 @@
 //! Reconstruction after a kubelet restart (`reconstruct.go`, `kubelet_volumes.go`): what was mounted is
 //! read back from disk (`vol_data.json` beside each pod volume and staging dir) into the actual state as
 //! *uncertain*, so the reconciler publishes again what pods still want (idempotently) and tears down what
-//! belonged to pods deleted while the kubelet was down. Sandboxes the runtime still runs are adopted, or
+//! belonged to pods deleted while the kubelet was down, once the populator has added the API's pods (until
+//! then nothing is torn down: `readyToUnmount` in upstream's `reconstruct.go`). Sandboxes the runtime still runs are adopted, or
 //! stopped when their pod is gone. Orphaned pod directories are removed once nothing under them is mounted.
 
 use std::collections::HashMap;
@@ -50,11 +51,16 @@ impl Kubelet {
                 asw.set_device(&unique, Some((path, MountState::Uncertain)));
             }
         }
-        self.adopt_sandboxes(&pods).await;
     }
 
-    /// Sandboxes the runtime still has: a pod that still exists keeps running; an orphan is stopped.
-    async fn adopt_sandboxes(&self, pods: &HashMap<String, std::sync::Arc<Pod>>) {
+    /// Sandboxes the runtime still has: a pod that still exists keeps running; an orphan is stopped. Run
+    /// once the populator has added the API's pods, so a pod not loaded yet is not taken for an orphan.
+    pub(super) async fn adopt_sandboxes(&self) {
+        let pods: HashMap<String, std::sync::Arc<Pod>> = self
+            .my_pods()
+            .into_iter()
+            .filter_map(|p| Some((p.metadata.uid.clone()?, p)))
+            .collect();
         let mut runtime = self.cri.runtime.clone();
         let Ok(sandboxes) = runtime
             .list_pod_sandbox(cri::ListPodSandboxRequest { filter: None })

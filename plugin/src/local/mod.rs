@@ -57,6 +57,9 @@ pub struct LocalConfig {
     /// unknown volume as ephemeral (csi-driver-host-path's `--ephemeral`): the kubelet sends the key only
     /// when the CSIDriver has `podInfoOnMount: true`.
     pub ephemeral_default: bool,
+    /// Advertise VOLUME_MOUNT_GROUP: the driver, not the kubelet, gives a volume to the pod's fsGroup
+    /// (the `volume_mount_group` of NodeStageVolume and NodePublishVolume).
+    pub volume_mount_group: bool,
 }
 
 /// The driver's core: its config, its records and the mount layer. Methods are synchronous and take

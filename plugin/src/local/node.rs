@@ -25,18 +25,21 @@ use crate::quantity::{format_bytes, parse_bytes};
 impl LocalDriver {
     /// NodeGetCapabilities.
     pub fn node_capabilities(&self) -> Vec<csi::NodeServiceCapability> {
-        [
+        let mut caps = vec![
             Cap::StageUnstageVolume,
             Cap::GetVolumeStats,
             Cap::ExpandVolume,
             Cap::VolumeCondition,
             Cap::SingleNodeMultiWriter,
-        ]
-        .into_iter()
-        .map(|c| csi::NodeServiceCapability {
-            r#type: Some(CapType::Rpc(Rpc { r#type: c as i32 })),
-        })
-        .collect()
+        ];
+        if self.config.volume_mount_group {
+            caps.push(Cap::VolumeMountGroup);
+        }
+        caps.into_iter()
+            .map(|c| csi::NodeServiceCapability {
+                r#type: Some(CapType::Rpc(Rpc { r#type: c as i32 })),
+            })
+            .collect()
     }
 
     /// NodeGetInfo: this node's id; no volume limit, no topology.
@@ -95,6 +98,7 @@ impl LocalDriver {
                 self.ensure_loop(&data).map(drop)
             }
         };
+        let staged = staged.and_then(|()| self.apply_mount_group(&staging, &cap));
         if let Err(err) = staged {
             self.store.put_volume(VolumeRecord {
                 staged_at: None,
@@ -210,7 +214,10 @@ impl LocalDriver {
                 true
             }
         };
-        if let Err(err) = self.mount_target(&source, &target, volume.access_type, flags) {
+        let mounted = self
+            .mount_target(&source, &target, volume.access_type, flags)
+            .and_then(|()| self.apply_mount_group(&target, &cap));
+        if let Err(err) = mounted {
             if newly_recorded {
                 let mut volume = self.volume(id)?.clone();
                 volume.published.remove(&target);
@@ -220,6 +227,28 @@ impl LocalDriver {
         }
         tracing::info!(volume_id = id, target_path = %target.display(), readonly = flags.read_only, ephemeral = created, "published volume");
         Ok(csi::NodePublishVolumeResponse {})
+    }
+
+    /// Gives the volume mounted at `path` to the capability's `volume_mount_group` (VOLUME_MOUNT_GROUP): its
+    /// root dir gets the group, group read/write and the setgid bit, so files made there inherit the group.
+    /// Needs root; without it (the recording mounter ran, nothing is mounted) there is nothing to change.
+    fn apply_mount_group(&self, path: &Path, cap: &Capability) -> Result<()> {
+        use std::os::unix::fs::PermissionsExt;
+        let Some(gid) = cap.mount_group.filter(|_| self.config.volume_mount_group) else {
+            return Ok(());
+        };
+        if !crate::mount::can_mount() || cap.flags.read_only {
+            return Ok(());
+        }
+        nix::unistd::chown(path, None, Some(nix::unistd::Gid::from_raw(gid)))
+            .map_err(io::Error::from)
+            .context(|| format!("giving {} to group {gid}", path.display()))?;
+        let mode = fs::metadata(path)
+            .context(|| format!("reading {}", path.display()))?
+            .permissions()
+            .mode();
+        fs::set_permissions(path, fs::Permissions::from_mode(mode | 0o2070))
+            .context(|| format!("setting the group bits of {}", path.display()))
     }
 
     /// NodeUnpublishVolume: unmounts and removes the target; the last unpublish of an ephemeral volume deletes

@@ -108,6 +108,9 @@ pub struct Capability {
     pub mode: Mode,
     /// Flags from `mount.mount_flags` (always default for block).
     pub flags: MountFlags,
+    /// `mount.volume_mount_group`: the group the volume is given to (the pod's fsGroup), sent by the
+    /// kubelet to drivers with VOLUME_MOUNT_GROUP.
+    pub mount_group: Option<u32>,
 }
 
 impl Capability {
@@ -121,7 +124,7 @@ impl Capability {
 /// mount flags the driver knows.
 pub fn capability(field: &str, cap: Option<&VolumeCapability>) -> Result<Capability> {
     let cap = cap.ok_or_else(|| Error::invalid(field, "required"))?;
-    let (access_type, flags) = match &cap.access_type {
+    let (access_type, flags, mount_group) = match &cap.access_type {
         Some(CsiAccessType::Mount(mount)) => {
             let flags = MountFlags::parse(&mount.mount_flags).map_err(|flag| {
                 Error::invalid(
@@ -129,9 +132,18 @@ pub fn capability(field: &str, cap: Option<&VolumeCapability>) -> Result<Capabil
                     format!("unsupported flag {flag:?}"),
                 )
             })?;
-            (AccessType::Mount, flags)
+            let group = match mount.volume_mount_group.as_str() {
+                "" => None,
+                text => Some(text.parse::<u32>().map_err(|_| {
+                    Error::invalid(
+                        format!("{field}.mount.volume_mount_group"),
+                        "not a numeric group id",
+                    )
+                })?),
+            };
+            (AccessType::Mount, flags, group)
         }
-        Some(CsiAccessType::Block(_)) => (AccessType::Block, MountFlags::default()),
+        Some(CsiAccessType::Block(_)) => (AccessType::Block, MountFlags::default(), None),
         None => {
             return Err(Error::invalid(
                 format!("{field}.access_type"),
@@ -169,6 +181,7 @@ pub fn capability(field: &str, cap: Option<&VolumeCapability>) -> Result<Capabil
         access_type,
         mode,
         flags,
+        mount_group,
     })
 }
 

@@ -81,6 +81,7 @@ impl Fixture {
             default_volume_bytes: options.default_volume,
             enable_attach: options.enable_attach,
             ephemeral_default: options.ephemeral_default,
+            volume_mount_group: false,
         };
         std::fs::create_dir_all(&config.kubelet_dir).unwrap();
         let driver = LocalDriver::open(config, Arc::clone(&mounter)).expect("driver opens");

@@ -19,12 +19,10 @@ use k8s_openapi::api::storage::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::handle::attachment_name;
-use super::mounter::{
-    capability, mount_options, publish_context, read_secret, rpc_error, vol_data,
-};
+use super::mounter::{capability, mount_options, publish_context, read_secret, rpc_error};
 use super::source::{CsiSource, resolve};
 use super::vol_data::VolData;
-use super::{PLUGIN_NAME, spec_driver};
+use super::{PLUGIN_NAME, log, spec_driver};
 use crate::volume::{
     Attacher, Detacher, DeviceMounter, DeviceUnmounter, PodInfo, SecretRef, Spec, VolumeError,
     VolumeHost,
@@ -157,9 +155,7 @@ impl DeviceMounter for CsiAttacher {
         pod: &PodInfo,
         path: &Path,
     ) -> Result<(), VolumeError> {
-        self.stage(spec, pod, path)
-            .await
-            .map_err(|e| e.context(PLUGIN_NAME))
+        self.stage(spec, pod, path).await
     }
 }
 
@@ -168,53 +164,73 @@ impl CsiAttacher {
         let host = self.host.as_ref();
         let driver_name = spec_driver(spec);
         let client = host.csi_client(&driver_name).await.map_err(|e| {
-            VolumeError::transient(format!(
+            VolumeError::transient(log(format!(
                 "attacher.MountDevice failed to create newCsiDriverClient: {e}"
+            )))
+        })?;
+        let source = resolve(host, spec, pod).await.map_err(|e| {
+            e.context(log(
+                "attacher.MountDevice failed to get CSIPersistentVolumeSource",
             ))
         })?;
-        let source = resolve(host, spec, pod).await?;
-        let handle = source.require_handle(spec.name())?.to_string();
+        let handle = source
+            .require_handle(spec.name())
+            .map_err(|e| e.context(PLUGIN_NAME))?
+            .to_string();
         let caps = client
             .node_capabilities()
             .await
             .map_err(|s| VolumeError::transient(rpc_error(&s)))?;
-        if !caps.contains(&NodeCap::StageUnstageVolume) {
-            // Upstream: "STAGE_UNSTAGE_VOLUME capability not set. Skipping MountDevice...".
-            return Ok(());
-        }
+        let stages = caps.contains(&NodeCap::StageUnstageVolume);
         let driver = host
             .csi_driver(&driver_name)
             .await
             .map_err(VolumeError::transient)?;
         let publish_context = publish_context(host, driver.as_ref(), &driver_name, &handle).await?;
+        // Secrets are read only when the driver stages.
+        let secrets = match stages {
+            true => {
+                read_secret(
+                    host,
+                    source.node_stage_secret.as_ref(),
+                    "NodeStageSecretRef",
+                )
+                .await?
+            }
+            false => Default::default(),
+        };
+        // The staging dir and its record exist even when the driver does not stage: UnmountDevice needs
+        // the record (csi_attacher.go keeps just volumeHandle and driverName there).
         let parent = path.parent().unwrap_or(path);
         std::fs::create_dir_all(path).map_err(|e| {
-            VolumeError::transient(format!(
-                "attacher.MountDevice failed to create dir {}: {e}",
+            VolumeError::transient(log(format!(
+                "attacher.MountDevice failed to create dir {:?}:  {e}",
                 path.display()
-            ))
+            )))
         })?;
-        let secrets = read_secret(
-            host,
-            source.node_stage_secret.as_ref(),
-            "NodeStageSecretRef",
-        )
-        .await?;
-        let data = vol_data(host, spec, &driver_name, &handle, source.mode);
-        data.save(parent).map_err(|e| {
-            VolumeError::transient(format!(
-                "attacher.MountDevice failed to save volume info data: {e}"
-            ))
+        VolData::save_staging(parent, &handle, &driver_name).map_err(|e| {
+            VolumeError::final_(log(format!("failed to save volume info data: {e}")))
         })?;
+        if !stages {
+            // Upstream: "STAGE_UNSTAGE_VOLUME capability not set. Skipping MountDevice...".
+            return Ok(());
+        }
+        // The same access-mode mapper as NodePublishVolume; fsGroup goes to a driver that applies it
+        // itself (VOLUME_MOUNT_GROUP), as MountDevice in csi_attacher.go does.
+        let access_mode = source.csi_access_mode(caps.contains(&NodeCap::SingleNodeMultiWriter));
+        let volume_mount_group = match (caps.contains(&NodeCap::VolumeMountGroup), pod.fs_group) {
+            (true, Some(gid)) => gid.to_string(),
+            _ => String::new(),
+        };
         let request = csi::NodeStageVolumeRequest {
             volume_id: handle,
             publish_context,
             staging_target_path: path.display().to_string(),
             volume_capability: Some(capability(
                 &source,
-                source.access_mode,
+                access_mode,
                 mount_options(spec),
-                String::new(),
+                volume_mount_group,
             )),
             secrets,
             volume_context: source.attributes.clone().into_iter().collect(),

@@ -40,6 +40,10 @@ pub struct CsiCall {
     pub publish_context: BTreeMap<String, String>,
     /// `OK` or the gRPC code's name.
     pub code: String,
+    /// The capability's access mode (`SINGLE_NODE_WRITER`), when the call has a capability.
+    pub access_mode: String,
+    /// The capability's `volume_mount_group` (the fsGroup a VOLUME_MOUNT_GROUP driver applies).
+    pub volume_mount_group: String,
 }
 
 /// Receives every CSI call made.
@@ -75,6 +79,7 @@ struct CallInfo<'a> {
     volume_context: Option<&'a HashMap<String, String>>,
     secrets: Option<&'a HashMap<String, String>>,
     publish_context: Option<&'a HashMap<String, String>>,
+    capability: Option<&'a csi::VolumeCapability>,
 }
 
 impl CsiClient {
@@ -133,6 +138,16 @@ impl CsiClient {
                 None => "OK".into(),
                 Some(status) => format!("{:?}", status.code()),
             },
+            access_mode: info
+                .capability
+                .and_then(|c| c.access_mode.as_ref())
+                .and_then(|m| csi::volume_capability::access_mode::Mode::try_from(m.mode).ok())
+                .map(|m| m.as_str_name().to_string())
+                .unwrap_or_default(),
+            volume_mount_group: match info.capability.and_then(|c| c.access_type.as_ref()) {
+                Some(csi::volume_capability::AccessType::Mount(m)) => m.volume_mount_group.clone(),
+                _ => String::new(),
+            },
         });
     }
 
@@ -158,6 +173,7 @@ impl CsiClient {
             volume_context: Some(&req.volume_context),
             secrets: Some(&req.secrets),
             publish_context: Some(&req.publish_context),
+            capability: req.volume_capability.as_ref(),
         };
         self.report("NodePublishVolume", info, result.as_ref().err());
         result
@@ -201,6 +217,7 @@ impl CsiClient {
             volume_context: Some(&req.volume_context),
             secrets: Some(&req.secrets),
             publish_context: Some(&req.publish_context),
+            capability: req.volume_capability.as_ref(),
             ..Default::default()
         };
         self.report("NodeStageVolume", info, result.as_ref().err());

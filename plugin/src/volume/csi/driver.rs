@@ -76,13 +76,15 @@ pub fn fs_group_policy(driver: Option<&CSIDriver>) -> Result<String, String> {
     }
 }
 
-/// `supportsFSGroup`: never for read-only volumes or policy None; always for File; otherwise only with an
-/// fsType (inline volumes count as ReadWriteOnce).
+/// `supportsFSGroup` (csi_mounter.go): never for read-only volumes or policy None; always for File;
+/// otherwise only with an fsType, and for a PV only when its access modes include ReadWriteOnce
+/// (`pv_access_modes` is None for inline volumes, which are always mounted ReadWriteOnce).
 pub fn supports_fs_group(
     fs_type: Option<&str>,
     fs_group: Option<i64>,
     policy: &str,
     read_only: bool,
+    pv_access_modes: Option<&[String]>,
 ) -> bool {
     if fs_group.is_none() || policy == "None" || read_only {
         return false;
@@ -90,7 +92,10 @@ pub fn supports_fs_group(
     if policy == "File" {
         return true;
     }
-    fs_type.is_some_and(|t| !t.is_empty())
+    if fs_type.is_none_or(str::is_empty) {
+        return false;
+    }
+    pv_access_modes.is_none_or(|modes| modes.iter().any(|m| m == "ReadWriteOnce"))
 }
 
 /// `csi.storage.k8s.io/serviceAccount.tokens` for the CSIDriver's `tokenRequests`: JSON
@@ -178,22 +183,54 @@ mod tests {
     #[test]
     fn fs_group_follows_the_policy() {
         assert!(
-            !supports_fs_group(None, Some(1000), "ReadWriteOnceWithFSType", false),
+            !supports_fs_group(None, Some(1000), "ReadWriteOnceWithFSType", false, None),
             "needs an fsType"
         );
         assert!(supports_fs_group(
             Some("ext4"),
             Some(1000),
             "ReadWriteOnceWithFSType",
-            false
+            false,
+            None
         ));
-        assert!(supports_fs_group(None, Some(1000), "File", false));
+        let rwx = ["ReadWriteMany".to_string()];
+        let rwo = ["ReadOnlyMany".to_string(), "ReadWriteOnce".to_string()];
         assert!(
-            !supports_fs_group(None, Some(1000), "File", true),
+            !supports_fs_group(
+                Some("ext4"),
+                Some(1000),
+                "ReadWriteOnceWithFSType",
+                false,
+                Some(&rwx)
+            ),
+            "a PV needs ReadWriteOnce among its access modes"
+        );
+        assert!(supports_fs_group(
+            Some("ext4"),
+            Some(1000),
+            "ReadWriteOnceWithFSType",
+            false,
+            Some(&rwo)
+        ));
+        assert!(supports_fs_group(
+            None,
+            Some(1000),
+            "File",
+            false,
+            Some(&rwx)
+        ));
+        assert!(
+            !supports_fs_group(None, Some(1000), "File", true, None),
             "never for read-only volumes"
         );
-        assert!(!supports_fs_group(Some("ext4"), Some(1000), "None", false));
-        assert!(!supports_fs_group(Some("ext4"), None, "File", false));
+        assert!(!supports_fs_group(
+            Some("ext4"),
+            Some(1000),
+            "None",
+            false,
+            None
+        ));
+        assert!(!supports_fs_group(Some("ext4"), None, "File", false, None));
         assert_eq!(fs_group_policy(None).unwrap(), "ReadWriteOnceWithFSType");
     }
 }

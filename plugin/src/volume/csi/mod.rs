@@ -39,6 +39,13 @@ use super::{
 /// `CSIPluginName`.
 pub const PLUGIN_NAME: &str = "kubernetes.io/csi";
 
+/// `log(msg)` of upstream's `csi_plugin.go`: the plugin's prefix on the errors it makes itself. What the
+/// driver or the API answered (a NodePublishVolume or NodeStageVolume failure, a secret lookup) reaches
+/// the event unwrapped, as upstream returns it.
+pub(crate) fn log(message: impl std::fmt::Display) -> String {
+    format!("{PLUGIN_NAME}: {message}")
+}
+
 /// The CSI plugin. One per node; shares the node's [`VolumeHost`].
 pub struct CsiPlugin {
     host: Arc<dyn VolumeHost>,

@@ -17,7 +17,7 @@ use super::driver::{
 use super::handle::attachment_name;
 use super::source::{CsiSource, LifecycleMode, resolve};
 use super::vol_data::VolData;
-use super::{CsiPlugin, PLUGIN_NAME, device_path_for, spec_driver};
+use super::{CsiPlugin, PLUGIN_NAME, device_path_for, log, spec_driver};
 use crate::volume::{
     Mounter, MounterArgs, PodInfo, SecretRef, Spec, Unmounter, VolumeError, VolumeHost,
 };
@@ -39,9 +39,7 @@ impl Mounter for CsiMounter {
     }
 
     async fn set_up_at(&self, dir: &Path, args: &MounterArgs) -> Result<(), VolumeError> {
-        self.set_up(dir, args)
-            .await
-            .map_err(|e| e.context(PLUGIN_NAME))
+        self.set_up(dir, args).await
     }
 }
 
@@ -51,42 +49,42 @@ impl CsiMounter {
         let driver_name = spec_driver(&self.spec);
         // 1. The driver must be registered: checked before anything else, as upstream does.
         let client = host.csi_client(&driver_name).await.map_err(|e| {
-            VolumeError::transient(format!("mounter.SetUpAt failed to get CSI client: {e}"))
+            VolumeError::transient(log(format!(
+                "mounter.SetUpAt failed to get CSI client: {e}"
+            )))
         })?;
         // 3. The source.
         let source = resolve(host, &self.spec, &self.pod)
             .await
-            .map_err(|e| e.context("mounter.SetupAt failed to get CSI persistent source"))?;
+            .map_err(|e| e.context(log("mounter.SetupAt failed to get CSI persistent source")))?;
         // 4-5. The CSIDriver object decides the lifecycle modes and the fsGroup policy.
         let driver = host
             .csi_driver(&driver_name)
             .await
-            .map_err(VolumeError::transient)?;
+            .map_err(|e| VolumeError::transient(log(e)))?;
         check_lifecycle_mode(&driver_name, driver.as_ref(), source.mode).map_err(|e| {
-            VolumeError::transient(format!(
+            VolumeError::transient(log(format!(
                 "mounter.SetupAt failed to check volume lifecycle mode: {e}"
-            ))
+            )))
         })?;
         let policy = fs_group_policy(driver.as_ref()).map_err(|e| {
-            VolumeError::transient(format!(
+            VolumeError::transient(log(format!(
                 "mounter.SetupAt failed to check fsGroup policy: {e}"
-            ))
+            )))
         })?;
-        let handle = source.require_handle(self.spec.name())?.to_string();
+        let handle = source
+            .require_handle(self.spec.name())
+            .map_err(|e| e.context(PLUGIN_NAME))?
+            .to_string();
 
-        // 6. Access mode, upgraded when the driver can share a volume between pods on one node.
+        // 6. Access mode, by the mapper the driver's SINGLE_NODE_MULTI_WRITER capability selects.
         let caps = client.node_capabilities().await.map_err(|s| {
-            VolumeError::transient(format!(
+            VolumeError::transient(log(format!(
                 "mounter.SetUpAt failed to get node capabilities: {}",
                 s.message()
-            ))
+            )))
         })?;
-        let mut access_mode = source.access_mode;
-        if access_mode == csi::volume_capability::access_mode::Mode::SingleNodeWriter
-            && caps.contains(&NodeCap::SingleNodeMultiWriter)
-        {
-            access_mode = csi::volume_capability::access_mode::Mode::SingleNodeMultiWriter;
-        }
+        let access_mode = source.csi_access_mode(caps.contains(&NodeCap::SingleNodeMultiWriter));
 
         // 7. Persistent volumes only: the staging path and the attachment's publish context.
         let (staging_path, publish_context) = match source.mode {
@@ -98,20 +96,22 @@ impl CsiMounter {
                         .to_string(),
                     false => String::new(),
                 };
-                (
-                    staging,
-                    publish_context(host, driver.as_ref(), &driver_name, &handle).await?,
-                )
+                let context = publish_context(host, driver.as_ref(), &driver_name, &handle)
+                    .await
+                    .map_err(|e| {
+                        e.context(log("mounter.SetUpAt failed to fetch publishContext"))
+                    })?;
+                (staging, context)
             }
         };
 
         // 8. The volume's parent dir (the driver creates `mount/` itself).
         let parent = dir.parent().unwrap_or(dir);
         std::fs::create_dir_all(parent).map_err(|e| {
-            VolumeError::transient(format!(
-                "mounter.SetUpAt failed to create dir {}: {e}",
+            VolumeError::transient(log(format!(
+                "mounter.SetUpAt failed to create dir {:?}:  {e}",
                 parent.display()
-            ))
+            )))
         })?;
 
         // 9. Secrets: only the referenced one, from the namespace the source resolved to.
@@ -130,9 +130,9 @@ impl CsiMounter {
         let tokens = service_account_tokens(host, driver.as_ref(), &self.pod)
             .await
             .map_err(|e| {
-                VolumeError::transient(format!(
+                VolumeError::transient(log(format!(
                     "mounter.SetUpAt failed to get service accoount token attributes: {e}"
-                ))
+                )))
             })?;
         if let Some(tokens) = tokens {
             context.insert(super::client::TOKENS_KEY.to_string(), tokens);
@@ -148,9 +148,9 @@ impl CsiMounter {
         // 14. vol_data.json, so the volume can be unmounted (and reconstructed) without the pod.
         let data = vol_data(host, &self.spec, &driver_name, &handle, source.mode);
         data.save(parent).map_err(|e| {
-            VolumeError::transient(format!(
+            VolumeError::transient(log(format!(
                 "mounter.SetUpAt failed to save volume info data: {e}"
-            ))
+            )))
         })?;
 
         // 15. NodePublishVolume.
@@ -169,6 +169,7 @@ impl CsiMounter {
             secrets,
             volume_context: context.into_iter().collect(),
         };
+        // The driver's error is returned as it is, without the plugin's prefix (csi_mounter.go).
         if let Err(status) = client.node_publish(request).await {
             let err = VolumeError::from_csi(&status, rpc_error(&status));
             if err.class == crate::volume::ErrorClass::Final {
@@ -184,6 +185,7 @@ impl CsiMounter {
                 args.fs_group,
                 &policy,
                 source.read_only,
+                source.pv_access_modes.as_deref(),
             )
         {
             if let Some(gid) = args.fs_group {

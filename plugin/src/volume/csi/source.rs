@@ -60,8 +60,11 @@ pub struct CsiSource {
     pub fs_type: Option<String>,
     /// `volumeAttributes`, the volume context.
     pub attributes: BTreeMap<String, String>,
-    /// The CSI access mode for this volume.
-    pub access_mode: CsiMode,
+    /// The Kubernetes access mode the CSI one is mapped from: a PV's first `accessModes` entry, and
+    /// `ReadWriteOnce` for inline volumes (see [`CsiSource::csi_access_mode`]).
+    pub access_mode: String,
+    /// A PV's `accessModes` (None for inline volumes), for the fsGroup decision.
+    pub pv_access_modes: Option<Vec<String>>,
     /// `nodePublishSecretRef`, resolved.
     pub node_publish_secret: Option<SecretRef>,
     /// `nodeStageSecretRef`, resolved.
@@ -71,6 +74,22 @@ pub struct CsiSource {
 }
 
 impl CsiSource {
+    /// The CSI access mode of this volume for a driver with or without the SINGLE_NODE_MULTI_WRITER node
+    /// capability: `asCSIAccessModeV1` and `asSingleNodeMultiWriterCapableCSIAccessModeV1` in upstream's
+    /// `csi_client.go`, chosen per call by `getNodeV1AccessModeMapper`, so NodeStageVolume and
+    /// NodePublishVolume always agree. ReadWriteOncePod becomes SINGLE_NODE_WRITER for drivers without
+    /// the capability, so they keep working with it.
+    pub fn csi_access_mode(&self, multi_writer_capable: bool) -> CsiMode {
+        match (self.access_mode.as_str(), multi_writer_capable) {
+            ("ReadWriteOnce", false) | ("ReadWriteOncePod", false) => CsiMode::SingleNodeWriter,
+            ("ReadWriteOnce", true) => CsiMode::SingleNodeMultiWriter,
+            ("ReadWriteOncePod", true) => CsiMode::SingleNodeSingleWriter,
+            ("ReadOnlyMany", _) => CsiMode::MultiNodeReaderOnly,
+            ("ReadWriteMany", _) => CsiMode::MultiNodeMultiWriter,
+            _ => CsiMode::Unknown,
+        }
+    }
+
     /// The handle, or the error a persistent inline volume without one gets.
     pub fn require_handle(&self, spec_name: &str) -> Result<&str, VolumeError> {
         self.handle.as_deref().ok_or_else(|| {
@@ -113,7 +132,8 @@ pub async fn resolve(
                 fs_type: source.fs_type.clone(),
                 attributes: source.volume_attributes.clone().unwrap_or_default(),
                 // Inline volumes are always ReadWriteOnce (csi_mounter.go).
-                access_mode: CsiMode::SingleNodeWriter,
+                access_mode: "ReadWriteOnce".into(),
+                pv_access_modes: None,
                 node_publish_secret: in_pod_ns(
                     &source
                         .node_publish_secret_ref
@@ -130,24 +150,24 @@ pub async fn resolve(
             let csi = pv_spec.and_then(|s| s.csi.as_ref()).ok_or_else(|| {
                 VolumeError::final_(format!("persistent volume {name:?} has no CSI source"))
             })?;
-            let first_mode = pv_spec
-                .and_then(|s| s.access_modes.as_ref())
+            let pv_access_modes = pv_spec.and_then(|s| s.access_modes.clone());
+            // SetUpAt and MountDevice take the PV's first access mode, ReadWriteOnce when it has none.
+            let access_mode = pv_access_modes
+                .as_ref()
                 .and_then(|m| m.first().cloned())
-                .unwrap_or_default();
-            let access_mode = match first_mode.as_str() {
-                "ReadOnlyMany" => CsiMode::MultiNodeReaderOnly,
-                "ReadWriteMany" => CsiMode::MultiNodeMultiWriter,
-                "ReadWriteOncePod" => CsiMode::SingleNodeSingleWriter,
-                _ => CsiMode::SingleNodeWriter,
-            };
+                .unwrap_or_else(|| "ReadWriteOnce".into());
             Ok(CsiSource {
                 driver: csi.driver.clone(),
                 handle: Some(csi.volume_handle.clone()),
                 mode: LifecycleMode::Persistent,
-                read_only: *read_only || csi.read_only.unwrap_or(false),
+                // The volume spec's read-only (the claim's `readOnly` in the pod), never
+                // `spec.csi.readOnly`: `getReadOnlyFromSpec` in csi_util.go (kubernetes#69843). The
+                // container's mount uses the same flag, so the two cannot disagree.
+                read_only: *read_only,
                 fs_type: csi.fs_type.clone(),
                 attributes: csi.volume_attributes.clone().unwrap_or_default(),
                 access_mode,
+                pv_access_modes,
                 node_publish_secret: csi
                     .node_publish_secret_ref
                     .as_ref()

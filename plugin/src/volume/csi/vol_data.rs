@@ -25,23 +25,37 @@ pub struct VolData {
     pub lifecycle_mode: String,
 }
 
+/// One JSON object on one line, then a newline, as Go's `json.NewEncoder(file).Encode` writes it.
+fn write_line(dir: &Path, map: &BTreeMap<&str, &str>) -> std::io::Result<()> {
+    let mut line = serde_json::to_string(map).map_err(std::io::Error::other)?;
+    line.push('\n');
+    std::fs::write(dir.join(FILE_NAME), line)
+}
+
 impl VolData {
     /// Writes `dir/vol_data.json`.
     pub fn save(&self, dir: &Path) -> std::io::Result<()> {
         let map = BTreeMap::from([
-            ("specVolID", &self.spec_vol_id),
+            ("specVolID", self.spec_vol_id.as_str()),
             ("volumeHandle", &self.volume_handle),
             ("driverName", &self.driver_name),
             ("nodeName", &self.node_name),
             ("attachmentID", &self.attachment_id),
             ("volumeLifecycleMode", &self.lifecycle_mode),
         ]);
-        let mut line = serde_json::to_string(&map).map_err(std::io::Error::other)?;
-        line.push('\n');
-        std::fs::write(dir.join(FILE_NAME), line)
+        write_line(dir, &map)
     }
 
-    /// Reads `dir/vol_data.json`.
+    /// Writes the record `MountDevice` keeps beside a staging dir: just `volumeHandle` and `driverName`
+    /// (`csi_attacher.go`), all `UnmountDevice` needs.
+    pub fn save_staging(dir: &Path, volume_handle: &str, driver_name: &str) -> std::io::Result<()> {
+        write_line(
+            dir,
+            &BTreeMap::from([("volumeHandle", volume_handle), ("driverName", driver_name)]),
+        )
+    }
+
+    /// Reads `dir/vol_data.json` (keys it lacks read as empty).
     pub fn load(dir: &Path) -> std::io::Result<Self> {
         let text = std::fs::read_to_string(dir.join(FILE_NAME))?;
         let map: BTreeMap<String, String> =
