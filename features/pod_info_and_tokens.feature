@@ -91,8 +91,31 @@ Feature: Pod information and service-account tokens on mount
       """
     When the simulation runs
     Then pod "web" is Running
-    And the publish of "data" in pod "web" has volume context "csi.storage.k8s.io/serviceAccount.tokens" = "<redacted>"
+    And the publish of "data" in pod "web" has a token for audience "vault" expiring on a whole second, RFC 3339 in UTC
     And the publish of "data" in pod "web" has no volume context key starting with "csi.storage.k8s.io/pod"
+    And no report, log or call carries a secret value
+
+  Scenario: serviceAccountTokenInSecrets puts the tokens in the secrets, not the volume context
+    Given the local driver "local.inlet.dev"
+    And a CSIDriver "local.inlet.dev" with:
+      """
+      volumeLifecycleModes: [Ephemeral]
+      tokenRequests: [{audience: vault, expirationSeconds: 3600}]
+      serviceAccountTokenInSecrets: true
+      """
+    And the manifests:
+      """
+      apiVersion: v1
+      kind: Pod
+      metadata: {name: web}
+      spec:
+        containers: [{name: app, image: busybox, volumeMounts: [{name: data, mountPath: /data}]}]
+        volumes: [{name: data, csi: {driver: local.inlet.dev}}]
+      """
+    When the simulation runs
+    Then pod "web" is Running
+    And the publish of "data" in pod "web" has secret keys "csi.storage.k8s.io/serviceAccount.tokens"
+    And the publish of "data" in pod "web" has no volume context key starting with "csi.storage.k8s.io/serviceAccount"
     And no report, log or call carries a secret value
 
   Scenario: requiresRepublish publishes the volume again periodically

@@ -329,6 +329,14 @@ impl Simulation {
     pub async fn apply(&mut self, manifests: Vec<Manifest>) {
         for manifest in &manifests {
             if let Object::PersistentVolume(pv) = &manifest.object {
+                // A PV admission refuses is not provisioned (it is reported below).
+                if self
+                    .admission
+                    .admit_persistent_volume((**pv).clone())
+                    .is_err()
+                {
+                    continue;
+                }
                 if let Err(message) = self.provision(pv).await {
                     self.rejected.push(Rejection {
                         origin: manifest.origin.clone(),
@@ -407,7 +415,11 @@ impl Simulation {
             Object::CsiDriver(driver) => self
                 .api
                 .put(self.admission.admit_csi_driver(*driver).map_err(|e| e.0)?),
-            Object::PersistentVolume(pv) => self.api.put(*pv),
+            Object::PersistentVolume(pv) => self.api.put(
+                self.admission
+                    .admit_persistent_volume(*pv)
+                    .map_err(|e| e.0)?,
+            ),
             Object::PersistentVolumeClaim(mut pvc) => {
                 pvc.metadata
                     .namespace

@@ -444,6 +444,23 @@ fn rejected(w: &mut Sim, pod: String, text: String) {
     );
 }
 
+#[then(regex = r#"^the PersistentVolume "([^"]+)" was rejected with "(.*)"$"#)]
+fn pv_rejected(w: &mut Sim, pv: String, text: String) {
+    assert!(
+        w.sim()
+            .api
+            .peek::<k8s_openapi::api::core::v1::PersistentVolume>("", &pv)
+            .is_none(),
+        "PersistentVolume {pv} was admitted"
+    );
+    let report = w.report();
+    assert!(
+        report.rejected.iter().any(|r| r.message == text),
+        "no rejection saying {text:?}: {:#?}",
+        report.rejected
+    );
+}
+
 #[then(regex = r#"^container "([^"]+)" of pod "([^"]+)" mounts "([^"]+)" (read-only|read-write)$"#)]
 fn container_mount(w: &mut Sim, container: String, pod: String, path: String, mode: String) {
     let report = w.report();
@@ -623,6 +640,25 @@ fn publish_secret_keys(w: &mut Sim, volume: String, pod: String, keys: String) {
         .map(String::from)
         .collect();
     assert_eq!(w.publish_of(&pod, &volume).secret_keys, expected);
+}
+
+#[then(
+    regex = r#"^the publish of "([^"]+)" in pod "([^"]+)" has a token for audience "([^"]*)" expiring on a whole second, RFC 3339 in UTC$"#
+)]
+fn token_expiry(w: &mut Sim, volume: String, pod: String, audience: String) {
+    let call = w.publish_of(&pod, &volume);
+    let tokens = &call.volume_context["csi.storage.k8s.io/serviceAccount.tokens"];
+    let tokens: serde_json::Value = serde_json::from_str(tokens).expect("tokens are JSON");
+    assert_eq!(tokens[&audience]["token"], "<redacted>", "{tokens}");
+    let expiry = tokens[&audience]["expirationTimestamp"]
+        .as_str()
+        .expect("an expirationTimestamp");
+    // `2026-12-01T16:00:00Z`: no fraction, UTC.
+    let parsed = expiry.parse::<k8s_openapi::jiff::Timestamp>();
+    assert!(
+        parsed.is_ok() && expiry.len() == 20 && expiry.ends_with('Z'),
+        "{expiry} is not metav1.Time's form"
+    );
 }
 
 #[then(regex = r"^no report, log or call carries a secret value$")]

@@ -9,7 +9,7 @@
 
 use std::collections::BTreeSet;
 
-use k8s_openapi::api::core::v1::{Pod, Secret, ServiceAccount, Volume};
+use k8s_openapi::api::core::v1::{PersistentVolume, Pod, Secret, ServiceAccount, Volume};
 use k8s_openapi::api::storage::v1::CSIDriver;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
@@ -37,6 +37,37 @@ fn valid_subdomain(name: &str) -> bool {
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
         && edge(name.chars().next())
         && edge(name.chars().last())
+}
+
+/// `IsDNS1123Label` of apimachinery's `util/validation`: the messages for a name that is not a DNS label
+/// (empty when it is one). Pod volume names must be labels.
+fn dns_label_errors(name: &str) -> Vec<&'static str> {
+    let mut errors = Vec::new();
+    if name.len() > 63 {
+        errors.push("must be no more than 63 characters");
+    }
+    let edge = |c: Option<char>| c.is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
+    let label = name
+        .chars()
+        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        && edge(name.chars().next())
+        && edge(name.chars().last());
+    if !label {
+        errors.push(if valid_subdomain(name) {
+            "must not contain dots"
+        } else {
+            "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')"
+        });
+    }
+    errors
+}
+
+/// Field errors as the API server joins them: one alone, several in brackets.
+fn aggregate(errors: &[String]) -> String {
+    match errors {
+        [one] => one.clone(),
+        many => format!("[{}]", many.join(", ")),
+    }
 }
 
 fn sources(volume: &Volume) -> usize {
@@ -78,6 +109,17 @@ impl Admission {
         let volumes = spec.volumes.clone().unwrap_or_default();
         let mut names = BTreeSet::new();
         for (i, volume) in volumes.iter().enumerate() {
+            let path = format!("spec.volumes[{i}].name");
+            if volume.name.is_empty() {
+                return Err(invalid(format!("{path}: Required value")));
+            }
+            let errors: Vec<String> = dns_label_errors(&volume.name)
+                .into_iter()
+                .map(|e| format!("{path}: Invalid value: {:?}: {e}", volume.name))
+                .collect();
+            if !errors.is_empty() {
+                return Err(invalid(aggregate(&errors)));
+            }
             if !names.insert(volume.name.clone()) {
                 return Err(invalid(format!(
                     "spec.volumes[{i}].name: Duplicate value: {:?}",
@@ -222,6 +264,52 @@ impl Admission {
             }
         }
         Ok(driver)
+    }
+
+    /// Admits a PersistentVolume: the secret references of its CSI source need a name and a namespace
+    /// (`validatePVSecretReference` in upstream's `validation.go`; it checks the controller-publish,
+    /// controller-expand, node-publish and node-expand references, not node-stage).
+    pub fn admit_persistent_volume(
+        &self,
+        pv: PersistentVolume,
+    ) -> Result<PersistentVolume, Rejected> {
+        let name = pv.metadata.name.clone().unwrap_or_default();
+        let Some(csi) = pv.spec.as_ref().and_then(|s| s.csi.as_ref()) else {
+            return Ok(pv);
+        };
+        let mut errors = Vec::new();
+        for (field, reference) in [
+            (
+                "controllerPublishSecretRef",
+                &csi.controller_publish_secret_ref,
+            ),
+            (
+                "controllerExpandSecretRef",
+                &csi.controller_expand_secret_ref,
+            ),
+            ("nodePublishSecretRef", &csi.node_publish_secret_ref),
+            ("nodeExpandSecretRef", &csi.node_expand_secret_ref),
+        ] {
+            let Some(reference) = reference else { continue };
+            if reference.name.as_deref().unwrap_or_default().is_empty() {
+                errors.push(format!("spec.csi.{field}.name: Required value"));
+            }
+            if reference
+                .namespace
+                .as_deref()
+                .unwrap_or_default()
+                .is_empty()
+            {
+                errors.push(format!("spec.csi.{field}.namespace: Required value"));
+            }
+        }
+        match errors.is_empty() {
+            true => Ok(pv),
+            false => Err(Rejected(format!(
+                "PersistentVolume {name:?} is invalid: {}",
+                aggregate(&errors)
+            ))),
+        }
     }
 
     /// Admits a secret: `stringData` merged into `data`, as the API server does on write.

@@ -81,9 +81,12 @@ impl Api {
         }
         let seconds = expiration_seconds.unwrap_or(3600);
         let expires = store::after(std::time::Duration::from_secs(seconds.max(0) as u64));
+        // `metav1.Time` marshals as RFC 3339 in UTC with whole seconds.
+        let whole_seconds =
+            k8s_openapi::jiff::Timestamp::from_second(expires.0.as_second()).unwrap_or(expires.0);
         Ok((
             format!("sim-token-{}", uuid::Uuid::new_v4().simple()),
-            expires.0.to_string(),
+            whole_seconds.to_string(),
         ))
     }
 }

@@ -291,8 +291,13 @@ impl LocalDriver {
         req: csi::NodeGetVolumeStatsRequest,
     ) -> Result<csi::NodeGetVolumeStatsResponse> {
         let id = validate::id("volume_id", &req.volume_id)?;
-        let path = self.host_path("volume_path", &req.volume_path)?;
+        validate::required("volume_path", &req.volume_path)?;
+        // An unknown volume, or a path it is not published or staged at (outside the kubelet dir
+        // included), is NOT_FOUND: the CSI spec's answer, which csi-sanity checks.
         let volume = self.volume(id)?;
+        let path = self
+            .host_path("volume_path", &req.volume_path)
+            .map_err(|_| Error::not_found("volume path", format!("{id} at that path")))?;
         if !volume.published.contains_key(&path) && volume.staged_at.as_ref() != Some(&path) {
             return Err(Error::NotFound {
                 kind: "volume path",
@@ -342,8 +347,10 @@ impl LocalDriver {
         req: csi::NodeExpandVolumeRequest,
     ) -> Result<csi::NodeExpandVolumeResponse> {
         let id = validate::id("volume_id", &req.volume_id)?;
-        self.host_path("volume_path", &req.volume_path)?;
+        validate::required("volume_path", &req.volume_path)?;
+        // An unknown volume is NOT_FOUND before its path is looked at (the CSI spec; csi-sanity).
         let volume = self.volume(id)?;
+        self.host_path("volume_path", &req.volume_path)?;
         let required = req
             .capacity_range
             .as_ref()

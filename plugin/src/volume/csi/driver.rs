@@ -111,7 +111,15 @@ pub async fn service_account_tokens(
     else {
         return Ok(None);
     };
-    let mut tokens = serde_json::Map::new();
+    /// `authenticationv1.TokenRequestStatus`, its fields in Go's order.
+    #[derive(serde::Serialize)]
+    struct TokenStatus {
+        token: String,
+        #[serde(rename = "expirationTimestamp")]
+        expiration_timestamp: String,
+    }
+    // Audiences sorted, as Go marshals a map.
+    let mut tokens = BTreeMap::new();
     for request in requests {
         let (token, expiration) = host
             .service_account_token(TokenRequestArgs {
@@ -124,10 +132,15 @@ pub async fn service_account_tokens(
             .await?;
         tokens.insert(
             request.audience.clone(),
-            serde_json::json!({"token": token, "expirationTimestamp": expiration}),
+            TokenStatus {
+                token,
+                expiration_timestamp: expiration,
+            },
         );
     }
-    Ok(Some(serde_json::Value::Object(tokens).to_string()))
+    serde_json::to_string(&tokens)
+        .map(Some)
+        .map_err(|e| e.to_string())
 }
 
 #[cfg(test)]

@@ -115,7 +115,7 @@ impl CsiMounter {
         })?;
 
         // 9. Secrets: only the referenced one, from the namespace the source resolved to.
-        let secrets = read_secret(
+        let mut secrets = read_secret(
             host,
             source.node_publish_secret.as_ref(),
             "NodePublishSecretRef",
@@ -134,8 +134,17 @@ impl CsiMounter {
                     "mounter.SetUpAt failed to get service accoount token attributes: {e}"
                 )))
             })?;
+        // With `serviceAccountTokenInSecrets` (1.35, KEP-5538) the tokens go only in the secrets, under
+        // the same key, so drivers and sidecars that log the volume context never see them.
         if let Some(tokens) = tokens {
-            context.insert(super::client::TOKENS_KEY.to_string(), tokens);
+            let in_secrets = driver
+                .as_ref()
+                .and_then(|d| d.spec.service_account_token_in_secrets)
+                == Some(true);
+            match in_secrets {
+                true => secrets.insert(super::client::TOKENS_KEY.to_string(), tokens),
+                false => context.insert(super::client::TOKENS_KEY.to_string(), tokens),
+            };
         }
 
         // 12. A driver with VOLUME_MOUNT_GROUP applies fsGroup itself.
