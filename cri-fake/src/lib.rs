@@ -4,7 +4,9 @@
 //! the CRI's idempotency rules (stop and remove of something missing succeed), makes the checks a real runtime
 //! makes (a mount's host path must exist, names are reserved, a container needs a ready sandbox and a pulled
 //! image), logs every call for tests, and injects faults (an error or a delay per method).
-//! Containers are records, not processes: a started container is Running until stopped.
+//! Containers are records, not processes: a started container is Running until stopped, unless its
+//! command is a small program cri-fake understands ([`program`]: `true`, `sh -c 'exit 3'`, ...), which
+//! then exits as it would, writing its output to the container's CRI log.
 //!
 //! # Layout
 //! - [`state`]: [`FakeRuntime`], the runtime's state and rules, the call log and fault application.
@@ -13,12 +15,14 @@
 //!   pulled from configured registries or imported from OCI layouts ([`pull`]).
 //! - [`layout`]: building small images (OCI layouts) and pushing them to a registry, for tests and demos.
 //! - [`registry`]: a private `docker-registry` on a local port, optionally with basic auth.
+//! - [`program`]: how a container's command ends.
 //! - [`faults`]: fault configuration from a file, flags or tests.
 //! - [`serve`]: serving both services on a socket until shutdown; the `cri-fake` binary wraps it.
 
 pub mod faults;
 pub mod images;
 pub mod layout;
+pub mod program;
 pub mod pull;
 pub mod registry;
 pub mod service;

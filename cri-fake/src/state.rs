@@ -7,7 +7,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use inlet_proto::runtime::v1 as cri;
 use parking_lot::Mutex;
@@ -15,6 +15,7 @@ use tonic::Status;
 
 use crate::faults::{Fault, Faults};
 use crate::images::Images;
+use crate::program::{self, Outcome};
 use crate::pull::Registries;
 
 /// One call the runtime received.
@@ -48,6 +49,32 @@ pub struct Container {
     pub sandbox_id: String,
     /// The name it reserved.
     pub reserved_name: String,
+    /// How it ends once started (see [`crate::program`]).
+    pub outcome: Outcome,
+    /// Its CRI log file: the sandbox's `log_directory` joined with the container's `log_path`.
+    pub log_file: Option<PathBuf>,
+    /// When a started container that ends exits.
+    exits_at: Option<Instant>,
+}
+
+impl Container {
+    /// A running container whose program has ended becomes EXITED, with containerd's reasons.
+    fn refresh(&mut self) {
+        let Outcome::Exits { code, .. } = self.outcome else {
+            return;
+        };
+        if self.status.state == cri::ContainerState::ContainerRunning as i32
+            && self.exits_at.is_some_and(|at| at <= Instant::now())
+        {
+            self.status.state = cri::ContainerState::ContainerExited as i32;
+            self.status.finished_at = now_nanos();
+            self.status.exit_code = code;
+            self.status.reason = match code {
+                0 => "Completed".into(),
+                _ => "Error".into(),
+            };
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -121,7 +148,15 @@ impl FakeRuntime {
 
     /// The containers held now.
     pub fn containers(&self) -> Vec<Container> {
-        self.state.lock().containers.values().cloned().collect()
+        let mut state = self.state.lock();
+        state
+            .containers
+            .values_mut()
+            .map(|c| {
+                c.refresh();
+                c.clone()
+            })
+            .collect()
     }
 
     /// Records a call, then applies its fault: the delay (which a caller's deadline may cut short), then the
@@ -280,6 +315,9 @@ impl FakeRuntime {
                 )));
             }
             let pod = sandbox.sandbox.metadata.clone().unwrap_or_default();
+            let log_file = (!sandbox.config.log_directory.is_empty()
+                && !config.log_path.is_empty())
+            .then(|| PathBuf::from(&sandbox.config.log_directory).join(&config.log_path));
             let image = self.images.get(&image_name).ok_or_else(|| {
                 Status::not_found(format!(
                     "failed to get image {image_name:?}: not found (pull it first)"
@@ -307,12 +345,16 @@ impl FakeRuntime {
             if let Some(sandbox) = s.sandboxes.get_mut(sandbox_id) {
                 sandbox.containers.push(id.clone());
             }
+            let outcome = program::run(&config.command, &config.args, &config.mounts);
             s.containers.insert(
                 id.clone(),
                 Container {
                     status,
                     sandbox_id: sandbox_id.to_string(),
                     reserved_name: name,
+                    outcome,
+                    log_file,
+                    exits_at: None,
                 },
             );
             Ok(id)
@@ -336,6 +378,12 @@ impl FakeRuntime {
             }
             c.status.state = cri::ContainerState::ContainerRunning as i32;
             c.status.started_at = now_nanos();
+            if let Outcome::Exits { after, output, .. } = &c.outcome {
+                c.exits_at = Some(Instant::now() + *after);
+                if let Some(file) = &c.log_file {
+                    write_log(file, output);
+                }
+            }
             Ok(())
         })
     }
@@ -363,7 +411,13 @@ impl FakeRuntime {
 
     /// ContainerStatus.
     pub fn container(&self, id: &str) -> Result<Container, Status> {
-        self.with(|s| s.containers.get(id).cloned()).ok_or_else(|| {
+        self.with(|s| {
+            s.containers.get_mut(id).map(|c| {
+                c.refresh();
+                c.clone()
+            })
+        })
+        .ok_or_else(|| {
             Status::not_found(format!(
                 "an error occurred when try to find container {id:?}: not found"
             ))
@@ -387,6 +441,25 @@ fn stop(status: &mut cri::ContainerStatus) {
         status.finished_at = now_nanos();
         status.exit_code = 0;
         status.reason = "Completed".into();
+    }
+}
+
+/// Appends `lines` to a CRI log file, in the CRI's format (`<RFC 3339 time> stdout F <line>`).
+fn write_log(file: &std::path::Path, lines: &[String]) {
+    use std::io::Write;
+    if let Some(dir) = file.parent() {
+        let _ = std::fs::create_dir_all(dir);
+    }
+    let Ok(mut log) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(file)
+    else {
+        return;
+    };
+    let time = humantime::format_rfc3339_nanos(SystemTime::now());
+    for line in lines {
+        let _ = writeln!(log, "{time} stdout F {line}");
     }
 }
 

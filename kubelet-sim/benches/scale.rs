@@ -55,6 +55,7 @@ async fn run(pods: usize, nodes: usize) {
         backoff: BackoffPolicy::default(),
         volume_wait_timeout: Duration::from_secs(123),
         republish_period: Duration::from_secs(60),
+        containers: Default::default(),
         mounter: Arc::new(RecordingMounter::new()),
         images: Default::default(),
     };

@@ -176,6 +176,7 @@ async fn run(args: RunArgs) -> Result<bool, String> {
         backoff: BackoffPolicy::default(),
         volume_wait_timeout: Duration::from_secs(123),
         republish_period: Duration::from_secs(60),
+        containers: Default::default(),
         mounter,
         images: SimImages {
             layouts: args.image_layouts,

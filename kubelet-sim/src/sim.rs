@@ -25,7 +25,7 @@ use crate::api::{Api, now};
 use crate::controllers::attach_detach::AttachDetach;
 use crate::cri::Cri;
 use crate::drivers::{DriverArg, DriverHandle, DriverSource};
-use crate::node::{BackoffPolicy, Kubelet, NodeConfig};
+use crate::node::{BackoffPolicy, ContainerTiming, Kubelet, NodeConfig};
 use crate::report::{EventReport, PodReport, Rejection, Report, TeardownReport};
 
 /// How a simulation is set up.
@@ -51,6 +51,8 @@ pub struct SimConfig {
     pub republish_period: Duration,
     /// The mount layer (real when root).
     pub mounter: Arc<dyn MountLayer>,
+    /// How started containers are followed (relist period, crash-loop back-off).
+    pub containers: ContainerTiming,
     /// Where images come from, and how long image volumes wait for pulls.
     pub images: SimImages,
 }
@@ -181,6 +183,7 @@ impl Simulation {
                 volume_wait_timeout: config.volume_wait_timeout,
                 republish_period: config.republish_period,
                 image_pull_wait: config.images.pull_wait,
+                containers: config.containers,
             };
             let cri = connect_cri(&cri_socket).await?;
             let images = image_engine(&cri_socket, &node_config.root, &config.mounter).await;

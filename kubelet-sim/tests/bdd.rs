@@ -19,7 +19,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kubelet_sim::api::manifest;
 use kubelet_sim::drivers::DriverArg;
-use kubelet_sim::node::BackoffPolicy;
+use kubelet_sim::node::{BackoffPolicy, ContainerTiming};
 use kubelet_sim::report::{Report, TeardownReport};
 use kubelet_sim::sim::{SimConfig, SimImages, Simulation};
 
@@ -225,6 +225,13 @@ async fn runs(w: &mut Sim) {
         },
         volume_wait_timeout: Duration::from_secs(60),
         republish_period: Duration::from_millis(300),
+        containers: ContainerTiming {
+            relist_period: Duration::from_millis(50),
+            backoff: BackoffPolicy {
+                initial: Duration::from_millis(200),
+                max: Duration::from_secs(1),
+            },
+        },
         mounter,
         images: w.images.clone(),
     };
@@ -241,10 +248,11 @@ async fn runs(w: &mut Sim) {
 }
 
 async fn settle(w: &Sim) {
-    w.wait("every pod is Running or has a warning", |r| {
-        r.pods
-            .iter()
-            .all(|p| p.phase == "Running" || p.events.iter().any(|e| e.type_ == "Warning"))
+    w.wait("every pod is Running (or ended) or has a warning", |r| {
+        r.pods.iter().all(|p| {
+            ["Running", "Succeeded", "Failed"].contains(&p.phase.as_str())
+                || p.events.iter().any(|e| e.type_ == "Warning")
+        })
     })
     .await;
 }
@@ -406,7 +414,7 @@ fn mount_group(w: &mut Sim, volume: String, pod: String, has: String, gid: u32) 
     assert_eq!(group == gid, has == "has", "{target} has group {group}");
 }
 
-#[then(regex = r#"^pod "([^"]+)" (?:is|becomes) (Running|Pending)$"#)]
+#[then(regex = r#"^pod "([^"]+)" (?:is|becomes|ends) (Running|Pending|Succeeded|Failed)$"#)]
 async fn pod_phase(w: &mut Sim, pod: String, phase: String) {
     w.wait(&format!("pod {pod} is {phase}"), |r| {
         r.pods.iter().any(|p| p.name == pod && p.phase == phase)
@@ -481,6 +489,47 @@ fn container_mount(w: &mut Sim, container: String, pod: String, path: String, mo
         "the host path exists: {}",
         mount.host_path
     );
+}
+
+fn container(w: &Sim, pod: &str, container: &str) -> kubelet_sim::node::ContainerReport {
+    let report = w.report();
+    let pod = report.pods.iter().find(|p| p.name == pod).expect("pod");
+    pod.containers
+        .iter()
+        .find(|c| c.name == container)
+        .cloned()
+        .unwrap_or_else(|| panic!("no container {container}: {:#?}", pod.containers))
+}
+
+#[then(
+    regex = r#"^container "([^"]+)" of pod "([^"]+)" ended with exit code (\d+) and reason "([^"]*)"$"#
+)]
+fn container_ended(w: &mut Sim, name: String, pod: String, code: i32, reason: String) {
+    let c = container(w, &pod, &name);
+    assert_eq!(
+        (c.state.as_str(), c.exit_code, c.reason.as_str()),
+        ("terminated", Some(code), reason.as_str()),
+        "{c:#?}"
+    );
+}
+
+#[then(regex = r#"^the log of container "([^"]+)" of pod "([^"]+)" says "(.*)"$"#)]
+fn container_log(w: &mut Sim, name: String, pod: String, line: String) {
+    let c = container(w, &pod, &name);
+    assert!(c.logs.contains(&line), "{:?}", c.logs);
+}
+
+#[then(regex = r#"^container "([^"]+)" of pod "([^"]+)" is restarted at least (\d+) times$"#)]
+async fn container_restarts(w: &mut Sim, name: String, pod: String, times: u32) {
+    w.wait(&format!("{pod}/{name} restarted {times} times"), |r| {
+        r.pods.iter().any(|p| {
+            p.name == pod
+                && p.containers
+                    .iter()
+                    .any(|c| c.name == name && c.restart_count >= times)
+        })
+    })
+    .await;
 }
 
 // ---- Then: CSI calls ----

@@ -11,6 +11,7 @@
 //! - `host.rs`: the `VolumeHost` plugins get; `registry.rs`: registered CSI drivers.
 
 mod actual_state;
+mod containers;
 mod desired_state;
 pub mod host;
 pub mod operations;
@@ -66,6 +67,30 @@ pub struct NodeConfig {
     pub republish_period: Duration,
     /// How long one mount attempt of an image volume waits for its pull (the pull goes on after).
     pub image_pull_wait: Duration,
+    /// How containers are followed once started.
+    pub containers: ContainerTiming,
+}
+
+/// How the kubelet follows started containers.
+#[derive(Debug, Clone, Copy)]
+pub struct ContainerTiming {
+    /// How often the runtime is relisted for containers that exited (the PLEG's period).
+    pub relist_period: Duration,
+    /// The crash-loop back-off between restarts of a container.
+    pub backoff: BackoffPolicy,
+}
+
+impl Default for ContainerTiming {
+    /// Upstream's: a relist every second, a back-off of 10 s doubling to 5 min.
+    fn default() -> Self {
+        Self {
+            relist_period: Duration::from_secs(1),
+            backoff: BackoffPolicy {
+                initial: Duration::from_secs(10),
+                max: Duration::from_secs(300),
+            },
+        }
+    }
 }
 
 /// A simulated kubelet.
@@ -92,6 +117,8 @@ pub struct Kubelet {
     populator_has_added_pods: std::sync::atomic::AtomicBool,
     /// Set once the sandboxes a previous kubelet left have been adopted or stopped.
     sandboxes_adopted: std::sync::atomic::AtomicBool,
+    /// When the runtime was last relisted.
+    last_relist: Mutex<Option<Instant>>,
 }
 
 impl Kubelet {
@@ -150,6 +177,7 @@ impl Kubelet {
             reconstructed: std::sync::atomic::AtomicBool::new(false),
             populator_has_added_pods: std::sync::atomic::AtomicBool::new(false),
             sandboxes_adopted: std::sync::atomic::AtomicBool::new(false),
+            last_relist: Mutex::new(None),
         })
     }
 
@@ -162,11 +190,20 @@ impl Kubelet {
         let mut watch = self.api.watch();
         loop {
             self.sync().await;
-            let next = self
+            let mut next = self
                 .ops
                 .lock()
                 .next_retry()
                 .unwrap_or_else(|| Instant::now() + Duration::from_secs(1));
+            // Running pods are relisted on time, so their containers' exits are seen.
+            if self
+                .pods
+                .lock()
+                .values()
+                .any(|r| r.state == pod_worker::PodState::Running)
+            {
+                next = next.min(Instant::now() + self.config.containers.relist_period);
+            }
             tokio::select! {
                 _ = watch.changed() => {}
                 _ = self.kick.notified() => {}
@@ -184,6 +221,7 @@ impl Kubelet {
         }
         self.reconcile().await;
         self.sync_pods().await;
+        self.relist().await;
         if ready {
             self.clean_orphaned_pod_dirs();
         }

@@ -13,8 +13,8 @@ use inlet_plugin::volume::csi::rpc_error;
 use inlet_plugin::volume::image::PLUGIN_NAME as IMAGE_PLUGIN;
 use inlet_proto::runtime::v1 as cri;
 use k8s_openapi::api::core::v1::{
-    Container, ContainerState, ContainerStateRunning, ContainerStatus, Pod, PodCondition,
-    PodStatus, Secret,
+    Container, ContainerState, ContainerStateRunning, ContainerStateTerminated,
+    ContainerStateWaiting, ContainerStatus, Pod, PodCondition, PodStatus, Secret,
 };
 
 use super::Kubelet;
@@ -38,14 +38,27 @@ pub enum PodState {
 }
 
 /// One container as the runtime reports it.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct ContainerReport {
     /// The container's name.
     pub name: String,
-    /// Its runtime id.
+    /// Its runtime id (of its latest run).
     pub id: String,
     /// Its mounts, from the runtime's ContainerStatus.
     pub mounts: Vec<MountReport>,
+    /// `running`, `terminated`, or `waiting` (between a crash and its restart).
+    pub state: String,
+    /// The exit code of its last run, once one ended.
+    pub exit_code: Option<i32>,
+    /// How many times the kubelet restarted it.
+    pub restart_count: u32,
+    /// Why it is in its state: the runtime's `Completed`/`Error`, or `CrashLoopBackOff`.
+    pub reason: String,
+    /// The last lines of its log (the CRI log file), once its last run ended.
+    pub logs: Vec<String>,
+    /// When a crashed container is restarted (its back-off ends).
+    #[serde(skip)]
+    pub restart_at: Option<Instant>,
 }
 
 /// One CRI mount.
@@ -171,15 +184,20 @@ impl Kubelet {
         }
     }
 
-    fn set_state(&self, uid: &str, state: PodState) {
+    pub(super) fn set_state(&self, uid: &str, state: PodState) {
         if let Some(rt) = self.pods.lock().get_mut(uid) {
             rt.state = state;
         }
     }
 
     /// Runs a pod operation; on failure the pod goes back to `retry_state` and is retried after backoff.
-    fn spawn_pod_op<F, Fut>(self: &Arc<Self>, key: OpKey, uid: &str, retry_state: PodState, op: F)
-    where
+    pub(super) fn spawn_pod_op<F, Fut>(
+        self: &Arc<Self>,
+        key: OpKey,
+        uid: &str,
+        retry_state: PodState,
+        op: F,
+    ) where
         F: FnOnce(Arc<Self>) -> Fut,
         Fut: std::future::Future<Output = bool> + Send + 'static,
     {
@@ -225,7 +243,7 @@ impl Kubelet {
         let mut reports = Vec::new();
         for container in &spec.containers {
             match self
-                .start_container(&pod, container, &sandbox_id, &sandbox_config)
+                .start_container(&pod, container, &sandbox_id, &sandbox_config, 0)
                 .await
             {
                 Ok(report) => reports.push(report),
@@ -259,7 +277,7 @@ impl Kubelet {
             rt.sandbox_id = Some(sandbox_id);
             rt.containers = reports.clone();
         }
-        self.set_running_status(&pod, &reports);
+        self.set_status(&pod, &reports, "Running");
         true
     }
 
@@ -362,7 +380,7 @@ impl Kubelet {
         auth::for_reference(&all, image)
     }
 
-    fn sandbox_config(&self, pod: &Pod) -> cri::PodSandboxConfig {
+    pub(super) fn sandbox_config(&self, pod: &Pod) -> cri::PodSandboxConfig {
         let meta = &pod.metadata;
         let (name, namespace, uid) = (
             meta.name.clone().unwrap_or_default(),
@@ -418,19 +436,22 @@ impl Kubelet {
         }
     }
 
-    async fn start_container(
+    /// Creates and starts one container (run `attempt`, 0 for the first), as kuberuntime's
+    /// `startContainer` does.
+    pub(super) async fn start_container(
         &self,
         pod: &Pod,
         container: &Container,
         sandbox_id: &str,
         sandbox_config: &cri::PodSandboxConfig,
+        attempt: u32,
     ) -> Result<ContainerReport, String> {
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         let mounts = self.container_mounts(&uid, container)?;
         let config = cri::ContainerConfig {
             metadata: Some(cri::ContainerMetadata {
                 name: container.name.clone(),
-                attempt: 0,
+                attempt,
             }),
             image: Some(cri::ImageSpec {
                 image: container.image.clone().unwrap_or_default(),
@@ -451,11 +472,17 @@ impl Kubelet {
                 })
                 .collect(),
             mounts,
-            labels: HashMap::from([(
-                "io.kubernetes.container.name".to_string(),
-                container.name.clone(),
-            )]),
-            log_path: format!("{}/0.log", container.name),
+            // The pod's labels too, as `newContainerLabels` sets them: the relist finds a container's pod.
+            labels: sandbox_config
+                .labels
+                .clone()
+                .into_iter()
+                .chain([(
+                    "io.kubernetes.container.name".to_string(),
+                    container.name.clone(),
+                )])
+                .collect(),
+            log_path: format!("{}/{attempt}.log", container.name),
             ..Default::default()
         };
         let rpc = |s: tonic::Status| rpc_error(&s);
@@ -519,6 +546,9 @@ impl Kubelet {
             name: container.name.clone(),
             id,
             mounts,
+            state: "running".into(),
+            restart_count: attempt,
+            ..Default::default()
         })
     }
 
@@ -570,7 +600,8 @@ impl Kubelet {
         Ok(mounts)
     }
 
-    fn set_running_status(&self, pod: &Pod, containers: &[ContainerReport]) {
+    /// The pod's status: its phase, and each container's state as the runtime last reported it.
+    pub(super) fn set_status(&self, pod: &Pod, containers: &[ContainerReport], phase: &str) {
         let (namespace, name) = (
             pod.metadata.namespace.clone().unwrap_or_default(),
             pod.metadata.name.clone().unwrap_or_default(),
@@ -593,31 +624,27 @@ impl Kubelet {
                 name: c.name.clone(),
                 container_id: Some(format!("cri://{}", c.id)),
                 image: images.get(&c.name).cloned().unwrap_or_default(),
-                ready: true,
-                started: Some(true),
-                state: Some(ContainerState {
-                    running: Some(ContainerStateRunning {
-                        started_at: Some(now()),
-                    }),
-                    ..Default::default()
-                }),
+                ready: c.state == "running",
+                started: Some(c.state == "running"),
+                restart_count: i32::try_from(c.restart_count).unwrap_or(i32::MAX),
+                state: Some(container_state(c)),
                 ..Default::default()
             })
             .collect();
+        let running = phase == "Running";
+        let conditions = ["PodReadyToStartContainers", "Initialized"]
+            .into_iter()
+            .chain(
+                running
+                    .then_some(["ContainersReady", "Ready"])
+                    .into_iter()
+                    .flatten(),
+            )
+            .chain(["PodScheduled"]);
         self.api.update::<Pod>(&namespace, &name, |p| {
             p.status = Some(PodStatus {
-                phase: Some("Running".into()),
-                conditions: Some(
-                    [
-                        "PodReadyToStartContainers",
-                        "Initialized",
-                        "ContainersReady",
-                        "Ready",
-                        "PodScheduled",
-                    ]
-                    .map(condition)
-                    .to_vec(),
-                ),
+                phase: Some(phase.into()),
+                conditions: Some(conditions.clone().map(condition).collect()),
                 container_statuses: Some(statuses),
                 host_ip: Some("127.0.0.1".into()),
                 start_time: Some(now()),
@@ -626,7 +653,7 @@ impl Kubelet {
         });
     }
 
-    async fn kill(self: Arc<Self>, pod: Arc<Pod>) -> bool {
+    pub(super) async fn kill(self: Arc<Self>, pod: Arc<Pod>) -> bool {
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         let (sandbox, containers) = self
             .pods
@@ -706,6 +733,34 @@ impl Kubelet {
             meta.name.as_deref().unwrap_or_default(),
         );
         self.pods.lock().remove(uid);
+    }
+}
+
+/// A container's state in the API, from what the runtime last reported.
+fn container_state(c: &ContainerReport) -> ContainerState {
+    match c.state.as_str() {
+        "terminated" => ContainerState {
+            terminated: Some(ContainerStateTerminated {
+                exit_code: c.exit_code.unwrap_or_default(),
+                reason: Some(c.reason.clone()).filter(|r| !r.is_empty()),
+                finished_at: Some(now()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        "waiting" => ContainerState {
+            waiting: Some(ContainerStateWaiting {
+                reason: Some(c.reason.clone()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        _ => ContainerState {
+            running: Some(ContainerStateRunning {
+                started_at: Some(now()),
+            }),
+            ..Default::default()
+        },
     }
 }
 

@@ -116,8 +116,12 @@ impl Kubelet {
                     .and_then(|s| s.into_inner().status)
                     .map(|s| s.mounts)
                     .unwrap_or_default();
+                // Running as far as is known: the next relist sees whether it exited meanwhile.
+                let metadata = c.metadata.unwrap_or_default();
                 reports.push(ContainerReport {
-                    name: c.metadata.map(|m| m.name).unwrap_or_default(),
+                    name: metadata.name,
+                    restart_count: metadata.attempt,
+                    state: "running".into(),
                     id: c.id,
                     mounts: mounts
                         .into_iter()
@@ -127,6 +131,7 @@ impl Kubelet {
                             readonly: m.readonly,
                         })
                         .collect(),
+                    ..Default::default()
                 });
             }
             let runtime_state = PodRuntime {

@@ -1,0 +1,79 @@
+Feature: Containers run to completion
+  The kubelet follows containers after they start: a relist of the runtime (the PLEG) sees them exit; the
+  pod's restartPolicy decides between a restart, with the crash-loop back-off (kuberuntime_manager.go), and
+  an end: Succeeded when every container exited 0, else Failed (getPhase, kubelet_pods.go). A pod that
+  ended has its volumes torn down. cri-fake runs small commands (true, false, sleep, sh -c with exit, echo,
+  cat, test), reading paths through the container's mounts.
+
+  Background:
+    Given the local driver "local.inlet.dev"
+    And a CSIDriver "local.inlet.dev" with:
+      """
+      volumeLifecycleModes: [Ephemeral]
+      """
+
+  Scenario: A pod whose command checks its volume ends Succeeded, and its volume is torn down
+    Given the manifests:
+      """
+      apiVersion: v1
+      kind: Pod
+      metadata: {name: check, annotations: {inlet.dev/expected-phase: Succeeded}}
+      spec:
+        restartPolicy: Never
+        containers:
+        - name: app
+          image: busybox
+          command: [sh, -c, "test -d /data && echo the volume is there"]
+          volumeMounts: [{name: data, mountPath: /data}]
+        volumes: [{name: data, csi: {driver: local.inlet.dev}}]
+      """
+    When the simulation runs
+    Then pod "check" ends Succeeded
+    And container "app" of pod "check" ended with exit code 0 and reason "Completed"
+    And the log of container "app" of pod "check" says "the volume is there"
+    And the driver got NodeUnpublishVolume for volume "data" of pod "check"
+    When all pods are deleted
+    Then nothing is left on the node
+
+  Scenario: A failing command with restartPolicy Never ends Failed
+    Given the manifests:
+      """
+      apiVersion: v1
+      kind: Pod
+      metadata: {name: broken, annotations: {inlet.dev/expected-phase: Failed}}
+      spec:
+        restartPolicy: Never
+        containers: [{name: app, image: busybox, command: [sh, -c, "echo giving up; exit 3"]}]
+      """
+    When the simulation runs
+    Then pod "broken" ends Failed
+    And container "app" of pod "broken" ended with exit code 3 and reason "Error"
+    And the log of container "app" of pod "broken" says "giving up"
+
+  Scenario: OnFailure restarts a failed container, and a success ends the pod
+    Given the manifests:
+      """
+      apiVersion: v1
+      kind: Pod
+      metadata: {name: once, annotations: {inlet.dev/expected-phase: Succeeded}}
+      spec:
+        restartPolicy: OnFailure
+        containers: [{name: app, image: busybox, command: ["true"]}]
+      """
+    When the simulation runs
+    Then pod "once" ends Succeeded
+    And container "app" of pod "once" ended with exit code 0 and reason "Completed"
+
+  Scenario: A crashing container with restartPolicy Always is restarted with the crash-loop back-off
+    Given the manifests:
+      """
+      apiVersion: v1
+      kind: Pod
+      metadata: {name: crash}
+      spec:
+        containers: [{name: app, image: busybox, command: ["false"]}]
+      """
+    When the simulation runs
+    Then container "app" of pod "crash" is restarted at least 3 times
+    And pod "crash" is Running
+    And pod "crash" has a Warning "BackOff" event saying "Back-off restarting failed container app in pod crash_default("
