@@ -25,11 +25,7 @@ const IMAGE_DIR: &str = "kubernetes.io~image";
 impl Kubelet {
     /// Rebuilds the actual state and the pod workers' view from disk and the runtime. Run once at start.
     pub(super) async fn reconstruct(&self) {
-        let pods: HashMap<String, std::sync::Arc<Pod>> = self
-            .my_pods()
-            .into_iter()
-            .filter_map(|p| Some((p.metadata.uid.clone()?, p)))
-            .collect();
+        let pods = self.my_pods_by_uid();
         let plugin = std::sync::Arc::clone(&self.plugins[0]);
         for (uid, spec_name, dir) in volume_dirs(&self.config.root.join("pods")) {
             let Ok(data) = VolData::load(&dir) else {
@@ -53,14 +49,18 @@ impl Kubelet {
         }
     }
 
+    /// This node's pods by UID.
+    fn my_pods_by_uid(&self) -> HashMap<String, std::sync::Arc<Pod>> {
+        self.my_pods()
+            .into_iter()
+            .filter_map(|p| Some((p.metadata.uid.clone()?, p)))
+            .collect()
+    }
+
     /// Sandboxes the runtime still has: a pod that still exists keeps running; an orphan is stopped. Run
     /// once the populator has added the API's pods, so a pod not loaded yet is not taken for an orphan.
     pub(super) async fn adopt_sandboxes(&self) {
-        let pods: HashMap<String, std::sync::Arc<Pod>> = self
-            .my_pods()
-            .into_iter()
-            .filter_map(|p| Some((p.metadata.uid.clone()?, p)))
-            .collect();
+        let pods = self.my_pods_by_uid();
         let mut runtime = self.cri.runtime.clone();
         let Ok(sandboxes) = runtime
             .list_pod_sandbox(cri::ListPodSandboxRequest { filter: None })
