@@ -212,24 +212,22 @@ impl RuntimeService for CriService {
     ) -> Reply<cri::ListContainersResponse> {
         self.runtime.enter("ListContainers", "").await?;
         let filter = r.into_inner().filter.unwrap_or_default();
+        // Filtered before anything is copied: kubelets relist often, and most containers do not match.
         let containers = self
             .runtime
-            .containers()
+            .containers_where(|c| {
+                (filter.id.is_empty() || c.status.id == filter.id)
+                    && (filter.pod_sandbox_id.is_empty() || c.sandbox_id == filter.pod_sandbox_id)
+                    && filter
+                        .state
+                        .as_ref()
+                        .is_none_or(|v| v.state == c.status.state)
+                    && filter
+                        .label_selector
+                        .iter()
+                        .all(|(k, v)| c.status.labels.get(k) == Some(v))
+            })
             .into_iter()
-            .filter(|c| filter.id.is_empty() || c.status.id == filter.id)
-            .filter(|c| filter.pod_sandbox_id.is_empty() || c.sandbox_id == filter.pod_sandbox_id)
-            .filter(|c| {
-                filter
-                    .state
-                    .as_ref()
-                    .is_none_or(|v| v.state == c.status.state)
-            })
-            .filter(|c| {
-                filter
-                    .label_selector
-                    .iter()
-                    .all(|(k, v)| c.status.labels.get(k) == Some(v))
-            })
             .map(|c| cri::Container {
                 id: c.status.id,
                 pod_sandbox_id: c.sandbox_id,

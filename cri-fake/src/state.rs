@@ -148,13 +148,18 @@ impl FakeRuntime {
 
     /// The containers held now.
     pub fn containers(&self) -> Vec<Container> {
+        self.containers_where(|_| true)
+    }
+
+    /// The containers held now that `keep` selects (each brought up to date first; only those are copied).
+    pub fn containers_where(&self, keep: impl Fn(&Container) -> bool) -> Vec<Container> {
         let mut state = self.state.lock();
         state
             .containers
             .values_mut()
-            .map(|c| {
+            .filter_map(|c| {
                 c.refresh();
-                c.clone()
+                keep(c).then(|| c.clone())
             })
             .collect()
     }
