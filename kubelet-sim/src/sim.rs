@@ -330,14 +330,17 @@ impl Simulation {
     /// pods, each admitted and bound to a node. Refused objects are kept for the report. PVs of a `local`
     /// driver are pre-provisioned first, as an administrator would (see [`Self::provision`]).
     pub async fn apply(&mut self, manifests: Vec<Manifest>) {
-        for manifest in &manifests {
+        let mut admitted = Vec::with_capacity(manifests.len());
+        for manifest in manifests {
             if let Object::PersistentVolume(pv) = &manifest.object {
-                // A PV admission refuses is not provisioned (it is reported below).
-                if self
-                    .admission
-                    .admit_persistent_volume((**pv).clone())
-                    .is_err()
-                {
+                // Validated first: a PV the API server would refuse is neither provisioned nor stored.
+                if let Err(e) = self.admission.validate_persistent_volume(pv) {
+                    tracing::warn!(origin = manifest.origin, "{e}");
+                    self.rejected.push(Rejection {
+                        origin: manifest.origin,
+                        message: e.0,
+                        expected: false,
+                    });
                     continue;
                 }
                 if let Err(message) = self.provision(pv).await {
@@ -348,8 +351,9 @@ impl Simulation {
                     });
                 }
             }
+            admitted.push(manifest);
         }
-        let (pods, others): (Vec<_>, Vec<_>) = manifests
+        let (pods, others): (Vec<_>, Vec<_>) = admitted
             .into_iter()
             .partition(|m| matches!(m.object, Object::Pod(_)));
         for manifest in others.into_iter().chain(pods) {
@@ -418,11 +422,8 @@ impl Simulation {
             Object::CsiDriver(driver) => self
                 .api
                 .put(self.admission.admit_csi_driver(*driver).map_err(|e| e.0)?),
-            Object::PersistentVolume(pv) => self.api.put(
-                self.admission
-                    .admit_persistent_volume(*pv)
-                    .map_err(|e| e.0)?,
-            ),
+            // Validated in `apply`, before provisioning.
+            Object::PersistentVolume(pv) => self.api.put(*pv),
             Object::PersistentVolumeClaim(mut pvc) => {
                 pvc.metadata
                     .namespace

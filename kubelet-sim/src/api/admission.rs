@@ -266,16 +266,13 @@ impl Admission {
         Ok(driver)
     }
 
-    /// Admits a PersistentVolume: the secret references of its CSI source need a name and a namespace
+    /// Validates a PersistentVolume: the secret references of its CSI source need a name and a namespace
     /// (`validatePVSecretReference` in upstream's `validation.go`; it checks the controller-publish,
     /// controller-expand, node-publish and node-expand references, not node-stage).
-    pub fn admit_persistent_volume(
-        &self,
-        pv: PersistentVolume,
-    ) -> Result<PersistentVolume, Rejected> {
+    pub fn validate_persistent_volume(&self, pv: &PersistentVolume) -> Result<(), Rejected> {
         let name = pv.metadata.name.clone().unwrap_or_default();
         let Some(csi) = pv.spec.as_ref().and_then(|s| s.csi.as_ref()) else {
-            return Ok(pv);
+            return Ok(());
         };
         let mut errors = Vec::new();
         for (field, reference) in [
@@ -304,7 +301,7 @@ impl Admission {
             }
         }
         match errors.is_empty() {
-            true => Ok(pv),
+            true => Ok(()),
             false => Err(Rejected(format!(
                 "PersistentVolume {name:?} is invalid: {}",
                 aggregate(&errors)

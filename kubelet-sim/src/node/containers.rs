@@ -28,12 +28,7 @@ impl Kubelet {
             }
             *last = Some(Instant::now());
         }
-        if !self
-            .pods
-            .lock()
-            .values()
-            .any(|r| r.state == PodState::Running)
-        {
+        if !self.has_running_pods() {
             return;
         }
         let filter = cri::ContainerFilter {
@@ -75,7 +70,12 @@ impl Kubelet {
         let (mut containers, sandbox_id) = {
             let pods = self.pods.lock();
             match pods.get(uid) {
-                Some(rt) if rt.state == PodState::Running => {
+                // Work only for a running pod with an exit to record or a restart pending.
+                Some(rt)
+                    if rt.state == PodState::Running
+                        && (!exited.is_empty()
+                            || rt.containers.iter().any(|c| c.restart_at.is_some())) =>
+                {
                     (rt.containers.clone(), rt.sandbox_id.clone())
                 }
                 _ => return,

@@ -7,6 +7,7 @@
 //! - `reconciler.rs`: unmount what is unwanted, then attach-check, stage and mount what is missing.
 //! - `operations.rs`: one operation per volume at a time, exponential backoff.
 //! - `pod_worker.rs`: start pods whose volumes are mounted (CRI), stop and clean up deleted pods.
+//! - `containers.rs`: the relist of exited containers, restarts with back-off, Succeeded and Failed.
 //! - `reconstruct.rs`: after a restart, the actual state from disk and running sandboxes from CRI.
 //! - `host.rs`: the `VolumeHost` plugins get; `registry.rs`: registered CSI drivers.
 
@@ -196,12 +197,7 @@ impl Kubelet {
                 .next_retry()
                 .unwrap_or_else(|| Instant::now() + Duration::from_secs(1));
             // Running pods are relisted on time, so their containers' exits are seen.
-            if self
-                .pods
-                .lock()
-                .values()
-                .any(|r| r.state == pod_worker::PodState::Running)
-            {
+            if self.has_running_pods() {
                 next = next.min(Instant::now() + self.config.containers.relist_period);
             }
             tokio::select! {
@@ -226,6 +222,14 @@ impl Kubelet {
             self.clean_orphaned_pod_dirs();
         }
         self.report_volumes_in_use();
+    }
+
+    /// True when some pod's containers run (and may exit).
+    fn has_running_pods(&self) -> bool {
+        self.pods
+            .lock()
+            .values()
+            .any(|r| r.state == pod_worker::PodState::Running)
     }
 
     /// True once the populator has added every pod of the API after its sources were ready.

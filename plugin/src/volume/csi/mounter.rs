@@ -237,7 +237,7 @@ pub(super) async fn publish_context(
 }
 
 /// The `vol_data.json` record of a volume set up (or staged) on this node.
-pub(super) fn vol_data(
+fn vol_data(
     host: &dyn VolumeHost,
     spec: &Spec,
     driver_name: &str,
