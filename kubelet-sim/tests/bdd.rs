@@ -491,6 +491,46 @@ fn container_mount(w: &mut Sim, container: String, pod: String, path: String, mo
     );
 }
 
+#[then(
+    regex = r#"^container "([^"]+)" of pod "([^"]+)" mounts "([^"]+)" from its pod's "([^"]+)"$"#
+)]
+fn container_mount_from(w: &mut Sim, name: String, pod: String, path: String, from: String) {
+    let report = w.report();
+    let pod = report.pods.iter().find(|p| p.name == pod).expect("pod");
+    let container = pod
+        .containers
+        .iter()
+        .find(|c| c.name == name)
+        .expect("container");
+    let mount = container
+        .mounts
+        .iter()
+        .find(|m| m.container_path == path)
+        .unwrap_or_else(|| panic!("no mount at {path}"));
+    let pod_dir = w
+        .dir
+        .path()
+        .join("root")
+        .join(&pod.node)
+        .join("pods")
+        .join(&pod.uid);
+    assert_eq!(
+        std::path::Path::new(&mount.host_path),
+        pod_dir.join(from),
+        "{mount:?}"
+    );
+}
+
+#[then(regex = r#"^container "([^"]+)" of pod "([^"]+)" waits with reason "([^"]+)"$"#)]
+fn container_waits(w: &mut Sim, name: String, pod: String, reason: String) {
+    let c = container(w, &pod, &name);
+    assert_eq!(
+        (c.state.as_str(), c.reason.as_str()),
+        ("waiting", reason.as_str()),
+        "{c:#?}"
+    );
+}
+
 fn container(w: &Sim, pod: &str, container: &str) -> kubelet_sim::node::ContainerReport {
     let report = w.report();
     let pod = report.pods.iter().find(|p| p.name == pod).expect("pod");

@@ -188,9 +188,9 @@ impl Kubelet {
                 };
                 true
             }
-            Err(message) => {
+            Err(e) => {
                 self.api
-                    .record_event(pod, "Warning", "Failed", &format!("Error: {message}"));
+                    .record_event(pod, "Warning", "Failed", &format!("Error: {}", e.message));
                 report.restart_at = Some(Instant::now() + self.config.containers.backoff.initial);
                 false
             }

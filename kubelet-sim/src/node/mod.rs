@@ -8,6 +8,7 @@
 //! - `operations.rs`: one operation per volume at a time, exponential backoff.
 //! - `pod_worker.rs`: start pods whose volumes are mounted (CRI), stop and clean up deleted pods.
 //! - `containers.rs`: the relist of exited containers, restarts with back-off, Succeeded and Failed.
+//! - `subpath.rs`: subPath binds under `volume-subpaths`, made without following symlinks, and their cleanup.
 //! - `reconstruct.rs`: after a restart, the actual state from disk and running sandboxes from CRI.
 //! - `host.rs`: the `VolumeHost` plugins get; `registry.rs`: registered CSI drivers.
 
@@ -21,6 +22,7 @@ mod populator;
 mod reconciler;
 mod reconstruct;
 pub mod registry;
+mod subpath;
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;

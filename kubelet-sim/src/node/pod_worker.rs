@@ -14,11 +14,12 @@ use inlet_plugin::volume::image::PLUGIN_NAME as IMAGE_PLUGIN;
 use inlet_proto::runtime::v1 as cri;
 use k8s_openapi::api::core::v1::{
     Container, ContainerState, ContainerStateRunning, ContainerStateTerminated,
-    ContainerStateWaiting, ContainerStatus, Pod, PodCondition, PodStatus, Secret,
+    ContainerStateWaiting, ContainerStatus, Pod, PodCondition, PodStatus, Secret, VolumeMount,
 };
 
 use super::Kubelet;
 use super::operations::OpKey;
+use super::subpath;
 use crate::api::now;
 
 /// Where a pod is in its life on the node.
@@ -59,6 +60,22 @@ pub struct ContainerReport {
     /// When a crashed container is restarted (its back-off ends).
     #[serde(skip)]
     pub restart_at: Option<Instant>,
+}
+
+/// Why a container could not be started: the waiting reason kuberuntime gives it, and the event's text.
+#[derive(Debug)]
+pub struct StartError {
+    /// `CreateContainerConfigError` (its mounts could not be made), `CreateContainerError` or
+    /// `RunContainerError` (the runtime refused).
+    pub reason: &'static str,
+    /// What went wrong, for the pod's `Failed` event.
+    pub message: String,
+}
+
+impl StartError {
+    fn reason(reason: &'static str) -> impl Fn(String) -> Self {
+        move |message| Self { reason, message }
+    }
 }
 
 /// One CRI mount.
@@ -247,9 +264,23 @@ impl Kubelet {
                 .await
             {
                 Ok(report) => reports.push(report),
-                Err(message) => {
-                    self.api
-                        .record_event(&pod, "Warning", "Failed", &format!("Error: {message}"));
+                Err(e) => {
+                    self.api.record_event(
+                        &pod,
+                        "Warning",
+                        "Failed",
+                        &format!("Error: {}", e.message),
+                    );
+                    let waiting = ContainerReport {
+                        name: container.name.clone(),
+                        state: "waiting".into(),
+                        reason: e.reason.into(),
+                        ..Default::default()
+                    };
+                    self.set_status(&pod, std::slice::from_ref(&waiting), "Pending");
+                    if let Some(rt) = self.pods.lock().get_mut(&uid) {
+                        rt.containers = vec![waiting];
+                    }
                     // Leave nothing half-started: the next attempt starts from a clean sandbox.
                     let _ = self
                         .cri
@@ -445,9 +476,11 @@ impl Kubelet {
         sandbox_id: &str,
         sandbox_config: &cri::PodSandboxConfig,
         attempt: u32,
-    ) -> Result<ContainerReport, String> {
+    ) -> Result<ContainerReport, StartError> {
         let uid = pod.metadata.uid.clone().unwrap_or_default();
-        let mounts = self.container_mounts(&uid, container)?;
+        let mounts = self
+            .container_mounts(&uid, container)
+            .map_err(StartError::reason("CreateContainerConfigError"))?;
         let config = cri::ContainerConfig {
             metadata: Some(cri::ContainerMetadata {
                 name: container.name.clone(),
@@ -485,7 +518,7 @@ impl Kubelet {
             log_path: format!("{}/{attempt}.log", container.name),
             ..Default::default()
         };
-        let rpc = |s: tonic::Status| rpc_error(&s);
+        let rpc = |reason| move |s: tonic::Status| StartError::reason(reason)(rpc_error(&s));
         let request = cri::CreateContainerRequest {
             pod_sandbox_id: sandbox_id.to_string(),
             config: Some(config),
@@ -497,7 +530,7 @@ impl Kubelet {
             .clone()
             .create_container(request)
             .await
-            .map_err(rpc)?
+            .map_err(rpc("CreateContainerError"))?
             .into_inner()
             .container_id;
         self.api.record_event(
@@ -513,7 +546,7 @@ impl Kubelet {
                 container_id: id.clone(),
             })
             .await
-            .map_err(rpc)?;
+            .map_err(rpc("RunContainerError"))?;
         self.api.record_event(
             pod,
             "Normal",
@@ -529,7 +562,7 @@ impl Kubelet {
                 verbose: false,
             })
             .await
-            .map_err(rpc)?;
+            .map_err(rpc("RunContainerError"))?;
         let mounts = status
             .into_inner()
             .status
@@ -552,37 +585,57 @@ impl Kubelet {
         })
     }
 
-    /// The CRI mounts of a container: each volumeMount's volume dir (or subPath in it), read-only when the
-    /// volumeMount or the volume itself says so (`kubelet_pods.go` makeMounts).
+    /// The CRI mounts of a container (`kubelet_pods.go` makeMounts): each volumeMount's volume dir, or for a
+    /// subPath the bind [`subpath::prepare`] makes of it; read-only when the volumeMount or the volume itself
+    /// says so. The errors are upstream's texts; a subPath's details go to the log only, as upstream keeps
+    /// host paths from the user.
     fn container_mounts(
         &self,
         uid: &str,
         container: &Container,
     ) -> Result<Vec<cri::Mount>, String> {
-        let volumes: HashMap<String, (String, bool)> = {
+        let volumes: HashMap<String, (String, String, bool)> = {
             let dsw = self.dsw.lock();
             dsw.pod_volumes(uid)
                 .into_iter()
-                .map(|(unique, v)| (v.outer_name.clone(), (unique, v.read_only)))
+                .map(|(unique, v)| {
+                    let spec_name = v.spec.name().to_string();
+                    (v.outer_name.clone(), (unique, spec_name, v.read_only))
+                })
                 .collect()
         };
+        let pod_dir = self.config.root.join("pods").join(uid);
         let mut mounts = Vec::new();
-        for mount in container.volume_mounts.iter().flatten() {
-            let (unique, volume_read_only) = volumes
-                .get(&mount.name)
-                .ok_or_else(|| format!("volume {:?} is not mounted", mount.name))?;
+        for (index, mount) in container.volume_mounts.iter().flatten().enumerate() {
+            let not_found = || {
+                format!(
+                    "cannot find volume {:?} to mount into container {:?}",
+                    mount.name, container.name
+                )
+            };
+            let (unique, spec_name, volume_read_only) =
+                volumes.get(&mount.name).ok_or_else(not_found)?;
             let dir = self
                 .asw
                 .lock()
                 .mounted(unique, uid)
                 .map(|m| m.path.clone())
-                .ok_or_else(|| format!("volume {:?} is not mounted", mount.name))?;
-            let image_volume = unique
-                .starts_with(IMAGE_PLUGIN)
-                .then_some(mount.name.as_str());
+                .ok_or_else(not_found)?;
             let host_path = match mount.sub_path.as_deref().filter(|s| !s.is_empty()) {
-                Some(sub) => sub_path(&dir, sub, image_volume)?,
                 None => dir,
+                Some(sub) => {
+                    check_sub_path(sub)?;
+                    let image_volume = unique.starts_with(IMAGE_PLUGIN);
+                    self.sub_path_mount(
+                        &pod_dir,
+                        &dir,
+                        spec_name,
+                        container,
+                        mount,
+                        index,
+                        image_volume,
+                    )?
+                }
             };
             let propagation = match mount.mount_propagation.as_deref() {
                 Some("HostToContainer") => cri::MountPropagation::PropagationHostToContainer,
@@ -598,6 +651,48 @@ impl Kubelet {
             });
         }
         Ok(mounts)
+    }
+
+    /// The bind of one volumeMount's subPath; a missing subPath is created first in a writable volume, as the
+    /// kubelet does, and must exist in an image volume (the CRI's `image_sub_path` rule).
+    #[allow(clippy::too_many_arguments)]
+    fn sub_path_mount(
+        &self,
+        pod_dir: &Path,
+        volume_path: &Path,
+        volume_name: &str,
+        container: &Container,
+        mount: &VolumeMount,
+        index: usize,
+        image_volume: bool,
+    ) -> Result<PathBuf, String> {
+        let sub = mount.sub_path.as_deref().unwrap_or_default();
+        let (name, cname) = (&mount.name, &container.name);
+        if !volume_path.join(sub).exists() {
+            if image_volume {
+                return Err(format!(
+                    "subPath {sub:?} does not exist in image volume {name:?}"
+                ));
+            }
+            if let Err(e) = subpath::safe_make_dir(volume_path, sub) {
+                tracing::warn!(container = %cname, volume_mount = %name, "Failed to create subPath directory: {e}");
+                return Err(format!(
+                    "failed to create subPath directory for volumeMount {name:?} of container {cname:?}"
+                ));
+            }
+        }
+        let request = subpath::SubPath {
+            volume_path,
+            sub_path: sub,
+            volume_name,
+            container: cname,
+            index,
+            pod_dir,
+        };
+        subpath::prepare(&*self.host.mounter, &request).map_err(|e| {
+            tracing::warn!(container = %cname, volume_mount = %name, "Failed to prepare subPath: {e}");
+            format!("failed to prepare subPath for volumeMount {name:?} of container {cname:?}")
+        })
     }
 
     /// The pod's status: its phase, and each container's state as the runtime last reported it.
@@ -662,7 +757,8 @@ impl Kubelet {
             .map(|r| (r.sandbox_id.clone(), r.containers.clone()))
             .unwrap_or_default();
         let mut runtime = self.cri.runtime.clone();
-        for container in &containers {
+        // A container waiting to be created (no id) has nothing to stop.
+        for container in containers.iter().filter(|c| !c.id.is_empty()) {
             self.api.record_event(
                 &pod,
                 "Normal",
@@ -764,37 +860,23 @@ fn container_state(c: &ContainerReport) -> ContainerState {
     }
 }
 
-/// A subPath inside a volume dir: relative, without `..`, and still inside the volume once symlinks are
-/// resolved (the kubelet's guard against CVE-2017-1002101: a symlink in a volume must not lead a container to
-/// a host path). In a writable volume a missing subPath is created, as the kubelet does, one component at a
-/// time so no symlink is followed out; in an image volume it must exist (the CRI's `image_sub_path` rule).
-fn sub_path(dir: &Path, sub: &str, image_volume: Option<&str>) -> Result<PathBuf, String> {
-    let rel = Path::new(sub);
-    if rel.is_absolute() || rel.components().any(|c| matches!(c, Component::ParentDir)) {
+/// A subPath must be relative and must not step out with `..` (`kubelet_pods.go` makeMounts, whose texts
+/// these are).
+fn check_sub_path(sub: &str) -> Result<(), String> {
+    if Path::new(sub).is_absolute() {
         return Err(format!(
-            "subPath {sub:?} must be a relative path without '..'"
+            "error SubPath `{sub}` must not be an absolute path"
         ));
     }
-    let root = dir
-        .canonicalize()
-        .map_err(|e| format!("failed to prepare subPath {sub:?}: {e}"))?;
-    let escapes = || format!("subPath {sub:?} leads outside the volume");
-    let mut path = dir.to_path_buf();
-    for component in rel.components() {
-        path.push(component);
-        match (path.canonicalize(), image_volume) {
-            (Ok(real), _) if !real.starts_with(&root) => return Err(escapes()),
-            (Ok(_), _) => {}
-            (Err(_), Some(volume)) => {
-                return Err(format!(
-                    "subPath {sub:?} does not exist in image volume {volume:?}"
-                ));
-            }
-            (Err(_), None) => std::fs::create_dir(&path)
-                .map_err(|e| format!("failed to prepare subPath {sub:?}: {e}"))?,
-        }
+    if Path::new(sub)
+        .components()
+        .any(|c| matches!(c, Component::ParentDir))
+    {
+        return Err(format!(
+            "unable to provision SubPath `{sub}`: must not contain '..'"
+        ));
     }
-    path.canonicalize().map_err(|_| escapes())
+    Ok(())
 }
 
 /// Every directory under `dir`, `dir` included.
@@ -819,36 +901,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn sub_paths_stay_inside_their_volume() {
-        let dir = tempfile::tempdir().unwrap();
-        let volume = dir.path().join("volume");
-        std::fs::create_dir_all(volume.join("data")).unwrap();
-        std::os::unix::fs::symlink("/etc", volume.join("escape")).unwrap();
-        std::os::unix::fs::symlink("data", volume.join("inside")).unwrap();
+    fn sub_paths_must_be_relative_without_backsteps() {
+        check_sub_path("data/x").unwrap();
+        check_sub_path("a..b").unwrap();
         assert_eq!(
-            sub_path(&volume, "data", None).unwrap(),
-            volume.join("data")
+            check_sub_path("/etc").unwrap_err(),
+            "error SubPath `/etc` must not be an absolute path"
         );
         assert_eq!(
-            sub_path(&volume, "inside", None).unwrap(),
-            volume.join("data")
-        );
-        assert_eq!(
-            sub_path(&volume, "new/dir", None).unwrap(),
-            volume.join("new/dir")
-        );
-        for bad in ["escape", "escape/ssl", "../x", "/etc"] {
-            assert!(sub_path(&volume, bad, None).is_err(), "{bad}");
-        }
-        assert!(!Path::new("/etc/ssl/new").exists());
-        let missing = sub_path(&volume, "nope", Some("site")).unwrap_err();
-        assert!(
-            missing.contains("does not exist in image volume"),
-            "{missing}"
-        );
-        assert!(
-            !volume.join("nope").exists(),
-            "nothing is created in an image volume"
+            check_sub_path("a/../../x").unwrap_err(),
+            "unable to provision SubPath `a/../../x`: must not contain '..'"
         );
     }
 }

@@ -14,6 +14,7 @@ use super::Kubelet;
 use super::actual_state::{MountState, MountedPod};
 use super::desired_state::PodVolume;
 use super::operations::OpKey;
+use super::subpath;
 
 /// One piece of work a pass decided on.
 enum Action {
@@ -281,6 +282,18 @@ impl Kubelet {
     }
 
     async fn tear_down(self: Arc<Self>, unique: String, mount: MountedPod, spec: Spec) -> bool {
+        // The pod's subPath binds of this volume go first (`operation_generator.go` calls CleanSubPaths
+        // before TearDown); while one stays, the volume is not torn down. No event, as upstream.
+        let pod_dir = self.config.root.join("pods").join(&mount.pod.uid);
+        if let Err(e) = subpath::clean(&*self.host.mounter, &pod_dir, &mount.spec_name) {
+            tracing::warn!(
+                node = %self.config.name,
+                pod = %mount.pod.uid,
+                "UnmountVolume failed for volume {:?}: error cleaning subPath mounts: {e}",
+                mount.outer_name
+            );
+            return false;
+        }
         let plugin = self.plugin_for(&spec);
         let result = match plugin.new_unmounter(&mount.spec_name, &mount.pod.uid) {
             Ok(unmounter) => unmounter.tear_down_at(&mount.path).await,

@@ -248,6 +248,16 @@ fn writes(w: &mut Sim, pod: String, text: String, path: String) {
     std::fs::write(&host, text).unwrap_or_else(|e| panic!("{}: {e}", host.display()));
 }
 
+#[when(regex = r#"^pod "([^"]+)" makes "([^"]+)" a symlink to "([^"]+)"$"#)]
+fn makes_symlink(w: &mut Sim, pod: String, path: String, to: String) {
+    let (mount, file) = split_mount(&path);
+    if !content_visible(&format!("pod {pod} makes {path} a symlink")) {
+        return;
+    }
+    let host = host_path(w, &pod, mount).join(file);
+    std::os::unix::fs::symlink(&to, &host).unwrap_or_else(|e| panic!("{}: {e}", host.display()));
+}
+
 #[then(regex = r#"^pod "([^"]+)" cannot write to "([^"]+)"$"#)]
 fn cannot_write(w: &mut Sim, pod: String, path: String) {
     let (mount, file) = split_mount(&path);
