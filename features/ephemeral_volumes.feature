@@ -163,6 +163,29 @@ Feature: Ephemeral inline CSI volumes (KEP-596)
     And the driver got NodeUnpublishVolume for volume "b" of pod "web"
     And nothing is left on the node
 
+  @mounts
+  Scenario: A failed NodeUnpublishVolume leaves the mount uncertain and is retried, with no pod event
+    Upstream's UnmountVolume marks the mount uncertain when TearDown fails and retries it with back-off;
+    its event recorder is nil there, so the pod gets no event (operation_generator.go). A file held open in
+    the volume makes the driver's unmount fail with EBUSY until it is let go.
+    Given the manifests:
+      """
+      apiVersion: v1
+      kind: Pod
+      metadata: {name: web}
+      spec:
+        containers: [{name: app, image: busybox, volumeMounts: [{name: data, mountPath: /data}]}]
+        volumes: [{name: data, csi: {driver: local.inlet.dev}}]
+      """
+    When the simulation runs
+    Then pod "web" is Running
+    When a process holds "/data:busy.txt" open in pod "web"
+    And pod "web" is being deleted
+    Then the driver got NodeUnpublishVolume for volume "data" of pod "web" at least 2 times
+    When the process lets go of its files
+    Then nothing is left of pod "web" on "node-1"
+    And pod "web" got no Warning event
+
   Scenario: A driver error reaches the pod as a FailedMount event in upstream's form
     Given the manifests:
       """

@@ -49,6 +49,8 @@ struct Sim {
     faults: Vec<(String, cri_fake::faults::Fault)>,
     /// The config the simulation started with, to start it again on the same root.
     config: Option<SimConfig>,
+    /// Files a process holds open in a volume (an unmount of it fails with EBUSY meanwhile).
+    held: Vec<std::fs::File>,
 }
 
 impl std::fmt::Debug for Sim {
@@ -76,6 +78,7 @@ impl Sim {
             registry: None,
             faults: Vec::new(),
             config: None,
+            held: Vec::new(),
         }
     }
 
@@ -312,6 +315,11 @@ async fn pod_deleted(w: &mut Sim, pod: String) {
             .any(|p| p.metadata.name.as_deref() == Some(&pod))
     })
     .await;
+}
+
+#[when(regex = r#"^pod "([^"]+)" is being deleted$"#)]
+fn pod_being_deleted(w: &mut Sim, pod: String) {
+    assert!(w.sim().delete_pod("default", &pod), "pod {pod} exists");
 }
 
 #[when(regex = r"^all pods are deleted$")]
@@ -586,6 +594,35 @@ async fn got_call(w: &mut Sim, method: String, volume: String, pod: String) {
             .any(|c| c.method == method && c.target_path.ends_with(&dir))
     })
     .await;
+}
+
+#[then(
+    regex = r#"^the driver got (\w+) for volume "([^"]+)" of pod "([^"]+)" at least (\d+) times$"#
+)]
+async fn got_calls(w: &mut Sim, method: String, volume: String, pod: String, times: usize) {
+    let dir = format!(
+        "/pods/{}/volumes/kubernetes.io~csi/{volume}/mount",
+        w.uid(&pod)
+    );
+    w.wait(&format!("{times} {method} for {pod}/{volume}"), |r| {
+        r.csi_calls
+            .iter()
+            .filter(|c| c.method == method && c.target_path.ends_with(&dir))
+            .count()
+            >= times
+    })
+    .await;
+}
+
+#[then(regex = r#"^pod "([^"]+)" got no Warning event$"#)]
+fn no_warning(w: &mut Sim, pod: String) {
+    let events = w.sim().api.events_for(&w.uid(&pod));
+    let warnings: Vec<_> = events
+        .iter()
+        .filter(|e| e.type_.as_deref() == Some("Warning"))
+        .map(|e| (&e.reason, &e.message))
+        .collect();
+    assert!(warnings.is_empty(), "{warnings:?}");
 }
 
 #[then(regex = r#"^the driver got no (\w+) for volume "([^"]+)" of pod "([^"]+)"$"#)]

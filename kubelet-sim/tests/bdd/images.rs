@@ -258,6 +258,22 @@ fn makes_symlink(w: &mut Sim, pod: String, path: String, to: String) {
     std::os::unix::fs::symlink(&to, &host).unwrap_or_else(|e| panic!("{}: {e}", host.display()));
 }
 
+#[when(regex = r#"^a process holds "([^"]+)" open in pod "([^"]+)"$"#)]
+fn holds_open(w: &mut Sim, path: String, pod: String) {
+    let (mount, file) = split_mount(&path);
+    if !content_visible(&format!("a process holds {path} open in pod {pod}")) {
+        return;
+    }
+    let host = host_path(w, &pod, mount).join(file);
+    let open = std::fs::File::create(&host).unwrap_or_else(|e| panic!("{}: {e}", host.display()));
+    w.held.push(open);
+}
+
+#[when(regex = r"^the process lets go of its files$")]
+fn lets_go(w: &mut Sim) {
+    w.held.clear();
+}
+
 #[then(regex = r#"^pod "([^"]+)" cannot write to "([^"]+)"$"#)]
 fn cannot_write(w: &mut Sim, pod: String, path: String) {
     let (mount, file) = split_mount(&path);
