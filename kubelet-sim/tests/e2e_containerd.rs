@@ -6,7 +6,10 @@
 //!    containerd with the pod's pull secret), checked in the container's own log;
 //! 2. a pod with a writable inline CSI image volume (inlet's image driver on containerd's snapshots) that
 //!    writes into it and prints what it wrote;
-//! 3. after teardown, containerd holds no snapshot or lease of inlet's, and nothing is mounted.
+//! 3. a pod whose command checks the image volume's files (one through a subPath) and ends `Succeeded`,
+//!    and one checking a file the image lacks that ends `Failed` (restartPolicy Never): kubelet-sim follows
+//!    containerd's containers to completion;
+//! 4. after teardown, containerd holds no snapshot or lease of inlet's, and nothing is mounted.
 //!
 //! Needs root and Debian's `containerd`, `runc`, `docker-registry` and `busybox-static` (`.ci/run` installs
 //! them); otherwise it says SKIPPED and passes. Every daemon it starts is stopped when it ends.
@@ -262,6 +265,40 @@ spec:
 ---
 apiVersion: v1
 kind: Pod
+metadata: {{name: checker, annotations: {{inlet.dev/expected-phase: Succeeded}}}}
+spec:
+  hostNetwork: true
+  restartPolicy: Never
+  imagePullSecrets: [{{name: regcred}}]
+  containers:
+    - name: app
+      image: {open}/busybox:1
+      command: ["/bin/sh", "-c", "read line < /data/hello.txt && [ \"$line\" = 'hello from a private image volume' ] && [ -f /more/more.txt ]"]
+      volumeMounts:
+        - {{name: data, mountPath: /data}}
+        - {{name: data, mountPath: /more, subPath: sub}}
+  volumes:
+    - name: data
+      image: {{reference: "{data_ref}"}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: missing, annotations: {{inlet.dev/expected-phase: Failed}}}}
+spec:
+  hostNetwork: true
+  restartPolicy: Never
+  imagePullSecrets: [{{name: regcred}}]
+  containers:
+    - name: app
+      image: {open}/busybox:1
+      command: ["/bin/sh", "-c", "[ -f /data/not-in-the-image.txt ]"]
+      volumeMounts: [{{name: data, mountPath: /data}}]
+  volumes:
+    - name: data
+      image: {{reference: "{data_ref}"}}
+---
+apiVersion: v1
+kind: Pod
 metadata: {{name: writer}}
 spec:
   hostNetwork: true
@@ -377,6 +414,24 @@ spec:
     assert_eq!(snapshots.matches("/inlet-ro-").count(), 1, "{snapshots}");
     assert_eq!(snapshots.matches("/inlet-rw-").count(), 1, "{snapshots}");
     let report: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let phase = |pod: &str| {
+        report["pods"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == pod)
+            .map(|p| (p["phase"].clone(), p["containers"][0]["exit_code"].clone()))
+    };
+    assert_eq!(
+        phase("checker"),
+        Some(("Succeeded".into(), 0.into())),
+        "{text}"
+    );
+    assert_eq!(
+        phase("missing"),
+        Some(("Failed".into(), 1.into())),
+        "{text}"
+    );
     let reader_mount = report["pods"]
         .as_array()
         .unwrap()
