@@ -184,7 +184,9 @@ impl DriverHandle {
         let serve_socket = socket.clone();
         let task = tokio::spawn(async move {
             let shutdown = async { drop(stopped.await) };
-            if let Err(e) = serve_csi_on(incoming, &serve_socket, service, true, shutdown).await {
+            if let Err(e) =
+                serve_csi_on(incoming, &serve_socket, service, true, None, shutdown).await
+            {
                 tracing::error!("driver stopped: {e}");
             }
         });

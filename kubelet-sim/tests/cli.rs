@@ -178,8 +178,15 @@ async fn an_external_driver_and_an_external_runtime_on_sockets() {
     let service = LocalService::new(LocalDriver::open(config, mounter()).unwrap());
     let socket = driver_socket.clone();
     tokio::spawn(async move {
-        inlet_plugin::server::serve_csi_on(incoming, &socket, service, true, std::future::pending())
-            .await
+        inlet_plugin::server::serve_csi_on(
+            incoming,
+            &socket,
+            service,
+            true,
+            None,
+            std::future::pending(),
+        )
+        .await
     });
     // A runtime on its own socket.
     let runtime =

@@ -8,13 +8,15 @@
 //!   shared read-only views and writable copy-on-write volumes, and the `image` CSI driver.
 //! - [`local`]: the `local` driver: volumes as directories (or loop-attached files for raw block) under a
 //!   state dir, with snapshots, clones, expansion, attach, staging and KEP-596 ephemeral inline volumes.
-//! - [`server`]: serving a driver's CSI services on a unix socket.
+//! - [`server`]: serving a driver's CSI services on a unix socket; [`call_log`]: a record of the Node
+//!   calls a driver receives (`--call-log`).
 //! - [`quantity`]: Kubernetes quantities (`64Mi`) as bytes.
 //! - [`volume`]: the kubelet-side volume plugin framework (`VolumePlugin`, `Mounter`, `Unmounter`,
 //!   `Attacher`, `Detacher`, `VolumeHost`) and the `kubernetes.io/csi` plugin with the KEP-596 contract.
 //!
 //! The `inlet-plugin` binary (`src/main.rs`) is a thin CLI over [`server::serve_csi`].
 
+pub mod call_log;
 pub mod error;
 pub mod image;
 pub mod local;

@@ -5,13 +5,14 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::{Parser, Subcommand, ValueEnum};
+use inlet_plugin::call_log::CallLog;
 use inlet_plugin::image::{
     Engine, EngineConfig, ImageDriverConfig, ImageService, StorageKind, VerificationPolicy,
 };
 use inlet_plugin::local::{LocalConfig, LocalDriver, LocalService};
 use inlet_plugin::mount::{LinuxMounter, MountLayer, RecordingMounter, can_mount};
 use inlet_plugin::quantity::parse_bytes;
-use inlet_plugin::server::serve_csi;
+use inlet_plugin::server::serve_csi_on;
 
 #[derive(Parser)]
 #[command(
@@ -75,6 +76,10 @@ struct ServeArgs {
     /// Target and staging paths must be inside this directory (the kubelet's root dir).
     #[arg(long, default_value = "/var/lib/kubelet")]
     kubelet_dir: PathBuf,
+    /// Append every Node call received to this file, one JSON line each (secrets by key name only,
+    /// service-account tokens redacted): what the kubelet sent, to compare or debug.
+    #[arg(long, value_name = "FILE")]
+    call_log: Option<PathBuf>,
     /// How to mount: `linux` (real mounts, needs root), `recording` (a fake that records calls and mounts
     /// nothing), or `auto` (linux when root, else recording with a warning).
     #[arg(long, value_enum, default_value_t = MounterKind::Auto)]
@@ -173,8 +178,16 @@ async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
             Arc::new(RecordingMounter::new())
         }
     };
+    let call_log = match &args.call_log {
+        Some(path) => {
+            Some(Arc::new(CallLog::open(path, &args.name).map_err(|e| {
+                format!("--call-log {}: {e}", path.display())
+            })?))
+        }
+        None => None,
+    };
     if let DriverKind::Image = args.driver {
-        return serve_image(args, &socket, mounter).await;
+        return serve_image(args, &socket, mounter, call_log).await;
     }
     let config = LocalConfig {
         name: args.name,
@@ -190,7 +203,16 @@ async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
     };
     tracing::info!(driver = %config.name, node_id = %config.node_id, state_dir = %config.state_dir.display(), "starting local driver");
     let driver = LocalDriver::open(config, mounter)?;
-    serve_csi(&socket, LocalService::new(driver), true, shutdown_signal()).await?;
+    let incoming = inlet_proto::uds::listen(&socket).await?;
+    serve_csi_on(
+        incoming,
+        &socket,
+        LocalService::new(driver),
+        true,
+        call_log,
+        shutdown_signal(),
+    )
+    .await?;
     Ok(())
 }
 
@@ -198,6 +220,7 @@ async fn serve_image(
     args: ServeArgs,
     socket: &std::path::Path,
     mounter: Arc<dyn MountLayer>,
+    call_log: Option<Arc<CallLog>>,
 ) -> Result<(), Box<dyn std::error::Error>> {
     let runtime = args.runtime_endpoint.unwrap_or_default();
     let engine_config = EngineConfig {
@@ -218,13 +241,9 @@ async fn serve_image(
         state_dir: args.state_dir,
         pull_wait: args.pull_wait,
     };
-    serve_csi(
-        socket,
-        ImageService::new(config, engine),
-        true,
-        shutdown_signal(),
-    )
-    .await?;
+    let incoming = inlet_proto::uds::listen(socket).await?;
+    let service = ImageService::new(config, engine);
+    serve_csi_on(incoming, socket, service, true, call_log, shutdown_signal()).await?;
     Ok(())
 }
 

@@ -2,12 +2,15 @@
 
 use std::future::Future;
 use std::path::Path;
+use std::sync::Arc;
 
 use inlet_proto::csi::v1::controller_server::{Controller, ControllerServer};
 use inlet_proto::csi::v1::identity_server::{Identity, IdentityServer};
 use inlet_proto::csi::v1::node_server::{Node, NodeServer};
 use inlet_proto::uds;
 use tokio_stream::wrappers::UnixListenerStream;
+
+use crate::call_log::{CallLog, LoggedNode};
 
 pub use uds::ServeError;
 
@@ -26,15 +29,17 @@ where
     S: Identity + Controller + Node + Clone,
 {
     let incoming = uds::listen(socket).await?;
-    serve_csi_on(incoming, socket, service, with_controller, shutdown).await
+    serve_csi_on(incoming, socket, service, with_controller, None, shutdown).await
 }
 
-/// Like [`serve_csi`], on a socket the caller already bound (so it is accepting before this is spawned).
+/// Like [`serve_csi`], on a socket the caller already bound (so it is accepting before this is spawned),
+/// recording every Node call in `call_log` when there is one.
 pub async fn serve_csi_on<S>(
     incoming: UnixListenerStream,
     socket: &Path,
     service: S,
     with_controller: bool,
+    call_log: Option<Arc<CallLog>>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServeError>
 where
@@ -43,7 +48,10 @@ where
     tracing::info!(socket = %socket.display(), "serving CSI");
     let router = tonic::transport::Server::builder()
         .add_service(IdentityServer::new(service.clone()))
-        .add_service(NodeServer::new(service.clone()))
+        .add_optional_service(call_log.is_none().then(|| NodeServer::new(service.clone())))
+        .add_optional_service(
+            call_log.map(|log| NodeServer::new(LoggedNode::new(service.clone(), log))),
+        )
         .add_optional_service(with_controller.then(|| ControllerServer::new(service)));
     let served = router
         .serve_with_incoming_shutdown(incoming, shutdown)

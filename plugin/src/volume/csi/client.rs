@@ -18,7 +18,7 @@ pub const CSI_TIMEOUT: Duration = Duration::from_secs(120);
 pub const TOKENS_KEY: &str = "csi.storage.k8s.io/serviceAccount.tokens";
 
 /// One CSI call as the report shows it.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct CsiCall {
     /// The driver's name.
     pub driver: String,
@@ -71,7 +71,7 @@ impl std::fmt::Debug for CsiClient {
 
 /// What a call's report needs from its request.
 #[derive(Default)]
-struct CallInfo<'a> {
+pub struct CallInfo<'a> {
     volume_id: &'a str,
     target_path: &'a str,
     staging_path: &'a str,
@@ -80,6 +80,167 @@ struct CallInfo<'a> {
     secrets: Option<&'a HashMap<String, String>>,
     publish_context: Option<&'a HashMap<String, String>>,
     capability: Option<&'a csi::VolumeCapability>,
+}
+
+/// A CSI request a [`CsiCall`] can be made of: its method's name and the fields the record keeps.
+pub trait CallRequest {
+    /// The RPC's name (`NodePublishVolume`).
+    const METHOD: &'static str;
+    /// The fields a record keeps.
+    fn info(&self) -> CallInfo<'_>;
+}
+
+macro_rules! call_request {
+    ($request:ty, $method:literal) => {
+        call_request!($request, $method, |_r| CallInfo::default());
+    };
+    ($request:ty, $method:literal, |$r:ident| $info:expr) => {
+        impl CallRequest for $request {
+            const METHOD: &'static str = $method;
+            fn info(&self) -> CallInfo<'_> {
+                let $r = self;
+                $info
+            }
+        }
+    };
+}
+
+call_request!(csi::NodePublishVolumeRequest, "NodePublishVolume", |r| {
+    CallInfo {
+        volume_id: &r.volume_id,
+        target_path: &r.target_path,
+        staging_path: &r.staging_target_path,
+        readonly: r.readonly,
+        volume_context: Some(&r.volume_context),
+        secrets: Some(&r.secrets),
+        publish_context: Some(&r.publish_context),
+        capability: r.volume_capability.as_ref(),
+    }
+});
+call_request!(
+    csi::NodeUnpublishVolumeRequest,
+    "NodeUnpublishVolume",
+    |r| CallInfo {
+        volume_id: &r.volume_id,
+        target_path: &r.target_path,
+        ..Default::default()
+    }
+);
+call_request!(csi::NodeStageVolumeRequest, "NodeStageVolume", |r| {
+    CallInfo {
+        volume_id: &r.volume_id,
+        staging_path: &r.staging_target_path,
+        volume_context: Some(&r.volume_context),
+        secrets: Some(&r.secrets),
+        publish_context: Some(&r.publish_context),
+        capability: r.volume_capability.as_ref(),
+        ..Default::default()
+    }
+});
+call_request!(csi::NodeUnstageVolumeRequest, "NodeUnstageVolume", |r| {
+    CallInfo {
+        volume_id: &r.volume_id,
+        staging_path: &r.staging_target_path,
+        ..Default::default()
+    }
+});
+call_request!(csi::NodeGetVolumeStatsRequest, "NodeGetVolumeStats", |r| {
+    CallInfo {
+        volume_id: &r.volume_id,
+        target_path: &r.volume_path,
+        staging_path: &r.staging_target_path,
+        ..Default::default()
+    }
+});
+call_request!(csi::NodeExpandVolumeRequest, "NodeExpandVolume", |r| {
+    CallInfo {
+        volume_id: &r.volume_id,
+        target_path: &r.volume_path,
+        staging_path: &r.staging_target_path,
+        secrets: Some(&r.secrets),
+        capability: r.volume_capability.as_ref(),
+        ..Default::default()
+    }
+});
+call_request!(csi::NodeGetCapabilitiesRequest, "NodeGetCapabilities");
+call_request!(csi::NodeGetInfoRequest, "NodeGetInfo");
+call_request!(
+    csi::ControllerGetCapabilitiesRequest,
+    "ControllerGetCapabilities"
+);
+call_request!(
+    csi::ControllerPublishVolumeRequest,
+    "ControllerPublishVolume",
+    |r| CallInfo {
+        volume_id: &r.volume_id,
+        readonly: r.readonly,
+        volume_context: Some(&r.volume_context),
+        secrets: Some(&r.secrets),
+        capability: r.volume_capability.as_ref(),
+        ..Default::default()
+    }
+);
+call_request!(
+    csi::ControllerUnpublishVolumeRequest,
+    "ControllerUnpublishVolume",
+    |r| CallInfo {
+        volume_id: &r.volume_id,
+        secrets: Some(&r.secrets),
+        ..Default::default()
+    }
+);
+
+impl CsiCall {
+    /// The record of `request` sent to `driver`, answered with `failure` (None: OK). Secrets keep only
+    /// their key names; service-account tokens are redacted.
+    pub fn of<R: CallRequest>(driver: &str, request: &R, failure: Option<&Status>) -> Self {
+        let info = request.info();
+        let map = |m: Option<&HashMap<String, String>>| -> BTreeMap<String, String> {
+            m.into_iter()
+                .flatten()
+                .map(|(k, v)| {
+                    let value = if k == TOKENS_KEY {
+                        redact_tokens(v)
+                    } else {
+                        v.clone()
+                    };
+                    (k.clone(), value)
+                })
+                .collect()
+        };
+        let mut secret_keys: Vec<String> = info
+            .secrets
+            .into_iter()
+            .flatten()
+            .map(|(k, _)| k.clone())
+            .collect();
+        secret_keys.sort();
+        CsiCall {
+            driver: driver.to_string(),
+            method: R::METHOD.to_string(),
+            volume_id: info.volume_id.to_string(),
+            target_path: info.target_path.to_string(),
+            staging_path: info.staging_path.to_string(),
+            readonly: info.readonly,
+            volume_context: map(info.volume_context),
+            secret_keys,
+            publish_context: map(info.publish_context),
+            code: match failure {
+                None => "OK".into(),
+                Some(status) => format!("{:?}", status.code()),
+            },
+            access_mode: info
+                .capability
+                .and_then(|c| c.access_mode.as_ref())
+                .and_then(|m| csi::volume_capability::access_mode::Mode::try_from(m.mode).ok())
+                .map(|m| m.as_str_name().to_string())
+                .unwrap_or_default(),
+            volume_mount_group: match info.capability.and_then(|c| c.access_type.as_ref()) {
+                Some(csi::volume_capability::AccessType::Mount(m)) => m.volume_mount_group.clone(),
+                _ => String::new(),
+            },
+        }
+    }
 }
 
 /// The tokens' JSON with every `token` replaced by `<redacted>`: audiences and expiry times stay
@@ -115,57 +276,10 @@ impl CsiClient {
         &self.driver
     }
 
-    fn report(&self, method: &str, info: CallInfo<'_>, failure: Option<&Status>) {
-        let Some(observer) = &self.observer else {
-            return;
-        };
-        let map = |m: Option<&HashMap<String, String>>| -> BTreeMap<String, String> {
-            m.map(|m| {
-                m.iter()
-                    .map(|(k, v)| {
-                        (
-                            k.clone(),
-                            if k == TOKENS_KEY {
-                                redact_tokens(v)
-                            } else {
-                                v.clone()
-                            },
-                        )
-                    })
-                    .collect()
-            })
-            .unwrap_or_default()
-        };
-        let mut secret_keys: Vec<String> = info
-            .secrets
-            .map(|s| s.keys().cloned().collect())
-            .unwrap_or_default();
-        secret_keys.sort();
-        observer.observe(CsiCall {
-            driver: self.driver.clone(),
-            method: method.to_string(),
-            volume_id: info.volume_id.to_string(),
-            target_path: info.target_path.to_string(),
-            staging_path: info.staging_path.to_string(),
-            readonly: info.readonly,
-            volume_context: map(info.volume_context),
-            secret_keys,
-            publish_context: map(info.publish_context),
-            code: match failure {
-                None => "OK".into(),
-                Some(status) => format!("{:?}", status.code()),
-            },
-            access_mode: info
-                .capability
-                .and_then(|c| c.access_mode.as_ref())
-                .and_then(|m| csi::volume_capability::access_mode::Mode::try_from(m.mode).ok())
-                .map(|m| m.as_str_name().to_string())
-                .unwrap_or_default(),
-            volume_mount_group: match info.capability.and_then(|c| c.access_type.as_ref()) {
-                Some(csi::volume_capability::AccessType::Mount(m)) => m.volume_mount_group.clone(),
-                _ => String::new(),
-            },
-        });
+    fn report<R: CallRequest>(&self, request: &R, failure: Option<&Status>) {
+        if let Some(observer) = &self.observer {
+            observer.observe(CsiCall::of(&self.driver, request, failure));
+        }
     }
 
     fn timed<T>(message: T) -> Request<T> {
@@ -180,20 +294,9 @@ impl CsiClient {
             .node
             .clone()
             .node_publish_volume(Self::timed(req.clone()))
-            .await
-            .map(drop);
-        let info = CallInfo {
-            volume_id: &req.volume_id,
-            target_path: &req.target_path,
-            staging_path: &req.staging_target_path,
-            readonly: req.readonly,
-            volume_context: Some(&req.volume_context),
-            secrets: Some(&req.secrets),
-            publish_context: Some(&req.publish_context),
-            capability: req.volume_capability.as_ref(),
-        };
-        self.report("NodePublishVolume", info, result.as_ref().err());
-        result
+            .await;
+        self.report(&req, result.as_ref().err());
+        result.map(drop)
     }
 
     /// NodeUnpublishVolume (no secrets, no context: the kubelet sends none).
@@ -205,19 +308,10 @@ impl CsiClient {
         let result = self
             .node
             .clone()
-            .node_unpublish_volume(Self::timed(req))
-            .await
-            .map(drop);
-        self.report(
-            "NodeUnpublishVolume",
-            CallInfo {
-                volume_id,
-                target_path,
-                ..Default::default()
-            },
-            result.as_ref().err(),
-        );
-        result
+            .node_unpublish_volume(Self::timed(req.clone()))
+            .await;
+        self.report(&req, result.as_ref().err());
+        result.map(drop)
     }
 
     /// NodeStageVolume.
@@ -226,19 +320,9 @@ impl CsiClient {
             .node
             .clone()
             .node_stage_volume(Self::timed(req.clone()))
-            .await
-            .map(drop);
-        let info = CallInfo {
-            volume_id: &req.volume_id,
-            staging_path: &req.staging_target_path,
-            volume_context: Some(&req.volume_context),
-            secrets: Some(&req.secrets),
-            publish_context: Some(&req.publish_context),
-            capability: req.volume_capability.as_ref(),
-            ..Default::default()
-        };
-        self.report("NodeStageVolume", info, result.as_ref().err());
-        result
+            .await;
+        self.report(&req, result.as_ref().err());
+        result.map(drop)
     }
 
     /// NodeUnstageVolume.
@@ -250,35 +334,23 @@ impl CsiClient {
         let result = self
             .node
             .clone()
-            .node_unstage_volume(Self::timed(req))
-            .await
-            .map(drop);
-        self.report(
-            "NodeUnstageVolume",
-            CallInfo {
-                volume_id,
-                staging_path,
-                ..Default::default()
-            },
-            result.as_ref().err(),
-        );
-        result
+            .node_unstage_volume(Self::timed(req.clone()))
+            .await;
+        self.report(&req, result.as_ref().err());
+        result.map(drop)
     }
 
     /// NodeGetCapabilities, as the RPC types the driver advertises.
     pub async fn node_capabilities(
         &self,
     ) -> Result<Vec<csi::node_service_capability::rpc::Type>, Status> {
+        let req = csi::NodeGetCapabilitiesRequest {};
         let result = self
             .node
             .clone()
-            .node_get_capabilities(Self::timed(csi::NodeGetCapabilitiesRequest {}))
+            .node_get_capabilities(Self::timed(req))
             .await;
-        self.report(
-            "NodeGetCapabilities",
-            CallInfo::default(),
-            result.as_ref().err(),
-        );
+        self.report(&req, result.as_ref().err());
         Ok(result?
             .into_inner()
             .capabilities
@@ -294,12 +366,9 @@ impl CsiClient {
 
     /// NodeGetInfo.
     pub async fn node_info(&self) -> Result<csi::NodeGetInfoResponse, Status> {
-        let result = self
-            .node
-            .clone()
-            .node_get_info(Self::timed(csi::NodeGetInfoRequest {}))
-            .await;
-        self.report("NodeGetInfo", CallInfo::default(), result.as_ref().err());
+        let req = csi::NodeGetInfoRequest {};
+        let result = self.node.clone().node_get_info(Self::timed(req)).await;
+        self.report(&req, result.as_ref().err());
         Ok(result?.into_inner())
     }
 
@@ -307,16 +376,13 @@ impl CsiClient {
     pub async fn controller_capabilities(
         &self,
     ) -> Result<Vec<csi::controller_service_capability::rpc::Type>, Status> {
+        let req = csi::ControllerGetCapabilitiesRequest {};
         let result = self
             .controller
             .clone()
-            .controller_get_capabilities(Self::timed(csi::ControllerGetCapabilitiesRequest {}))
+            .controller_get_capabilities(Self::timed(req))
             .await;
-        self.report(
-            "ControllerGetCapabilities",
-            CallInfo::default(),
-            result.as_ref().err(),
-        );
+        self.report(&req, result.as_ref().err());
         Ok(result?
             .into_inner()
             .capabilities
@@ -330,7 +396,7 @@ impl CsiClient {
             .collect())
     }
 
-    /// ControllerPublishVolume; returns the publish context.
+    /// ControllerPublishVolume; returns the publish context (which the record shows too).
     pub async fn controller_publish(
         &self,
         req: csi::ControllerPublishVolumeRequest,
@@ -341,15 +407,16 @@ impl CsiClient {
             .controller_publish_volume(Self::timed(req.clone()))
             .await
             .map(|r| r.into_inner().publish_context);
-        let info = CallInfo {
-            volume_id: &req.volume_id,
-            readonly: req.readonly,
-            volume_context: Some(&req.volume_context),
-            secrets: Some(&req.secrets),
-            publish_context: result.as_ref().ok(),
-            ..Default::default()
-        };
-        self.report("ControllerPublishVolume", info, result.as_ref().err());
+        if let Some(observer) = &self.observer {
+            let mut call = CsiCall::of(&self.driver, &req, result.as_ref().err());
+            if let Ok(context) = &result {
+                call.publish_context = context
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect();
+            }
+            observer.observe(call);
+        }
         result
     }
 
@@ -362,14 +429,8 @@ impl CsiClient {
             .controller
             .clone()
             .controller_unpublish_volume(Self::timed(req.clone()))
-            .await
-            .map(drop);
-        let info = CallInfo {
-            volume_id: &req.volume_id,
-            secrets: Some(&req.secrets),
-            ..Default::default()
-        };
-        self.report("ControllerUnpublishVolume", info, result.as_ref().err());
-        result
+            .await;
+        self.report(&req, result.as_ref().err());
+        result.map(drop)
     }
 }

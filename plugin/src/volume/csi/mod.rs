@@ -25,7 +25,7 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-pub use client::{CSI_TIMEOUT, CsiCall, CsiClient, CsiObserver, TOKENS_KEY};
+pub use client::{CSI_TIMEOUT, CallInfo, CallRequest, CsiCall, CsiClient, CsiObserver, TOKENS_KEY};
 pub use mounter::{CsiMounter, CsiUnmounter, rpc_error};
 use source::{LifecycleMode, resolve};
 use vol_data::VolData;
