@@ -8,7 +8,6 @@ use inlet_proto::csi::v1::controller_server::{Controller, ControllerServer};
 use inlet_proto::csi::v1::identity_server::{Identity, IdentityServer};
 use inlet_proto::csi::v1::node_server::{Node, NodeServer};
 use inlet_proto::uds;
-use tokio_stream::wrappers::UnixListenerStream;
 
 use crate::call_log::{CallLog, LoggedNode};
 
@@ -35,7 +34,7 @@ where
 /// Like [`serve_csi`], on a socket the caller already bound (so it is accepting before this is spawned),
 /// recording every Node call in `call_log` when there is one.
 pub async fn serve_csi_on<S>(
-    incoming: UnixListenerStream,
+    incoming: uds::Incoming,
     socket: &Path,
     service: S,
     with_controller: bool,

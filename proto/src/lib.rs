@@ -5,7 +5,8 @@
 //! - [`runtime::v1`]: the Kubernetes Container Runtime Interface (RuntimeService, ImageService).
 //! - [`containerd`]: containerd's native API: `services::{snapshots, content, images, leases}::v1` and `types`.
 //! - [`pluginregistration`]: the kubelet plugin-registration API (`Registration` service, served by plugins).
-//! - [`uds`]: dial and listen on unix sockets, the transport of every API above.
+//! - [`uds`]: dial and listen on unix sockets, the transport of every API above; [`authority`]: served
+//!   connections accept clients that send the socket's path as `:authority` (kubelets before 1.26).
 //!
 //! The module tree mirrors the protobuf packages. The .proto sources live unmodified under `protos/`, with
 //! their licence and `PROVENANCE.md`; `build.rs` compiles them with protox, so no system `protoc` is needed.
@@ -18,4 +19,5 @@ mod generated {
 
 pub use generated::{containerd, csi, pluginregistration, runtime};
 
+pub mod authority;
 pub mod uds;

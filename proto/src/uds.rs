@@ -4,10 +4,15 @@
 
 use std::io;
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::task::{Context, Poll};
 
 use hyper_util::rt::TokioIo;
 use tokio::net::{UnixListener, UnixStream};
+use tokio_stream::Stream;
 use tokio_stream::wrappers::UnixListenerStream;
+
+use crate::authority::AuthorityFix;
 use tonic::transport::{Channel, Endpoint};
 
 /// Why an endpoint could not be used.
@@ -100,11 +105,26 @@ pub fn socket_path(endpoint: &str) -> Result<PathBuf, EndpointError> {
     Ok(PathBuf::from(path))
 }
 
+/// The connections a tonic server accepts on a unix socket, each wrapped in [`AuthorityFix`] so that
+/// clients sending the socket's path as `:authority` (kubelets before 1.26, grpcio, grpc-java) are served.
+#[derive(Debug)]
+pub struct Incoming(UnixListenerStream);
+
+impl Stream for Incoming {
+    type Item = io::Result<AuthorityFix<UnixStream>>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        Pin::new(&mut self.0)
+            .poll_next(cx)
+            .map(|next| next.map(|accepted| accepted.map(AuthorityFix::new)))
+    }
+}
+
 /// Listens on a unix socket for a tonic server.
 ///
 /// A socket file left behind by a crashed server is replaced; one that a live server still answers on is
 /// refused, so two drivers never silently steal each other's endpoint. The parent directory is created.
-pub async fn listen(path: &Path) -> Result<UnixListenerStream, EndpointError> {
+pub async fn listen(path: &Path) -> Result<Incoming, EndpointError> {
     let io_err = |e| EndpointError::Io(path.to_path_buf(), e);
     if let Some(parent) = path.parent() {
         std::fs::create_dir_all(parent).map_err(io_err)?;
@@ -116,7 +136,7 @@ pub async fn listen(path: &Path) -> Result<UnixListenerStream, EndpointError> {
         std::fs::remove_file(path).map_err(io_err)?;
     }
     let listener = UnixListener::bind(path).map_err(io_err)?;
-    Ok(UnixListenerStream::new(listener))
+    Ok(Incoming(UnixListenerStream::new(listener)))
 }
 
 /// Opens a gRPC channel to a server on a unix socket. The connection is made now, so a wrong path fails here.

@@ -1,0 +1,454 @@
+//! The differential test: the same manifests (`tests/differential/manifests.yaml`: an ephemeral inline
+//! volume with a publish secret, a read-only one, a claim of a static PV mounted read-only) through the kit's
+//! real kubelet (v1.20.2 on containerd, `../shared/kit`) and through kubelet-sim, each against inlet's local
+//! driver serving in this process and logging every Node call it receives (`--call-log`'s [`CallLog`]).
+//!
+//! The volume lifecycle calls (NodeStage/Publish/Unpublish/UnstageVolume) are normalised (paths relative to
+//! the kubelet's root, pod UIDs replaced by pod names) and compared volume by volume: methods in order,
+//! target and staging paths, volume context, secrets' key names, readonly, access mode. Every difference
+//! must be listed, with the release that explains it, in `kep/upstream-differences.md`: the test fails on a
+//! difference the document does not name, and prints them all.
+//!
+//! Needs root and the kit (`$INLET_KIT`, default `../shared/kit` beside the workspace); it brings the kit up
+//! under its own `KIT_RUN` and takes it down at the end, whatever happens. Otherwise it says SKIPPED.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use inlet_plugin::call_log::CallLog;
+use inlet_plugin::local::{LocalConfig, LocalDriver, LocalService};
+use inlet_plugin::mount::{LinuxMounter, can_mount};
+use inlet_plugin::volume::csi::CsiCall;
+use inlet_proto::csi::v1 as csi;
+
+const BIN: &str = env!("CARGO_BIN_EXE_kubelet-sim");
+const DRIVER: &str = "local.inlet.dev";
+const MANIFESTS: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/differential/manifests.yaml"
+);
+const DIFFERENCES: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../kep/upstream-differences.md"
+);
+/// The PV's handle, created on each driver before the manifests are applied, as an administrator would.
+const PV_HANDLE: &str = "diff-pv";
+/// The calls compared: what a kubelet does to a volume. Capability and stats probes are not compared.
+const LIFECYCLE: [&str; 4] = [
+    "NodeStageVolume",
+    "NodePublishVolume",
+    "NodeUnpublishVolume",
+    "NodeUnstageVolume",
+];
+
+fn kit() -> Option<PathBuf> {
+    let kit = std::env::var_os("INLET_KIT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/kit"));
+    kit.join("up.sh").exists().then_some(kit)
+}
+
+/// The kit, up under `run`; taken down (with its pods, driver registrations and mounts) on drop.
+struct Kit {
+    dir: PathBuf,
+    run: PathBuf,
+    registrar: Option<std::process::Child>,
+}
+
+impl Kit {
+    fn up(dir: &Path, run: &Path) -> Self {
+        let kit = Self {
+            dir: dir.to_path_buf(),
+            run: run.to_path_buf(),
+            registrar: None,
+        };
+        let out = kit.script("up.sh", &["containerd"]);
+        assert!(
+            out.status.success(),
+            "up.sh failed:\n{}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        kit
+    }
+
+    fn script(&self, name: &str, args: &[&str]) -> std::process::Output {
+        Command::new(self.dir.join(name))
+            .args(args)
+            .env("KIT_RUN", &self.run)
+            .stdin(Stdio::null())
+            .output()
+            .expect("the kit's script runs")
+    }
+
+    fn kubelet_dir(&self) -> PathBuf {
+        self.run.join("run/kubelet")
+    }
+
+    fn kubectl(&self, args: &[&str]) -> String {
+        let out = Command::new(self.run.join("bin/kubectl"))
+            .args(args)
+            .env(
+                "KUBECONFIG",
+                self.run.join("run/kubeconfig/admin.kubeconfig"),
+            )
+            .output()
+            .expect("kubectl runs");
+        assert!(
+            out.status.success(),
+            "kubectl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Starts the kit's node-driver-registrar for the driver's socket; the pid file makes down.sh stop it.
+    #[allow(clippy::zombie_processes)] // reaped when the kit is dropped
+    fn register(&mut self, socket: &Path) {
+        let log = std::fs::File::create(self.run.join("run/logs/registrar.log")).expect("log");
+        let child = Command::new(self.run.join("bin/csi-node-driver-registrar"))
+            .arg(format!("--csi-address={}", socket.display()))
+            .arg(format!("--kubelet-registration-path={}", socket.display()))
+            .arg(format!(
+                "--plugin-registration-path={}",
+                self.kubelet_dir().join("plugins_registry").display()
+            ))
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("the registrar starts");
+        std::fs::write(
+            self.run.join("run/pids/registrar.pid"),
+            child.id().to_string(),
+        )
+        .expect("pid");
+    }
+}
+
+impl Drop for Kit {
+    fn drop(&mut self) {
+        let out = self.script("down.sh", &[]);
+        if !out.status.success() {
+            eprintln!("down.sh: {}", String::from_utf8_lossy(&out.stdout));
+        }
+        if let Some(mut registrar) = self.registrar.take() {
+            let _ = registrar.kill();
+            let _ = registrar.wait();
+        }
+    }
+}
+
+/// Waits until `done`, or panics after `timeout` naming `what`.
+fn wait(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+/// inlet's local driver serving on `socket` in this process, logging to `log`; `kubelet_dir` confines it.
+fn serve_driver(
+    runtime: &tokio::runtime::Runtime,
+    state: &Path,
+    kubelet_dir: &Path,
+    socket: &Path,
+    log: &Path,
+) {
+    let config = LocalConfig {
+        name: DRIVER.into(),
+        node_id: nix::unistd::gethostname()
+            .map(|h| h.to_string_lossy().into_owned())
+            .unwrap_or_else(|_| "node-1".into()),
+        state_dir: state.to_path_buf(),
+        kubelet_dir: kubelet_dir.to_path_buf(),
+        capacity_bytes: 1 << 30,
+        max_volume_bytes: 1 << 30,
+        default_volume_bytes: 16 << 20,
+        enable_attach: false,
+        ephemeral_default: false,
+        volume_mount_group: false,
+    };
+    let driver = LocalDriver::open(config, Arc::new(LinuxMounter)).expect("the driver opens");
+    let call_log = Arc::new(CallLog::open(log, DRIVER).expect("call log"));
+    let socket = socket.to_path_buf();
+    runtime.block_on(async {
+        let incoming = inlet_proto::uds::listen(&socket).await.expect("listen");
+        tokio::spawn(async move {
+            let service = LocalService::new(driver);
+            let shutdown = std::future::pending();
+            inlet_plugin::server::serve_csi_on(
+                incoming,
+                &socket,
+                service,
+                true,
+                Some(call_log),
+                shutdown,
+            )
+            .await
+        });
+    });
+}
+
+/// Creates the PV's volume on the driver (CreateVolume named by its handle).
+fn provision(runtime: &tokio::runtime::Runtime, socket: &Path) {
+    runtime.block_on(async {
+        let channel = inlet_proto::uds::connect(socket).await.expect("connect");
+        let request = csi::CreateVolumeRequest {
+            name: PV_HANDLE.into(),
+            capacity_range: Some(csi::CapacityRange {
+                required_bytes: 16 << 20,
+                limit_bytes: 0,
+            }),
+            volume_capabilities: vec![csi::VolumeCapability {
+                access_mode: Some(csi::volume_capability::AccessMode {
+                    mode: csi::volume_capability::access_mode::Mode::SingleNodeWriter as i32,
+                }),
+                access_type: Some(csi::volume_capability::AccessType::Mount(Default::default())),
+            }],
+            ..Default::default()
+        };
+        csi::controller_client::ControllerClient::new(channel)
+            .create_volume(request)
+            .await
+            .expect("CreateVolume");
+    });
+}
+
+/// The calls the real kubelet made.
+fn through_the_kit(kit_dir: &Path, dir: &Path, runtime: &tokio::runtime::Runtime) -> Vec<CsiCall> {
+    let mut kit = Kit::up(kit_dir, &dir.join("kit"));
+    let socket = kit
+        .kubelet_dir()
+        .join("plugins")
+        .join(DRIVER)
+        .join("csi.sock");
+    let log = dir.join("kit-calls.jsonl");
+    serve_driver(
+        runtime,
+        &dir.join("kit-state"),
+        &kit.kubelet_dir(),
+        &socket,
+        &log,
+    );
+    provision(runtime, &socket);
+    kit.register(&socket);
+    wait(
+        "the kubelet to register the driver",
+        Duration::from_secs(60),
+        || {
+            kit.kubectl(&[
+                "get",
+                "csinode",
+                "-o",
+                "jsonpath={.items[*].spec.drivers[*].name}",
+            ])
+            .contains(DRIVER)
+        },
+    );
+    kit.kubectl(&["apply", "-f", MANIFESTS]);
+    kit.kubectl(&[
+        "wait",
+        "--for=condition=Ready",
+        "pod/inline",
+        "pod/claim",
+        "--timeout=180s",
+    ]);
+    kit.kubectl(&[
+        "delete",
+        "pod",
+        "inline",
+        "claim",
+        "--wait=true",
+        "--timeout=180s",
+    ]);
+    // The PV's staging outlives its pod's object: wait for the unstage.
+    wait("NodeUnstageVolume", Duration::from_secs(120), || {
+        CallLog::read(&log)
+            .unwrap_or_default()
+            .iter()
+            .any(|c| c.method == "NodeUnstageVolume" && c.code == "OK")
+    });
+    drop(kit);
+    CallLog::read(&log).expect("the kit's call log")
+}
+
+/// The calls kubelet-sim made, through the `kubelet-sim run` binary and the same driver.
+fn through_kubelet_sim(dir: &Path, runtime: &tokio::runtime::Runtime) -> Vec<CsiCall> {
+    let root = dir.join("sim");
+    std::fs::create_dir_all(&root).expect("root");
+    let socket = dir.join("sim-driver/csi.sock");
+    let log = dir.join("sim-calls.jsonl");
+    serve_driver(runtime, &dir.join("sim-state"), &root, &socket, &log);
+    provision(runtime, &socket);
+    let out = Command::new(BIN)
+        .args(["run", "--manifests", MANIFESTS, "--teardown", "--root"])
+        .arg(&root)
+        .arg("--driver")
+        .arg(format!("{DRIVER}=unix://{}", socket.display()))
+        .args(["--timeout", "60s"])
+        .output()
+        .expect("kubelet-sim runs");
+    assert!(
+        out.status.success(),
+        "kubelet-sim run:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    CallLog::read(&log).expect("kubelet-sim's call log")
+}
+
+/// One lifecycle call, normalised: the volume it is for, then what is compared.
+type Normalised = (String, BTreeMap<String, String>);
+
+/// Paths from `pods/` or `plugins/` on, pod UIDs as `<uid of NAME>`; successful lifecycle calls only.
+fn normalise(calls: &[CsiCall]) -> Vec<Normalised> {
+    let pods: BTreeMap<String, String> = calls
+        .iter()
+        .filter_map(|c| {
+            let uid = c.volume_context.get("csi.storage.k8s.io/pod.uid")?;
+            let name = c.volume_context.get("csi.storage.k8s.io/pod.name")?;
+            Some((uid.clone(), format!("<uid of {name}>")))
+        })
+        .collect();
+    let clean = |text: &str| {
+        let start = ["pods/", "plugins/"]
+            .iter()
+            .filter_map(|p| text.find(p))
+            .min()
+            .unwrap_or(0);
+        pods.iter()
+            .fold(text[start..].to_string(), |t, (uid, name)| {
+                t.replace(uid, name)
+            })
+    };
+    calls
+        .iter()
+        .filter(|c| LIFECYCLE.contains(&c.method.as_str()) && c.code == "OK")
+        .map(|c| {
+            // The volume: the pod's name for it (target path), else the staging dir's.
+            let path = if c.target_path.is_empty() {
+                &c.staging_path
+            } else {
+                &c.target_path
+            };
+            let volume = clean(path);
+            let mut fields: BTreeMap<String, String> = [
+                ("method", c.method.clone()),
+                ("target_path", clean(&c.target_path)),
+                ("staging_path", clean(&c.staging_path)),
+                ("readonly", c.readonly.to_string()),
+                ("access_mode", c.access_mode.clone()),
+                ("secret_keys", c.secret_keys.join(",")),
+                ("volume_mount_group", c.volume_mount_group.clone()),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect();
+            for (key, value) in &c.volume_context {
+                fields.insert(format!("volume_context[{key}]"), clean(value));
+            }
+            (volume, fields)
+        })
+        .collect()
+}
+
+/// Each difference as `METHOD.field: kubelet <a> | kubelet-sim <b>`, volume by volume, call by call.
+fn differences(kubelet: &[Normalised], sim: &[Normalised]) -> Vec<(String, String)> {
+    // Calls are grouped per volume by their method sequence position; a volume's key is its kubelet-side
+    // path with the staging layout taken out, so a PV's publish pairs with its publish.
+    let group = |calls: &[Normalised]| {
+        let mut by_method: BTreeMap<(String, String), Vec<BTreeMap<String, String>>> =
+            BTreeMap::new();
+        for (volume, fields) in calls {
+            let key = if volume.starts_with("plugins/") {
+                "<staging>".to_string()
+            } else {
+                volume.clone()
+            };
+            by_method
+                .entry((key, fields["method"].clone()))
+                .or_default()
+                .push(fields.clone());
+        }
+        by_method
+    };
+    let (a, b) = (group(kubelet), group(sim));
+    let mut found = Vec::new();
+    for key in a.keys().chain(b.keys()).collect::<BTreeSet<_>>() {
+        let (x, y) = (a.get(key), b.get(key));
+        let (calls_a, calls_b) = (x.map_or(0, Vec::len), y.map_or(0, Vec::len));
+        if calls_a != calls_b {
+            found.push((
+                format!("{}.calls", key.1),
+                format!("{}: kubelet {calls_a} | kubelet-sim {calls_b}", key.0),
+            ));
+        }
+        let (Some(first_a), Some(first_b)) = (x.and_then(|v| v.first()), y.and_then(|v| v.first()))
+        else {
+            continue;
+        };
+        for field in first_a
+            .keys()
+            .chain(first_b.keys())
+            .collect::<BTreeSet<_>>()
+        {
+            let (va, vb) = (first_a.get(field), first_b.get(field));
+            if va != vb {
+                found.push((
+                    format!("{}.{field}", key.1),
+                    format!(
+                        "{}: kubelet {:?} | kubelet-sim {:?}",
+                        key.0,
+                        va.map(String::as_str).unwrap_or("<none>"),
+                        vb.map(String::as_str).unwrap_or("<none>")
+                    ),
+                ));
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn the_kits_kubelet_and_kubelet_sim_make_the_same_csi_calls() {
+    let Some(kit_dir) = kit() else {
+        eprintln!("SKIPPED differential test: the kit is missing (set INLET_KIT)");
+        return;
+    };
+    if !can_mount() {
+        eprintln!("SKIPPED differential test: needs root (the kit's kubelet and real mounts)");
+        return;
+    }
+    if std::net::TcpStream::connect("127.0.0.1:16443").is_ok() {
+        eprintln!(
+            "SKIPPED differential test: a kit is already running here (port 16443); take it down first"
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let runtime = tokio::runtime::Runtime::new().expect("tokio");
+    let kubelet = normalise(&through_the_kit(&kit_dir, dir.path(), &runtime));
+    let sim = normalise(&through_kubelet_sim(dir.path(), &runtime));
+    assert!(
+        kubelet
+            .iter()
+            .any(|(_, f)| f["method"] == "NodeUnstageVolume"),
+        "the kubelet's calls: {kubelet:#?}"
+    );
+    let found = differences(&kubelet, &sim);
+    let documented = std::fs::read_to_string(DIFFERENCES).expect("kep/upstream-differences.md");
+    for (key, detail) in &found {
+        println!("difference {key}: {detail}");
+    }
+    let unexplained: Vec<_> = found
+        .iter()
+        .filter(|(key, _)| !documented.contains(&format!("`{key}`")))
+        .collect();
+    assert!(
+        unexplained.is_empty(),
+        "differences from kubelet v1.20.2 that kep/upstream-differences.md does not list: {unexplained:#?}"
+    );
+}
