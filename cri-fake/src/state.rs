@@ -452,12 +452,15 @@ fn stop(status: &mut cri::ContainerStatus) {
 /// Appends `lines` to a CRI log file, in the CRI's format (`<RFC 3339 time> stdout F <line>`).
 fn write_log(file: &std::path::Path, lines: &[String]) {
     use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
     if let Some(dir) = file.parent() {
         let _ = std::fs::create_dir_all(dir);
     }
+    // O_NOFOLLOW: a log path that is a symlink is not written through.
     let Ok(mut log) = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
+        .custom_flags(nix::libc::O_NOFOLLOW)
         .open(file)
     else {
         return;

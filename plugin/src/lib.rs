@@ -2,6 +2,7 @@
 //!
 //! # Layout
 //! - [`error`]: the one error type of this crate and its mapping to gRPC codes.
+//! - [`host_path`]: target and staging paths walked and created without following a symlink.
 //! - [`mount`]: the mount layer (bind, tmpfs, overlay, remount, unmount, loop devices): a real Linux
 //!   implementation and a recording fake, so driver logic is testable without root.
 //! - [`image`]: image volumes: CRI pulls, the runtime's storage (containerd or containers/storage),
@@ -18,6 +19,7 @@
 
 pub mod call_log;
 pub mod error;
+pub mod host_path;
 pub mod image;
 pub mod local;
 pub mod mount;

@@ -9,6 +9,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fs;
 use std::io;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use csi::node_service_capability::{Rpc, Type as CapType, rpc::Type as Cap};
@@ -19,6 +20,7 @@ use super::store::{AccessType, Publication, VolumeRecord};
 use super::validate::{self, Capability};
 use super::{EPHEMERAL_KEY, KUBERNETES_KEY_PREFIX, LocalDriver, SIZE_ATTRIBUTE};
 use crate::error::{Error, IoContext, Result};
+use crate::host_path;
 use crate::mount::MountFlags;
 use crate::quantity::{format_bytes, parse_bytes};
 
@@ -93,8 +95,7 @@ impl LocalDriver {
                 self.mount_target(&data, &staging, AccessType::Mount, MountFlags::default())
             }
             AccessType::Block => {
-                fs::create_dir_all(&staging)
-                    .context(|| format!("creating {}", staging.display()))?;
+                self.make_dirs(&staging)?;
                 self.ensure_loop(&data).map(drop)
             }
         };
@@ -379,6 +380,15 @@ impl LocalDriver {
         })
     }
 
+    /// Creates `dir` (below the kubelet dir) and its missing parents, never through a symlink.
+    fn make_dirs(&self, dir: &Path) -> Result<()> {
+        let what = || format!("creating {}", dir.display());
+        match host_path::below(&self.config.kubelet_dir, dir).context(what)? {
+            Some((root, relative)) => host_path::create_dirs(&root, &relative).context(what),
+            None => Err(Error::invalid("target_path", "outside the kubelet dir")),
+        }
+    }
+
     fn host_path(&self, field: &str, value: &str) -> Result<PathBuf> {
         validate::host_path(
             field,
@@ -496,24 +506,24 @@ impl LocalDriver {
         if self.mounter.is_mount_point(target).context(what)? {
             return Ok(());
         }
-        let existed = target.exists();
+        let existed = target.symlink_metadata().is_ok();
         match access {
-            AccessType::Mount => fs::create_dir_all(target),
+            AccessType::Mount => self.make_dirs(target)?,
             AccessType::Block => {
-                target
-                    .parent()
-                    .map_or(Ok(()), fs::create_dir_all)
-                    .and_then(|_| {
-                        fs::OpenOptions::new()
-                            .create(true)
-                            .truncate(false)
-                            .write(true)
-                            .open(target)
-                            .map(drop)
-                    })
+                if let Some(parent) = target.parent() {
+                    self.make_dirs(parent)?;
+                }
+                // O_NOFOLLOW: a symlink raced into the target's place is refused, not written through.
+                fs::OpenOptions::new()
+                    .create(true)
+                    .truncate(false)
+                    .write(true)
+                    .custom_flags(nix::libc::O_NOFOLLOW)
+                    .open(target)
+                    .map(drop)
+                    .context(|| format!("creating {}", target.display()))?;
             }
         }
-        .context(|| format!("creating {}", target.display()))?;
         if let Err(err) = self.mounter.bind(source, target, flags) {
             if !existed {
                 let _ = remove_target(target);

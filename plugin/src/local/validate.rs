@@ -8,8 +8,12 @@ use inlet_proto::csi::v1::VolumeCapability;
 use inlet_proto::csi::v1::volume_capability::{AccessType as CsiAccessType, access_mode::Mode};
 
 use super::store::AccessType;
-use crate::error::{Error, Result};
+use crate::error::{Error, IoContext, Result};
+use crate::host_path::{self, Refused};
 use crate::mount::MountFlags;
+
+/// The longest path Linux takes (`PATH_MAX`, with its NUL).
+const PATH_MAX: usize = 4096;
 
 /// The CSI spec's limit on names and ids ("SHOULD NOT exceed 128 bytes"), which the driver enforces.
 pub const MAX_ID_BYTES: usize = 128;
@@ -43,9 +47,11 @@ pub fn id<'a>(field: &str, value: &'a str) -> Result<&'a str> {
     Err(Error::invalid(field, reason))
 }
 
-/// A target or staging path: absolute, without `.` or `..` components, inside the kubelet dir the driver
-/// serves, and not inside the driver's own state dir. A parent that exists is resolved, so a symlink cannot
-/// lead the driver elsewhere.
+/// A target or staging path: absolute, without `.` or `..` components, below the kubelet dir the driver
+/// serves, not inside the driver's own state dir, and reached without a symlink: every component below the
+/// kubelet dir that exists is a real directory (the last may be a file, for block), checked with O_NOFOLLOW
+/// one component at a time ([`host_path::check`]). The kubelet dir itself may be a symlink; the path is
+/// returned under its canonical form, which is what the driver mounts on and records.
 pub fn host_path(
     field: &str,
     value: &str,
@@ -56,11 +62,19 @@ pub fn host_path(
     if value.contains('\0') {
         return Err(Error::invalid(field, "may not contain NUL"));
     }
+    // The walk below opens one component at a time, which no PATH_MAX limits: the limit is applied here, as
+    // the kernel applies it to a whole path (ENAMETOOLONG).
+    if value.len() >= PATH_MAX {
+        return Err(Error::invalid(
+            field,
+            format!("{} is longer than {PATH_MAX} bytes", shown(value)),
+        ));
+    }
     let path = PathBuf::from(value);
     if !path.is_absolute() {
         return Err(Error::invalid(
             field,
-            format!("{value:?} is not an absolute path"),
+            format!("{} is not an absolute path", shown(value)),
         ));
     }
     if path
@@ -69,34 +83,54 @@ pub fn host_path(
     {
         return Err(Error::invalid(
             field,
-            format!("{value:?} may not contain '.' or '..'"),
+            format!("{} may not contain '.' or '..'", shown(value)),
         ));
     }
-    let resolved = match (path.parent(), path.file_name()) {
-        (Some(parent), Some(name)) => match parent.canonicalize() {
-            Ok(parent) => parent.join(name),
-            Err(_) => path.clone(),
-        },
-        _ => path.clone(),
-    };
-    let inside = |dir: &Path| {
-        let dir = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
-        resolved.starts_with(&dir) && resolved != dir
-    };
-    if !inside(kubelet_dir) {
+    let outside = || {
         let reason = format!(
-            "{value:?} is outside the kubelet dir {} this driver serves",
+            "{} is outside the kubelet dir {} this driver serves",
+            shown(value),
             kubelet_dir.display()
         );
-        return Err(Error::invalid(field, reason));
-    }
-    if inside(state_dir) || resolved == state_dir {
+        Error::invalid(field, reason)
+    };
+    let (root, relative) = host_path::below(kubelet_dir, &path)
+        .context(|| format!("resolving the kubelet dir {}", kubelet_dir.display()))?
+        .ok_or_else(outside)?;
+    let resolved = root.join(&relative);
+    let state = state_dir
+        .canonicalize()
+        .unwrap_or_else(|_| state_dir.to_path_buf());
+    if resolved.starts_with(&state) {
         return Err(Error::invalid(
             field,
-            format!("{value:?} is inside the driver's state dir"),
+            format!("{} is inside the driver's state dir", shown(value)),
         ));
     }
-    Ok(path)
+    match host_path::check(&root, &relative) {
+        Ok(()) => Ok(resolved),
+        Err(Refused::Io(e)) if e.raw_os_error() != Some(nix::libc::ENAMETOOLONG) => {
+            Err(e).context(|| format!("checking {}", shown(value)))
+        }
+        Err(refused) => Err(Error::invalid(
+            field,
+            format!("{} cannot be used: {refused}", shown(value)),
+        )),
+    }
+}
+
+/// A caller's path as an error shows it: cut to its first 256 bytes, so a megabyte-long input does not
+/// make a megabyte-long error (which gRPC clients refuse as a header).
+pub fn shown(value: &str) -> String {
+    const LIMIT: usize = 256;
+    if value.len() <= LIMIT {
+        return format!("{value:?}");
+    }
+    let mut end = LIMIT;
+    while !value.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{:?}... ({} bytes)", &value[..end], value.len())
 }
 
 /// A volume capability the local driver can serve.

@@ -6,31 +6,50 @@
 //! `pkg/volume/util/volumepathhandler` does.
 
 use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use nix::mount::{MntFlags, MsFlags, mount, umount2};
 
 use super::{MountFlags, MountLayer, Overlay};
+use crate::host_path;
 
 /// The mount layer that changes the host. Needs root (CAP_SYS_ADMIN).
 #[derive(Debug, Default, Clone, Copy)]
 pub struct LinuxMounter;
 
+/// Mounts reach their target through a descriptor opened with O_NOFOLLOW (`/proc/self/fd/<n>`), and
+/// unmounts use UMOUNT_NOFOLLOW: a target swapped for a symlink is refused, never followed to a foreign place.
+fn by_fd(fd: &OwnedFd) -> PathBuf {
+    PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+}
+
 impl MountLayer for LinuxMounter {
     fn bind(&self, source: &Path, target: &Path, flags: MountFlags) -> io::Result<()> {
+        let fd = host_path::open_no_follow(target)?;
         mount(
             Some(source),
-            target,
+            &by_fd(&fd),
             None::<&str>,
             MsFlags::MS_BIND,
             None::<&str>,
         )?;
         if flags.needs_remount() {
-            // Linux ignores per-mount flags on the first MS_BIND; they take effect on a bind remount.
+            // Linux ignores per-mount flags on the first MS_BIND; they take effect on a bind remount, of the
+            // new mount (opened again: the first descriptor is of the directory under it).
             let remount = MsFlags::MS_REMOUNT | MsFlags::MS_BIND | ms_flags(flags);
-            if let Err(err) = mount(None::<&str>, target, None::<&str>, remount, None::<&str>) {
-                let _ = umount2(target, MntFlags::empty());
+            let mounted = host_path::open_no_follow(target)?;
+            let remounted = mount(
+                None::<&str>,
+                &by_fd(&mounted),
+                None::<&str>,
+                remount,
+                None::<&str>,
+            );
+            drop(mounted);
+            if let Err(err) = remounted {
+                let _ = umount2(target, MntFlags::UMOUNT_NOFOLLOW);
                 return Err(err.into());
             }
         }
@@ -39,9 +58,10 @@ impl MountLayer for LinuxMounter {
 
     fn tmpfs(&self, target: &Path, size_bytes: u64) -> io::Result<()> {
         let options = format!("size={size_bytes},mode=0755");
+        let fd = host_path::open_no_follow(target)?;
         mount(
             Some("tmpfs"),
-            target,
+            &by_fd(&fd),
             Some("tmpfs"),
             MsFlags::empty(),
             Some(options.as_str()),
@@ -65,9 +85,10 @@ impl MountLayer for LinuxMounter {
             )),
             None => flags |= MsFlags::MS_RDONLY,
         }
+        let fd = host_path::open_no_follow(target)?;
         mount(
             Some("overlay"),
-            target,
+            &by_fd(&fd),
             Some("overlay"),
             flags,
             Some(options.as_str()),
@@ -77,12 +98,15 @@ impl MountLayer for LinuxMounter {
 
     fn remount_read_only(&self, target: &Path) -> io::Result<()> {
         let flags = MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::MS_RDONLY;
-        mount(None::<&str>, target, None::<&str>, flags, None::<&str>)?;
+        let fd = host_path::open_no_follow(target)?;
+        mount(None::<&str>, &by_fd(&fd), None::<&str>, flags, None::<&str>)?;
         Ok(())
     }
 
     fn unmount(&self, target: &Path) -> io::Result<()> {
-        umount2(target, MntFlags::empty())?;
+        // Not through a descriptor: one held open on the mount would keep it busy. UMOUNT_NOFOLLOW refuses
+        // a target that is a symlink; the components above it were checked by the caller.
+        umount2(target, MntFlags::UMOUNT_NOFOLLOW)?;
         Ok(())
     }
 
@@ -269,5 +293,20 @@ mod tests {
         std::fs::write(dst.join("new"), "copy-on-write").unwrap();
         m.unmount(&dst).unwrap();
         assert!(upper.join("new").exists() && !src.join("new").exists());
+
+        // A target that is a symlink is neither mounted through nor unmounted through.
+        let elsewhere = dir.path().join("elsewhere");
+        std::fs::create_dir_all(&elsewhere).unwrap();
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&elsewhere, &link).unwrap();
+        assert!(m.bind(&src, &link, MountFlags::default()).is_err());
+        assert!(!m.is_mount_point(&elsewhere).unwrap());
+        m.bind(&src, &elsewhere, MountFlags::default()).unwrap();
+        assert!(
+            m.unmount(&link).is_err(),
+            "the mount behind a symlink stays"
+        );
+        assert!(m.is_mount_point(&elsewhere).unwrap());
+        m.unmount(&elsewhere).unwrap();
     }
 }

@@ -173,11 +173,12 @@ async fn bad_attributes_are_named_and_leave_nothing_behind() {
 #[tokio::test]
 async fn a_failed_mount_deletes_the_volume_it_created() {
     let mut f = Fixture::start().await;
-    // The target's parent is a file, so the target directory cannot be created.
+    // A file sits where the target directory should be made (a parent that is a file is refused earlier,
+    // as INVALID_ARGUMENT, before any volume is created).
     let parent = f.kubelet_path("pods/uid-1/volumes/kubernetes.io~csi/v");
-    std::fs::create_dir_all(std::path::Path::new(&parent).parent().unwrap()).unwrap();
-    std::fs::write(&parent, "in the way").unwrap();
+    std::fs::create_dir_all(&parent).unwrap();
     let target = format!("{parent}/mount");
+    std::fs::write(&target, "in the way").unwrap();
     let result = f
         .node
         .node_publish_volume(publish_ephemeral(HANDLE, &target, &[]))

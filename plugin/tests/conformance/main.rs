@@ -11,3 +11,4 @@ mod identity;
 mod node;
 mod restart;
 mod secrets;
+mod symlinks;

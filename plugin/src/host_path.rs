@@ -1,0 +1,208 @@
+//! Target and staging paths under the kubelet dir, walked and created without following a symlink.
+//!
+//! A CO hands a driver paths to mount on. If a component of one were a symlink, the mount (and the
+//! directories created for it) would land wherever the link points, outside the kubelet dir, and the
+//! unpublish would later unmount whatever is there. So every component below the kubelet dir is opened with
+//! O_NOFOLLOW, one at a time, and must be a real directory; missing ones are made with `mkdirat` inside the
+//! directory just opened, as the kubelet's own subpath code does (`pkg/volume/util/subpath/subpath_linux.go`).
+
+use std::fs;
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Component, Path, PathBuf};
+
+use nix::errno::Errno;
+use nix::fcntl::{OFlag, open, openat};
+use nix::sys::stat::{Mode, SFlag, fstat, mkdirat};
+
+/// Why a path below the kubelet dir was refused.
+#[derive(Debug)]
+pub enum Refused {
+    /// This component is a symlink.
+    Symlink(PathBuf),
+    /// This component is not a directory, but more follows it.
+    NotADirectory(PathBuf),
+    /// The walk failed.
+    Io(io::Error),
+}
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Symlink(p) => write!(f, "{} is a symlink", p.display()),
+            Self::NotADirectory(p) => write!(f, "{} is not a directory", p.display()),
+            Self::Io(e) => e.fmt(f),
+        }
+    }
+}
+
+/// `path` as the same path under `root`'s canonical form: `root` itself may be reached through a symlink
+/// (a kubelet dir on another disk), what lies below it may not. None when `path` is not below `root`.
+pub fn below(root: &Path, path: &Path) -> io::Result<Option<(PathBuf, PathBuf)>> {
+    let canonical = root.canonicalize()?;
+    let relative = path
+        .strip_prefix(root)
+        .or_else(|_| path.strip_prefix(&canonical))
+        .ok()
+        .filter(|r| r.components().next().is_some())
+        .map(Path::to_path_buf);
+    Ok(relative.map(|r| (canonical, r)))
+}
+
+/// Checks `relative` below `root` (canonical) without following symlinks: each component that exists must be
+/// a real directory, except the last, which may be anything but a symlink. Missing components are fine.
+pub fn check(root: &Path, relative: &Path) -> Result<(), Refused> {
+    let mut dir = open_dir(root).map_err(Refused::Io)?;
+    let components = normal_components(relative)?;
+    for (i, name) in components.iter().enumerate() {
+        let shown = || root.join(components[..=i].iter().collect::<PathBuf>());
+        let child = match openat(
+            dir.as_fd(),
+            *name,
+            OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        ) {
+            Ok(fd) => fd,
+            Err(Errno::ENOENT) => return Ok(()),
+            Err(e) => return Err(Refused::Io(e.into())),
+        };
+        let kind = file_type(&child).map_err(Refused::Io)?;
+        if kind == SFlag::S_IFLNK {
+            return Err(Refused::Symlink(shown()));
+        }
+        let last = i + 1 == components.len();
+        if !last && kind != SFlag::S_IFDIR {
+            return Err(Refused::NotADirectory(shown()));
+        }
+        dir = child;
+    }
+    Ok(())
+}
+
+/// Creates the missing directories of `relative` below `root` (canonical), mode 0750, each with `mkdirat`
+/// in its parent opened without following symlinks; an existing symlink on the way is refused.
+pub fn create_dirs(root: &Path, relative: &Path) -> io::Result<()> {
+    let mut dir = open_dir(root)?;
+    let components = normal_components(relative).map_err(|e| io::Error::other(e.to_string()))?;
+    for name in components {
+        match mkdirat(dir.as_fd(), name, Mode::from_bits_truncate(0o750)) {
+            Ok(()) | Err(Errno::EEXIST) => {}
+            Err(e) => return Err(e.into()),
+        }
+        // O_NOFOLLOW | O_DIRECTORY: a symlink (ELOOP) or a file (ENOTDIR) here is refused, not followed.
+        dir = openat(
+            dir.as_fd(),
+            name,
+            OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )?;
+    }
+    Ok(())
+}
+
+/// Opens the last component of `path` without following it, for a mount through `/proc/self/fd`.
+pub fn open_no_follow(path: &Path) -> io::Result<OwnedFd> {
+    let fd = open(
+        path,
+        OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )?;
+    if file_type(&fd)? == SFlag::S_IFLNK {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{} is a symlink", path.display()),
+        ));
+    }
+    Ok(fd)
+}
+
+/// Removes `path` if it is an empty directory (never following a symlink); a missing one is fine.
+pub fn remove_empty_dir(path: &Path) -> io::Result<()> {
+    match fs::remove_dir(path) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        other => other,
+    }
+}
+
+fn open_dir(root: &Path) -> io::Result<OwnedFd> {
+    Ok(open(
+        root,
+        OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )?)
+}
+
+fn file_type(fd: &OwnedFd) -> io::Result<SFlag> {
+    Ok(SFlag::from_bits_truncate(fstat(fd.as_fd())?.st_mode) & SFlag::S_IFMT)
+}
+
+fn normal_components(relative: &Path) -> Result<Vec<&std::ffi::OsStr>, Refused> {
+    relative
+        .components()
+        .map(|c| match c {
+            Component::Normal(name) => Ok(name),
+            other => Err(Refused::Io(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{:?} is not a plain path component", other.as_os_str()),
+            ))),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::symlink;
+
+    #[test]
+    fn walks_and_creates_without_following_symlinks() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().canonicalize().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        fs::create_dir_all(root.join("pods/uid")).unwrap();
+        symlink(outside.path(), root.join("pods/uid/volumes")).unwrap();
+        fs::write(root.join("file"), "").unwrap();
+
+        check(&root, Path::new("pods/uid/new/mount")).unwrap();
+        assert!(matches!(
+            check(&root, Path::new("pods/uid/volumes/x/mount")),
+            Err(Refused::Symlink(p)) if p == root.join("pods/uid/volumes")
+        ));
+        assert!(matches!(
+            check(&root, Path::new("pods/uid/volumes")),
+            Err(Refused::Symlink(_))
+        ));
+        assert!(matches!(
+            check(&root, Path::new("file/mount")),
+            Err(Refused::NotADirectory(_))
+        ));
+        check(&root, Path::new("file")).unwrap();
+
+        create_dirs(&root, Path::new("pods/uid/new/mount")).unwrap();
+        assert!(root.join("pods/uid/new/mount").is_dir());
+        assert!(create_dirs(&root, Path::new("pods/uid/volumes/x/mount")).is_err());
+        assert_eq!(
+            fs::read_dir(outside.path()).unwrap().count(),
+            0,
+            "nothing made outside"
+        );
+    }
+
+    #[test]
+    fn below_accepts_the_root_as_given_or_canonical() {
+        let dir = tempfile::tempdir().unwrap();
+        let real = dir.path().join("real");
+        fs::create_dir(&real).unwrap();
+        let link = dir.path().join("kubelet");
+        symlink(&real, &link).unwrap();
+        let real = real.canonicalize().unwrap();
+        let (root, rel) = below(&link, &link.join("pods/a")).unwrap().unwrap();
+        assert_eq!(
+            (root.as_path(), rel.as_path()),
+            (real.as_path(), Path::new("pods/a"))
+        );
+        assert!(below(&link, &real.join("pods/a")).unwrap().is_some());
+        assert!(below(&link, &link).unwrap().is_none());
+        assert!(below(&link, Path::new("/etc/passwd")).unwrap().is_none());
+    }
+}
