@@ -64,29 +64,39 @@ pub fn load(paths: &[PathBuf]) -> Result<Vec<Manifest>, ManifestError> {
     Ok(manifests)
 }
 
+/// The manifest files under `path` (itself, when it is a file), in name order. Symlinks are followed, but
+/// each real file is read once, and a link back to a directory being walked (a loop) is skipped with a
+/// warning instead of being walked forever.
 fn files(path: &Path) -> Result<Vec<PathBuf>, ManifestError> {
-    let meta =
-        std::fs::metadata(path).map_err(|e| ManifestError(format!("{}: {e}", path.display())))?;
-    if !meta.is_dir() {
+    let failed = |e: &dyn std::fmt::Display| ManifestError(format!("{}: {e}", path.display()));
+    if !std::fs::metadata(path).map_err(|e| failed(&e))?.is_dir() {
         return Ok(vec![path.to_path_buf()]);
     }
+    let mut seen = std::collections::HashSet::new();
     let mut found = Vec::new();
-    for entry in
-        std::fs::read_dir(path).map_err(|e| ManifestError(format!("{}: {e}", path.display())))?
-    {
-        let entry = entry
-            .map_err(|e| ManifestError(format!("{}: {e}", path.display())))?
-            .path();
-        if entry.is_dir() {
-            found.extend(files(&entry)?);
-        } else if matches!(
-            entry.extension().and_then(|e| e.to_str()),
+    let walk = walkdir::WalkDir::new(path)
+        .follow_links(true)
+        .sort_by_file_name();
+    for entry in walk {
+        let entry = match entry {
+            Ok(entry) => entry,
+            Err(e) if e.loop_ancestor().is_some() => {
+                tracing::warn!("skipping a directory loop: {e}");
+                continue;
+            }
+            Err(e) => return Err(failed(&e)),
+        };
+        let manifest = matches!(
+            entry.path().extension().and_then(|e| e.to_str()),
             Some("yaml" | "yml" | "json")
-        ) {
-            found.push(entry);
+        );
+        if entry.file_type().is_file() && manifest {
+            let real = entry.path().canonicalize().map_err(|e| failed(&e))?;
+            if seen.insert(real) {
+                found.push(entry.into_path());
+            }
         }
     }
-    found.sort();
     Ok(found)
 }
 
@@ -256,6 +266,24 @@ pub fn draft_fields(pod: &Pod, volume: &str) -> (Option<String>, Option<String>,
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_directory_with_symlink_loops_is_walked_once() {
+        use std::os::unix::fs::symlink;
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("manifests");
+        std::fs::create_dir_all(root.join("sub")).unwrap();
+        let pod = "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\n";
+        std::fs::write(root.join("a.yaml"), pod).unwrap();
+        std::fs::write(root.join("sub/b.yaml"), pod).unwrap();
+        symlink("..", root.join("sub/up")).unwrap();
+        symlink("../..", root.join("sub/up-twice")).unwrap();
+        symlink(".", root.join("sub/here")).unwrap();
+        symlink("sub", root.join("alias")).unwrap();
+        let found = files(&root).unwrap();
+        assert_eq!(found, [root.join("a.yaml"), root.join("alias/b.yaml")]);
+        assert_eq!(load(&[root]).unwrap().len(), 2);
+    }
 
     #[test]
     fn reads_documents_lists_and_draft_fields() {
