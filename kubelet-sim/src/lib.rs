@@ -8,7 +8,8 @@
 //!   pod workers, the `VolumeHost` for plugins, and the CSI driver registry.
 //! - [`controllers`]: the attach/detach controller and the external attacher (VolumeAttachments).
 //! - [`drivers`]: `--driver NAME=local|unix:///PATH`; [`cri`]: the CRI client; [`specs`]: pod volume -> spec.
-//! - [`sim`]: a whole simulated cluster; [`report`]: the JSON report and the summary table.
+//! - [`sim`]: a whole simulated cluster; [`report`]: the JSON report and the summary table;
+//!   [`signals`]: SIGINT/SIGTERM for a run (tear down, then exit 128+N; a second signal exits at once).
 //! - `main.rs`: the `kubelet-sim run` CLI.
 
 pub mod api;
@@ -17,5 +18,6 @@ pub mod cri;
 pub mod drivers;
 pub mod node;
 pub mod report;
+pub mod signals;
 pub mod sim;
 pub mod specs;

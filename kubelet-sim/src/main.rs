@@ -12,6 +12,7 @@ use inlet_plugin::mount::{LinuxMounter, MountLayer, RecordingMounter, can_mount}
 use kubelet_sim::api::manifest;
 use kubelet_sim::drivers::DriverArg;
 use kubelet_sim::node::BackoffPolicy;
+use kubelet_sim::signals::{Interrupts, Signal};
 use kubelet_sim::sim::{SimConfig, SimImages, Simulation};
 
 #[derive(Parser)]
@@ -28,6 +29,11 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Apply manifests, run every pod until it is Running (or as its manifest expects), report.
+    #[command(
+        after_help = "Exit status: 0 when every pod is as expected (and, with --teardown, nothing is \
+        left); 1 otherwise, or on an error; 130 or 143 when stopped by SIGINT or SIGTERM, after the report \
+        and a teardown of what was mounted (a second signal exits at once)."
+    )]
     Run(RunArgs),
 }
 
@@ -59,7 +65,8 @@ struct RunArgs {
     /// After the pods settle, delete them all and run until their volumes are gone.
     #[arg(long)]
     teardown: bool,
-    /// How long to wait for pods to settle (and again for teardown).
+    /// The deadline for pods to settle, from the start of the run (and again for teardown): operations still
+    /// running then are left behind and the report is written.
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
     timeout: Duration,
     /// Write the JSON report here.
@@ -122,8 +129,9 @@ fn main() -> ExitCode {
         }
     };
     match runtime.block_on(run(args)) {
-        Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => ExitCode::FAILURE,
+        Ok(Outcome::AsExpected) => ExitCode::SUCCESS,
+        Ok(Outcome::NotAsExpected) => ExitCode::FAILURE,
+        Ok(Outcome::Interrupted(signal)) => ExitCode::from(signal.exit_status()),
         Err(e) => {
             eprintln!("kubelet-sim: {e}");
             ExitCode::FAILURE
@@ -131,7 +139,17 @@ fn main() -> ExitCode {
     }
 }
 
-async fn run(args: RunArgs) -> Result<bool, String> {
+/// How a run ended; the exit status says which.
+enum Outcome {
+    /// Every pod as its manifest expected, and (with `--teardown`) nothing left: 0.
+    AsExpected,
+    /// A pod was not as expected by the deadline, or teardown left something: 1.
+    NotAsExpected,
+    /// Stopped by a signal, after the report and the teardown: 128 + the signal's number.
+    Interrupted(Signal),
+}
+
+async fn run(args: RunArgs) -> Result<Outcome, String> {
     let manifests = manifest::load(&args.manifests).map_err(|e| e.to_string())?;
     let mounter: Arc<dyn MountLayer> = match (args.mounter, can_mount()) {
         (MounterKind::Linux, _) | (MounterKind::Auto, true) => Arc::new(LinuxMounter),
@@ -184,19 +202,33 @@ async fn run(args: RunArgs) -> Result<bool, String> {
             ..SimImages::default()
         },
     };
+    let kept = root.clone();
+    let mut interrupts = Interrupts::install(move |second| {
+        eprintln!(
+            "kubelet-sim: {second} again: exiting now; state kept in {}",
+            kept.display()
+        );
+    })
+    .map_err(|e| format!("listening for signals: {e}"))?;
     let mut sim = Simulation::start(config).await?;
-    sim.apply(manifests).await;
-    let settled = sim
-        .wait_for(args.timeout, Simulation::pods_as_expected)
-        .await;
+    // `--timeout` bounds the whole settle phase: at the deadline (or a signal) the operations still running
+    // are left behind, the report is written, and teardown (if asked, or after a signal) gets its own.
+    let settled = tokio::select! {
+        settled = async {
+            sim.apply(manifests).await;
+            sim.wait_for(args.timeout, Simulation::pods_as_expected).await
+        } => settled,
+        _ = tokio::time::sleep(args.timeout) => false,
+        _ = interrupts.wait() => false,
+    };
     let mut report = sim.report();
-    if !settled {
+    if !settled && interrupts.received().is_none() {
         eprintln!(
             "kubelet-sim: not every pod reached its expected state within {}",
             humantime::format_duration(args.timeout)
         );
     }
-    if args.teardown {
+    if args.teardown || interrupts.received().is_some() {
         let teardown = sim.teardown(args.timeout).await;
         let after = sim.report();
         report.csi_calls = after.csi_calls;
@@ -219,5 +251,9 @@ async fn run(args: RunArgs) -> Result<bool, String> {
     } else {
         println!("state kept in {}", root.display());
     }
-    Ok(report.as_expected())
+    Ok(match interrupts.received() {
+        Some(signal) => Outcome::Interrupted(signal),
+        None if report.as_expected() => Outcome::AsExpected,
+        None => Outcome::NotAsExpected,
+    })
 }

@@ -355,3 +355,122 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
     }
     out
 }
+
+/// One pod that runs (an ephemeral local volume) and one that never can (its driver is not there).
+const HALF_SETTLING: &str = "apiVersion: storage.k8s.io/v1
+kind: CSIDriver
+metadata: {name: local.inlet.dev}
+spec: {attachRequired: false, podInfoOnMount: true, volumeLifecycleModes: [Ephemeral]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: runs}
+spec:
+  containers: [{name: app, image: busybox, volumeMounts: [{name: data, mountPath: /data}]}]
+  volumes: [{name: data, csi: {driver: local.inlet.dev}}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: waits}
+spec:
+  containers: [{name: app, image: busybox, volumeMounts: [{name: data, mountPath: /data}]}]
+  volumes: [{name: data, csi: {driver: absent.example.com}}]
+";
+
+fn mounted_under(root: &Path) -> Vec<PathBuf> {
+    walk(root)
+        .into_iter()
+        .filter(|d| mounter().is_mount_point(d).unwrap_or(false))
+        .collect()
+}
+
+#[test]
+fn sigterm_writes_the_report_tears_down_and_exits_143() {
+    let dir = tempfile::tempdir().unwrap();
+    let manifests = dir.path().join("pods.yaml");
+    std::fs::write(&manifests, HALF_SETTLING).unwrap();
+    let (root, report) = (dir.path().join("root"), dir.path().join("report.json"));
+    let child = Command::new(BIN)
+        .args([
+            "run",
+            "--driver",
+            "local.inlet.dev=local",
+            "--timeout",
+            "120s",
+            "--manifests",
+        ])
+        .arg(&manifests)
+        .arg("--root")
+        .arg(&root)
+        .arg("--report")
+        .arg(&report)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Wait until the first pod's volume is set up, then stop the run.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !walk(&root)
+        .iter()
+        .any(|d| d.ends_with("kubernetes.io~csi/data/mount"))
+    {
+        assert!(std::time::Instant::now() < deadline, "no volume was set up");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(out.status.code(), Some(143), "{stdout}\n{stderr}");
+    assert!(stderr.contains("SIGTERM: stopping"), "{stderr}");
+    assert!(stdout.contains("teardown: every pod deleted"), "{stdout}");
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    assert_eq!(report["teardown"]["complete"], true, "{report:#}");
+    assert!(
+        mounted_under(&root).is_empty(),
+        "left mounted: {:?}",
+        mounted_under(&root)
+    );
+}
+
+#[test]
+fn the_timeout_is_a_deadline_for_the_whole_settle_phase() {
+    let dir = tempfile::tempdir().unwrap();
+    let manifests = dir.path().join("pods.yaml");
+    std::fs::write(&manifests, HALF_SETTLING).unwrap();
+    let report = dir.path().join("report.json");
+    let started = std::time::Instant::now();
+    let (code, stdout, stderr) = run(&[
+        "run",
+        "--driver",
+        "local.inlet.dev=local",
+        "--timeout",
+        "2s",
+        "--teardown",
+        "--manifests",
+        manifests.to_str().unwrap(),
+        "--root",
+        dir.path().join("root").to_str().unwrap(),
+        "--report",
+        report.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 1, "{stdout}\n{stderr}");
+    assert!(stderr.contains("within 2s"), "{stderr}");
+    assert!(report.exists(), "the report is written at the deadline");
+    // Two deadlines of 2 s (settle, teardown), with room for a loaded machine; before, a run could go on
+    // for minutes past its deadline.
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(30),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(mounted_under(&dir.path().join("root")).is_empty());
+}

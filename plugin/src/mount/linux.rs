@@ -1,8 +1,9 @@
 //! The real mount layer, for Linux.
 //!
-//! Mount points are read from `/proc/self/mountinfo` rather than by comparing device numbers, because a bind
-//! mount on the same filesystem has the same device as its parent (the reason upstream `mount-utils`'
-//! `IsLikelyNotMountPoint` misses bind mounts). Loop devices are handled by `losetup`, as the kubelet's
+//! A mount point is told by one `statx` (STATX_ATTR_MOUNT_ROOT), not by comparing device numbers (a bind
+//! mount on the same filesystem has its parent's device, which is why upstream `mount-utils`'
+//! `IsLikelyNotMountPoint` misses bind mounts) nor by scanning `/proc/self/mountinfo`, whose cost grows with
+//! every mount on the node; the scan remains only for kernels before 5.8. Loop devices are handled by `losetup`, as the kubelet's
 //! `pkg/volume/util/volumepathhandler` does.
 
 use std::io;
@@ -18,6 +19,49 @@ use crate::host_path;
 /// The mount layer that changes the host. Needs root (CAP_SYS_ADMIN).
 #[derive(Debug, Default, Clone, Copy)]
 pub struct LinuxMounter;
+
+/// Whether `path` is the root of a mount, from one `statx` (STATX_ATTR_MOUNT_ROOT, Linux 5.8+): no table
+/// scan, so the cost does not grow with the node's mounts. The last component is not followed (a symlink is
+/// never a mount point); a missing path, or one under a file, is not a mount point. None when the kernel
+/// does not report the attribute.
+fn mount_root(path: &Path) -> io::Result<Option<bool>> {
+    use rustix::fs::{AtFlags, CWD, StatxAttributes, StatxFlags, statx};
+    match statx(
+        CWD,
+        path,
+        AtFlags::SYMLINK_NOFOLLOW | AtFlags::NO_AUTOMOUNT,
+        StatxFlags::empty(),
+    ) {
+        Ok(stat) => {
+            let known = stat
+                .stx_attributes_mask
+                .contains(StatxAttributes::MOUNT_ROOT);
+            Ok(known.then(|| stat.stx_attributes.contains(StatxAttributes::MOUNT_ROOT)))
+        }
+        Err(rustix::io::Errno::NOENT | rustix::io::Errno::NOTDIR) => Ok(Some(false)),
+        Err(rustix::io::Errno::NOSYS) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The fallback for kernels before 5.8: `path` (resolved) among `/proc/self/mountinfo`'s mount points.
+/// A bind mount on the same filesystem has its parent's device, which is why device numbers do not do.
+fn in_mount_table(path: &Path) -> io::Result<bool> {
+    let path = match path.canonicalize() {
+        Ok(p) => p,
+        Err(e)
+            if matches!(
+                e.kind(),
+                io::ErrorKind::NotFound | io::ErrorKind::NotADirectory
+            ) =>
+        {
+            return Ok(false);
+        }
+        Err(e) => return Err(e),
+    };
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")?;
+    Ok(mount_points(&mountinfo).any(|mp| mp == path))
+}
 
 /// Mounts reach their target through a descriptor opened with O_NOFOLLOW (`/proc/self/fd/<n>`), and
 /// unmounts use UMOUNT_NOFOLLOW: a target swapped for a symlink is refused, never followed to a foreign place.
@@ -111,21 +155,10 @@ impl MountLayer for LinuxMounter {
     }
 
     fn is_mount_point(&self, path: &Path) -> io::Result<bool> {
-        let path = match path.canonicalize() {
-            Ok(p) => p,
-            // Neither a missing path nor one under a regular file can be a mount point.
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::NotFound | io::ErrorKind::NotADirectory
-                ) =>
-            {
-                return Ok(false);
-            }
-            Err(e) => return Err(e),
-        };
-        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")?;
-        Ok(mount_points(&mountinfo).any(|mp| mp == path))
+        match mount_root(path)? {
+            Some(answer) => Ok(answer),
+            None => in_mount_table(path),
+        }
     }
 
     fn attach_loop(&self, file: &Path) -> io::Result<PathBuf> {
