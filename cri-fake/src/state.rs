@@ -18,6 +18,8 @@ use crate::images::Images;
 use crate::program::{self, Outcome};
 use crate::pull::Registries;
 
+/// The runtime handlers cri-fake serves: the default (empty) and containerd's default runtime's name.
+const RUNTIME_HANDLERS: [&str; 2] = ["", "runc"];
 /// One call the runtime received.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CriCall {
@@ -198,7 +200,7 @@ impl FakeRuntime {
 
     // ---- runtime ----
 
-    /// RunPodSandbox: a ready sandbox, its name reserved.
+    /// RunPodSandbox: a ready sandbox, its name reserved. An unknown runtime handler is refused.
     pub fn run_sandbox(
         &self,
         config: cri::PodSandboxConfig,
@@ -208,6 +210,13 @@ impl FakeRuntime {
             .metadata
             .clone()
             .ok_or_else(|| Status::invalid_argument("sandbox config has no metadata"))?;
+        // containerd knows the runtimes its config names (here only its default, `runc`); another handler
+        // (a RuntimeClass the node lacks) fails the sandbox with its text (`getSandboxRuntime`), code Unknown.
+        if !RUNTIME_HANDLERS.contains(&runtime_handler.as_str()) {
+            return Err(Status::unknown(format!(
+                "failed to get sandbox runtime: no runtime for {runtime_handler:?} is configured"
+            )));
+        }
         let name = format!(
             "k8s_POD_{}_{}_{}_{}",
             metadata.name, metadata.namespace, metadata.uid, metadata.attempt

@@ -458,3 +458,28 @@ async fn faults_fail_or_delay_calls_as_configured() {
     f.runtime.clear_faults();
     f.sandbox("fast").await;
 }
+
+#[tokio::test]
+async fn an_unknown_runtime_handler_is_refused_as_containerd_refuses_it() {
+    let mut f = Fixture::start().await;
+    let status =
+        f.rt.run_pod_sandbox(cri::RunPodSandboxRequest {
+            config: Some(sandbox_config("kata")),
+            runtime_handler: "kata".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (status.code(), status.message()),
+        (
+            Code::Unknown,
+            "failed to get sandbox runtime: no runtime for \"kata\" is configured"
+        )
+    );
+    f.rt.run_pod_sandbox(cri::RunPodSandboxRequest {
+        config: Some(sandbox_config("runc")),
+        runtime_handler: "runc".into(),
+    })
+    .await
+    .unwrap();
+}

@@ -91,14 +91,31 @@ impl Error {
             Self::PermissionDenied(_) => Code::PermissionDenied,
             Self::Unavailable(_) => Code::Unavailable,
             Self::Unimplemented(_) => Code::Unimplemented,
+            // A name or path too long for the host is the caller's to fix, not the driver's failure.
+            Self::Io { source, .. } if source.raw_os_error() == Some(nix::libc::ENAMETOOLONG) => {
+                Code::InvalidArgument
+            }
             Self::Io { .. } => Code::Internal,
         }
     }
 }
 
+/// The longest message a reply carries: it travels as an HTTP/2 header, which clients cap (8 KiB in
+/// grpc-go), and it may echo what the caller sent.
+const MAX_MESSAGE: usize = 4096;
+
 impl From<Error> for Status {
     fn from(err: Error) -> Self {
-        Status::new(err.code(), err.to_string())
+        let mut message = err.to_string();
+        if message.len() > MAX_MESSAGE {
+            let mut end = MAX_MESSAGE;
+            while !message.is_char_boundary(end) {
+                end -= 1;
+            }
+            message.truncate(end);
+            message.push_str("... (cut)");
+        }
+        Status::new(err.code(), message)
     }
 }
 
@@ -136,5 +153,18 @@ mod tests {
         );
         let io: Result<()> = Err(io::Error::other("boom")).context(|| "mounting /x".into());
         assert_eq!(Status::from(io.unwrap_err()).code(), Code::Internal);
+        let long: Result<()> = Err(io::Error::from_raw_os_error(nix::libc::ENAMETOOLONG))
+            .context(|| "creating /x".into());
+        assert_eq!(
+            Status::from(long.unwrap_err()).code(),
+            Code::InvalidArgument
+        );
+    }
+
+    #[test]
+    fn a_message_echoing_a_megabyte_is_cut() {
+        let status: Status = Error::invalid("size", "x".repeat(1 << 20)).into();
+        assert!(status.message().len() < 5000);
+        assert!(status.message().ends_with("... (cut)"));
     }
 }

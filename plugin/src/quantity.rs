@@ -29,21 +29,39 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
     let mut denominator = 10u128
         .checked_pow(frac_part.len() as u32)
         .ok_or_else(|| format!("{text:?} has too many decimals"))?;
-    let (numerator, divide) = suffix_scale(suffix).ok_or_else(|| {
-        format!("{text:?} has an unknown suffix {suffix:?} (use Ki, Mi, Gi, Ti, k, M, G, T...)")
-    })?;
+    let too_large = || format!("{text:?} is too large");
+    let (numerator, divide) = match suffix_scale(suffix) {
+        Some(Scale::By(numerator, divide)) => (numerator, divide),
+        Some(Scale::Overflow) => return Err(too_large()),
+        // So small a fraction of a byte still rounds up to one (zero stays zero).
+        Some(Scale::Underflow) => return Ok(u64::from(mantissa > 0)),
+        None => {
+            return Err(format!(
+                "{text:?} has an unknown suffix {suffix:?} (use Ki, Mi, Gi, Ti, k, M, G, T...)"
+            ));
+        }
+    };
     denominator *= divide;
-    let scaled = mantissa
-        .checked_mul(numerator)
-        .ok_or_else(|| format!("{text:?} is too large"))?;
+    let scaled = mantissa.checked_mul(numerator).ok_or_else(too_large)?;
     let bytes = scaled.div_ceil(denominator);
-    u64::try_from(bytes).map_err(|_| format!("{text:?} is too large"))
+    u64::try_from(bytes).map_err(|_| too_large())
 }
 
-/// (multiply, divide) for a suffix, or None when it is not one Kubernetes knows.
-fn suffix_scale(suffix: &str) -> Option<(u128, u128)> {
-    let binary = |power: u32| Some((1u128 << (10 * power), 1));
-    let decimal = |power: u32| Some((10u128.pow(power), 1));
+/// How a suffix scales the number.
+enum Scale {
+    /// Multiply, then divide.
+    By(u128, u128),
+    /// A decimal exponent beyond any size (`1e40`).
+    Overflow,
+    /// A negative decimal exponent below any fraction this arithmetic holds (`1e-40`).
+    Underflow,
+}
+
+/// How a suffix scales the number, or None when it is not one Kubernetes knows. A decimal exponent is signed,
+/// as in `quantity.go` (`1e-3` is a thousandth).
+fn suffix_scale(suffix: &str) -> Option<Scale> {
+    let binary = |power: u32| Some(Scale::By(1u128 << (10 * power), 1));
+    let decimal = |power: u32| Some(Scale::By(10u128.pow(power), 1));
     match suffix {
         "" => decimal(0),
         "Ki" => binary(1),
@@ -52,9 +70,9 @@ fn suffix_scale(suffix: &str) -> Option<(u128, u128)> {
         "Ti" => binary(4),
         "Pi" => binary(5),
         "Ei" => binary(6),
-        "n" => Some((1, 1_000_000_000)),
-        "u" => Some((1, 1_000_000)),
-        "m" => Some((1, 1_000)),
+        "n" => Some(Scale::By(1, 1_000_000_000)),
+        "u" => Some(Scale::By(1, 1_000_000)),
+        "m" => Some(Scale::By(1, 1_000)),
         "k" => decimal(3),
         "M" => decimal(6),
         "G" => decimal(9),
@@ -62,8 +80,14 @@ fn suffix_scale(suffix: &str) -> Option<(u128, u128)> {
         "P" => decimal(15),
         "E" => decimal(18),
         exp if exp.starts_with(['e', 'E']) => {
-            let power: u32 = exp[1..].parse().ok()?;
-            Some((10u128.checked_pow(power)?, 1))
+            let power: i32 = exp[1..].parse().ok()?;
+            let scale = 10u128.checked_pow(power.unsigned_abs());
+            Some(match (power >= 0, scale) {
+                (true, Some(scale)) => Scale::By(scale, 1),
+                (false, Some(scale)) => Scale::By(1, scale),
+                (true, None) => Scale::Overflow,
+                (false, None) => Scale::Underflow,
+            })
         }
         _ => None,
     }
@@ -96,6 +120,22 @@ mod tests {
         assert_eq!(parse_bytes("+1k"), Ok(1000));
         assert_eq!(parse_bytes("1500m"), Ok(2), "fractional bytes round up");
         assert_eq!(parse_bytes(".5Ki"), Ok(512));
+        assert_eq!(
+            parse_bytes("1e-3"),
+            Ok(1),
+            "a signed exponent; a thousandth rounds up"
+        );
+        assert_eq!(parse_bytes("5E+2"), Ok(500));
+        assert_eq!(parse_bytes("1e-40"), Ok(1));
+        assert_eq!(parse_bytes("0e-40"), Ok(0));
+    }
+
+    #[test]
+    fn sizes_beyond_any_disk_are_too_large() {
+        for big in ["1e40", "1e20", "99999999999999Ei"] {
+            let err = parse_bytes(big).unwrap_err();
+            assert!(err.ends_with("is too large"), "{big}: {err}");
+        }
     }
 
     #[test]
@@ -108,6 +148,8 @@ mod tests {
             "12XB",
             "1 Gi",
             "abc",
+            "1e",
+            "1e3.5",
             "99999999999999Ei",
         ] {
             assert!(parse_bytes(bad).is_err(), "{bad:?} should be rejected");

@@ -85,11 +85,40 @@ impl LocalDriver {
             return Err(Error::invalid("max_volume_size", reason));
         }
         let store = Store::open(&config.state_dir)?;
-        Ok(Self {
+        let driver = Self {
             config,
             store,
             mounter,
-        })
+        };
+        driver.remove_orphans()?;
+        Ok(driver)
+    }
+
+    /// Removes content no record owns: a crash between creating a volume's (or snapshot's) content and
+    /// writing its record leaves it behind, and the next create of that id would trip over it. Content is
+    /// always made before its record, and removed after it, so what has no record is nobody's.
+    fn remove_orphans(&self) -> Result<()> {
+        let owned = |dir: &str, id: &str| match dir {
+            "volumes" => self.store.volume(id).is_some(),
+            _ => self.store.snapshots().contains_key(id),
+        };
+        for dir in ["volumes", "snapshots"] {
+            let path = self.store.root().join(dir);
+            let entries = fs::read_dir(&path).context(|| format!("reading {}", path.display()))?;
+            for entry in entries.flatten() {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                let id = name.strip_suffix(".img").unwrap_or(&name);
+                if owned(dir, id) {
+                    continue;
+                }
+                tracing::warn!(path = %entry.path().display(), "removing content no record owns (left by a crash)");
+                if name.ends_with(".img") {
+                    self.detach_loop(&entry.path())?;
+                }
+                remove_content(&entry.path())?;
+            }
+        }
+        Ok(())
     }
 
     /// The driver's config.
@@ -155,9 +184,10 @@ impl LocalDriver {
         let created = match from {
             Some(source) => copy_tree(source, &data),
             None => match volume.access_type {
-                AccessType::Mount => {
+                // A leftover here has no record (the caller is creating one), so it is nobody's.
+                AccessType::Mount => remove_content(&data).and_then(|()| {
                     fs::create_dir(&data).context(|| format!("creating {}", data.display()))
-                }
+                }),
                 AccessType::Block => create_sparse_file(&data, volume.capacity_bytes),
             },
         };

@@ -420,6 +420,15 @@ impl LocalDriver {
                     "volume id {id:?} belongs to a persistent volume"
                 )));
             }
+            // The same id with another size is another volume (CSI: ALREADY_EXISTS for a volume that
+            // exists but is incompatible), not this one silently kept at its old size.
+            if existing.capacity_bytes != size {
+                return Err(Error::AlreadyExists(format!(
+                    "ephemeral volume {id:?} exists with size {}, not {}",
+                    format_bytes(existing.capacity_bytes),
+                    format_bytes(size)
+                )));
+            }
             return Ok(false);
         }
         self.check_allocation(size)?;

@@ -247,3 +247,30 @@ async fn an_ephemeral_id_cannot_take_over_a_persistent_volume() {
     );
     assert_eq!(f.volume_contents(), [id]);
 }
+
+#[tokio::test]
+async fn the_same_id_with_another_size_is_already_exists() {
+    let mut f = Fixture::start().await;
+    let target = f.kubelet_path("pods/uid-1/volumes/kubernetes.io~csi/v/mount");
+    f.node
+        .node_publish_volume(publish_ephemeral(HANDLE, &target, &[("size", "8Mi")]))
+        .await
+        .unwrap();
+    // Retried as it was: OK.
+    f.node
+        .node_publish_volume(publish_ephemeral(HANDLE, &target, &[("size", "8Mi")]))
+        .await
+        .unwrap();
+    let other = f.kubelet_path("pods/uid-1/volumes/kubernetes.io~csi/w/mount");
+    assert_status(
+        f.node
+            .node_publish_volume(publish_ephemeral(HANDLE, &other, &[("size", "16Mi")]))
+            .await,
+        Code::AlreadyExists,
+        "exists with size 8Mi, not 16Mi",
+    );
+    f.node
+        .node_unpublish_volume(unpublish(HANDLE, &target))
+        .await
+        .unwrap();
+}

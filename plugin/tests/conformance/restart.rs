@@ -171,3 +171,43 @@ async fn a_live_socket_is_not_stolen() {
     let err = inlet_proto::uds::listen(&f.socket()).await.unwrap_err();
     assert!(err.to_string().contains("in use"), "{err}");
 }
+
+/// SIGKILL between creating an ephemeral volume's content and writing its record leaves content no record
+/// owns. The driver removes it when it starts, and a publish of that id never trips over such a leftover.
+#[tokio::test]
+async fn content_a_crash_left_without_a_record_is_removed_and_never_blocks_a_publish() {
+    let f = Fixture::start().await;
+    let id = "csi-1a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f708192a3b4c5d6e7f809";
+    let leftover = f.state_path(&format!("volumes/{id}"));
+    std::fs::create_dir_all(&leftover).unwrap();
+    std::fs::write(leftover.join("half-written"), "x").unwrap();
+    let snapshot_leftover = f.state_path("snapshots/snap-orphan");
+    std::fs::create_dir_all(&snapshot_leftover).unwrap();
+    let mut f = f.crash_and_restart().await;
+    assert!(
+        !leftover.exists(),
+        "the orphan volume content is removed at start"
+    );
+    assert!(
+        !snapshot_leftover.exists(),
+        "the orphan snapshot content too"
+    );
+
+    // Left again while the driver runs (as if recovery had not seen it): the publish still succeeds.
+    std::fs::create_dir_all(&leftover).unwrap();
+    std::fs::write(leftover.join("half-written"), "x").unwrap();
+    let target = f.kubelet_path("pods/uid-9/volumes/kubernetes.io~csi/v/mount");
+    f.node
+        .node_publish_volume(publish_ephemeral(id, &target, &[]))
+        .await
+        .unwrap();
+    assert!(
+        !leftover.join("half-written").exists(),
+        "a new volume starts empty"
+    );
+    f.node
+        .node_unpublish_volume(unpublish(id, &target))
+        .await
+        .unwrap();
+    assert!(!leftover.exists());
+}
