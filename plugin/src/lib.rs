@@ -1,6 +1,7 @@
 //! inlet-plugin: inlet's CSI drivers and the pieces they are built from.
 //!
 //! # Layout
+//! - [`crash`]: named crash points (`INLET_CRASH_POINT`) for the kill-anywhere tests.
 //! - [`error`]: the one error type of this crate and its mapping to gRPC codes.
 //! - [`host_path`]: target and staging paths walked and created without following a symlink.
 //! - [`mount`]: the mount layer (bind, tmpfs, overlay, remount, unmount, loop devices): a real Linux
@@ -18,6 +19,7 @@
 //! The `inlet-plugin` binary (`src/main.rs`) is a thin CLI over [`server::serve_csi`].
 
 pub mod call_log;
+pub mod crash;
 pub mod error;
 pub mod host_path;
 pub mod image;

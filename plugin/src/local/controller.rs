@@ -94,6 +94,7 @@ impl LocalDriver {
             None => None,
         };
         self.create_content(&volume, copy_from.as_deref())?;
+        crate::crash::point("volume.content-created");
         if let Err(err) = self.store.put_volume(volume.clone()) {
             let _ = super::remove_content(&self.store.volume_data(&volume.id, access_type));
             return Err(err);

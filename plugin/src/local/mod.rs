@@ -212,6 +212,7 @@ impl LocalDriver {
             self.detach_loop(&data)?;
         }
         remove_content(&data)?;
+        crate::crash::point("volume.content-removed");
         self.store.remove_volume(id)
     }
 

@@ -19,6 +19,7 @@ use inlet_proto::csi::v1 as csi;
 use super::store::{AccessType, Publication, VolumeRecord};
 use super::validate::{self, Capability};
 use super::{EPHEMERAL_KEY, KUBERNETES_KEY_PREFIX, LocalDriver, SIZE_ATTRIBUTE};
+use crate::crash;
 use crate::error::{Error, IoContext, Result};
 use crate::host_path;
 use crate::mount::MountFlags;
@@ -89,6 +90,7 @@ impl LocalDriver {
                 ..volume.clone()
             })?,
         }
+        crash::point("stage.recorded");
         let data = self.store.volume_data(id, volume.access_type);
         let staged = match volume.access_type {
             AccessType::Mount => {
@@ -107,6 +109,7 @@ impl LocalDriver {
             })?;
             return Err(err);
         }
+        crash::point("stage.mounted");
         tracing::info!(volume_id = id, staging_target_path = %staging.display(), "staged volume");
         Ok(csi::NodeStageVolumeResponse {})
     }
@@ -143,10 +146,12 @@ impl LocalDriver {
                 remove_dir_if_empty(&staging)?;
             }
         }
+        crash::point("unstage.unmounted");
         self.store.put_volume(VolumeRecord {
             staged_at: None,
             ..volume
         })?;
+        crash::point("unstage.recorded");
         tracing::info!(volume_id = id, staging_target_path = %staging.display(), "unstaged volume");
         Ok(csi::NodeUnstageVolumeResponse {})
     }
@@ -212,6 +217,7 @@ impl LocalDriver {
                 if let Err(err) = self.store.put_volume(volume) {
                     return Err(self.undo_ephemeral(id, created, err));
                 }
+                crash::point("publish.recorded");
                 true
             }
         };
@@ -226,6 +232,7 @@ impl LocalDriver {
             }
             return Err(self.undo_ephemeral(id, created, err));
         }
+        crash::point("publish.mounted");
         tracing::info!(volume_id = id, target_path = %target.display(), readonly = flags.read_only, ephemeral = created, "published volume");
         Ok(csi::NodePublishVolumeResponse {})
     }
@@ -268,6 +275,7 @@ impl LocalDriver {
         };
         if volume.published.contains_key(&target) {
             self.unmount_target(&target, volume.access_type)?;
+            crash::point("unpublish.unmounted");
             volume.published.remove(&target);
             // The last unpublish of an ephemeral volume deletes the record below; no need to rewrite it first.
             if !(volume.ephemeral && volume.published.is_empty()) {
@@ -444,6 +452,7 @@ impl LocalDriver {
             published: BTreeMap::from([(target.to_path_buf(), publication.clone())]),
         };
         self.create_content(&volume, None)?;
+        crash::point("volume.content-created");
         if let Err(err) = self.store.put_volume(volume) {
             let _ = super::remove_content(&self.store.volume_data(id, AccessType::Mount));
             return Err(err);
