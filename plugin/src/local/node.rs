@@ -221,8 +221,21 @@ impl LocalDriver {
                 true
             }
         };
-        let mounted = self
-            .mount_target(&source, &target, volume.access_type, flags)
+        // A target mounted before this publication was recorded is someone else's mount: never hand it out
+        // as this volume (a retried publication finds its own mount, and that is OK).
+        let taken = || -> Result<()> {
+            let mounted = self.mounter.is_mount_point(&target);
+            match mounted.context(|| format!("checking {}", target.display()))? {
+                true => Err(Error::AlreadyExists(format!(
+                    "target {} already holds another mount",
+                    target.display()
+                ))),
+                false => Ok(()),
+            }
+        };
+        let fresh = newly_recorded || created;
+        let mounted = (if fresh { taken() } else { Ok(()) })
+            .and_then(|()| self.mount_target(&source, &target, volume.access_type, flags))
             .and_then(|()| self.apply_mount_group(&target, &cap));
         if let Err(err) = mounted {
             if newly_recorded {
@@ -282,9 +295,14 @@ impl LocalDriver {
                 self.store.put_volume(volume.clone())?;
             }
             tracing::info!(volume_id = id, target_path = %target.display(), "unpublished volume");
-        } else {
-            // Not ours at this target; clean up only an empty leftover directory, as the kubelet would.
-            self.release_unknown(id, &target, volume.access_type)?;
+        } else if !self
+            .mounter
+            .is_mount_point(&target)
+            .context(|| format!("checking {}", target.display()))?
+        {
+            // Not published here (a retry, or a kubelet that lost track); clean up only an empty leftover
+            // directory, as the kubelet would. Something mounted here is another volume's: left alone.
+            remove_dir_if_empty(&target)?;
         }
         if volume.ephemeral && volume.published.is_empty() {
             self.delete_volume_data(id)?;

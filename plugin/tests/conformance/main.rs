@@ -4,6 +4,7 @@
 //! server over a unix socket in a temp dir.
 
 mod bad_input;
+mod concurrency;
 mod controller;
 mod ephemeral;
 mod fixture;
