@@ -82,3 +82,32 @@ Feature: Kubelet restarts and several nodes
     And the driver published "data" of pod "keep" at least 1 times
     When all pods are deleted
     Then nothing is left on the node
+
+  Scenario: A driver that goes away and comes back: the pod waits with an event, then runs, and nothing leaks
+    Given the manifests:
+      """
+      apiVersion: v1
+      kind: Pod
+      metadata: {name: before}
+      spec:
+        containers: [{name: app, image: busybox, volumeMounts: [{name: data, mountPath: /data}]}]
+        volumes: [{name: data, csi: {driver: local.inlet.dev}}]
+      """
+    When the simulation runs
+    Then pod "before" is Running
+    When the local driver "local.inlet.dev" stops
+    And these manifests are applied:
+      """
+      apiVersion: v1
+      kind: Pod
+      metadata: {name: during}
+      spec:
+        containers: [{name: app, image: busybox, volumeMounts: [{name: data, mountPath: /data}]}]
+        volumes: [{name: data, csi: {driver: local.inlet.dev}}]
+      """
+    Then pod "during" has a Warning "FailedMount" event saying "MountVolume.SetUp failed for volume "data""
+    And pod "during" is Pending
+    When the local driver "local.inlet.dev" registers
+    Then pod "during" is Running
+    When all pods are deleted
+    Then nothing is left on the node

@@ -270,6 +270,18 @@ impl Simulation {
         Ok(())
     }
 
+    /// Stops every in-process instance of the driver `name`, as a crash would: its sockets go away, the
+    /// kubelets are not told, and their calls fail until the driver is started (and registered) again.
+    pub async fn stop_driver(&mut self, name: &str) {
+        let (stopping, kept) = std::mem::take(&mut self.drivers)
+            .into_iter()
+            .partition(|d| d.name == name);
+        self.drivers = kept;
+        for driver in stopping {
+            driver.stop().await;
+        }
+    }
+
     /// Registers a driver serving on `socket` with one node (as its plugin watcher would).
     pub async fn register(&self, node: &str, name: &str, socket: &Path) -> Result<(), String> {
         let kubelet = self.node(node).ok_or_else(|| format!("no node {node:?}"))?;

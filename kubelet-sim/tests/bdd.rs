@@ -294,6 +294,11 @@ async fn registers(w: &mut Sim, name: String) {
         .expect("registration succeeds");
 }
 
+#[when(regex = r#"^the local driver "([^"]+)" stops$"#)]
+async fn driver_stops(w: &mut Sim, name: String) {
+    w.sim.as_mut().expect("running").stop_driver(&name).await;
+}
+
 #[when(regex = r#"^pod "([^"]+)" is deleted$"#)]
 async fn pod_deleted(w: &mut Sim, pod: String) {
     let namespace = w

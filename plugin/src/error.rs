@@ -95,6 +95,15 @@ impl Error {
             Self::Io { source, .. } if source.raw_os_error() == Some(nix::libc::ENAMETOOLONG) => {
                 Code::InvalidArgument
             }
+            // A full disk is a resource running out: the caller may retry once space is freed.
+            Self::Io { source, .. }
+                if matches!(
+                    source.raw_os_error(),
+                    Some(nix::libc::ENOSPC | nix::libc::EDQUOT)
+                ) =>
+            {
+                Code::ResourceExhausted
+            }
             Self::Io { .. } => Code::Internal,
         }
     }

@@ -274,3 +274,51 @@ async fn the_same_id_with_another_size_is_already_exists() {
         .await
         .unwrap();
 }
+
+#[tokio::test]
+async fn a_full_disk_is_resource_exhausted_and_leaves_nothing_half_made() {
+    if !inlet_plugin::mount::can_mount() {
+        eprintln!("SKIPPED full disk: needs root for a small tmpfs");
+        return;
+    }
+    let mut f = Fixture::on_small_disk(256 << 10).await;
+    // Fill the state dir's disk.
+    let filler = f.state_path("filler");
+    let fill = std::fs::write(&filler, vec![0u8; 512 << 10]);
+    assert!(fill.is_err(), "the disk is full");
+    let target = f.kubelet_path("pods/uid-1/volumes/kubernetes.io~csi/v/mount");
+    let mut full = Vec::new();
+    for i in 0..64 {
+        // Records take a little space each: some creates may still fit; then the disk refuses.
+        let handle = format!("csi-{i:064x}");
+        let t = format!("{target}-{i}");
+        match f
+            .node
+            .node_publish_volume(publish_ephemeral(&handle, &t, &[]))
+            .await
+        {
+            Ok(_) => {}
+            Err(status) => {
+                assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+                assert!(!std::path::Path::new(&t).exists(), "no target is left");
+                assert!(
+                    !f.state_path(&format!("volumes/{handle}")).exists(),
+                    "no content is left"
+                );
+                full.push(handle);
+            }
+        }
+    }
+    assert!(!full.is_empty(), "the disk never filled");
+    // Space freed, the same publish goes through.
+    std::fs::remove_file(&filler).unwrap();
+    let t = format!("{target}-retry");
+    f.node
+        .node_publish_volume(publish_ephemeral(&full[0], &t, &[]))
+        .await
+        .unwrap();
+    f.node
+        .node_unpublish_volume(unpublish(&full[0], &t))
+        .await
+        .unwrap();
+}

@@ -61,6 +61,15 @@ impl Fixture {
         Self::with(Options::default()).await
     }
 
+    /// A driver whose state dir is a tmpfs of `bytes` (a small disk that fills up). Needs root.
+    pub async fn on_small_disk(bytes: u64) -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let state = dir.path().join("state");
+        std::fs::create_dir_all(&state).unwrap();
+        LinuxMounter.tmpfs(&state, bytes).expect("a small tmpfs");
+        Self::serve(dir, Arc::new(LinuxMounter), Options::default()).await
+    }
+
     pub async fn with(options: Options) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
         let mounter: Arc<dyn MountLayer> = match can_mount() {
