@@ -465,6 +465,20 @@ fn rejected(w: &mut Sim, pod: String, text: String) {
     );
 }
 
+#[then(regex = r#"^creating pod "([^"]+)" again was rejected with "(.*)"$"#)]
+fn rejected_again(w: &mut Sim, pod: String, text: String) {
+    let report = w.report();
+    let named = format!("pods {pod:?}");
+    assert!(
+        report
+            .rejected
+            .iter()
+            .any(|r| r.message.contains(&named) && r.message.contains(&text)),
+        "no rejection of {pod} saying {text:?}: {:#?}",
+        report.rejected
+    );
+}
+
 #[then(regex = r#"^the PersistentVolume "([^"]+)" was rejected with "(.*)"$"#)]
 fn pv_rejected(w: &mut Sim, pv: String, text: String) {
     assert!(
@@ -482,20 +496,34 @@ fn pv_rejected(w: &mut Sim, pv: String, text: String) {
     );
 }
 
-#[then(regex = r#"^container "([^"]+)" of pod "([^"]+)" mounts "([^"]+)" (read-only|read-write)$"#)]
-fn container_mount(w: &mut Sim, container: String, pod: String, path: String, mode: String) {
+/// The mount at `path` of a container, with the pod's directory on its node.
+fn container_mount_at(
+    w: &Sim,
+    pod: &str,
+    container: &str,
+    path: &str,
+) -> (kubelet_sim::node::MountReport, std::path::PathBuf) {
     let report = w.report();
     let pod = report.pods.iter().find(|p| p.name == pod).expect("pod");
-    let container = pod
-        .containers
-        .iter()
-        .find(|c| c.name == container)
-        .expect("container");
-    let mount = container
+    let pod_dir = w
+        .dir
+        .path()
+        .join("root")
+        .join(&pod.node)
+        .join("pods")
+        .join(&pod.uid);
+    let mount = container_of(pod, container)
         .mounts
         .iter()
         .find(|m| m.container_path == path)
+        .cloned()
         .unwrap_or_else(|| panic!("no mount at {path}"));
+    (mount, pod_dir)
+}
+
+#[then(regex = r#"^container "([^"]+)" of pod "([^"]+)" mounts "([^"]+)" (read-only|read-write)$"#)]
+fn container_mount(w: &mut Sim, container: String, pod: String, path: String, mode: String) {
+    let (mount, _) = container_mount_at(w, &pod, &container, &path);
     assert_eq!(mount.readonly, mode == "read-only", "{mount:?}");
     assert!(
         std::path::Path::new(&mount.host_path).exists(),
@@ -508,25 +536,7 @@ fn container_mount(w: &mut Sim, container: String, pod: String, path: String, mo
     regex = r#"^container "([^"]+)" of pod "([^"]+)" mounts "([^"]+)" from its pod's "([^"]+)"$"#
 )]
 fn container_mount_from(w: &mut Sim, name: String, pod: String, path: String, from: String) {
-    let report = w.report();
-    let pod = report.pods.iter().find(|p| p.name == pod).expect("pod");
-    let container = pod
-        .containers
-        .iter()
-        .find(|c| c.name == name)
-        .expect("container");
-    let mount = container
-        .mounts
-        .iter()
-        .find(|m| m.container_path == path)
-        .unwrap_or_else(|| panic!("no mount at {path}"));
-    let pod_dir = w
-        .dir
-        .path()
-        .join("root")
-        .join(&pod.node)
-        .join("pods")
-        .join(&pod.uid);
+    let (mount, pod_dir) = container_mount_at(w, &pod, &name, &path);
     assert_eq!(
         std::path::Path::new(&mount.host_path),
         pod_dir.join(from),
@@ -547,10 +557,16 @@ fn container_waits(w: &mut Sim, name: String, pod: String, reason: String) {
 fn container(w: &Sim, pod: &str, container: &str) -> kubelet_sim::node::ContainerReport {
     let report = w.report();
     let pod = report.pods.iter().find(|p| p.name == pod).expect("pod");
+    container_of(pod, container).clone()
+}
+
+fn container_of<'a>(
+    pod: &'a kubelet_sim::report::PodReport,
+    container: &str,
+) -> &'a kubelet_sim::node::ContainerReport {
     pod.containers
         .iter()
         .find(|c| c.name == container)
-        .cloned()
         .unwrap_or_else(|| panic!("no container {container}: {:#?}", pod.containers))
 }
 

@@ -16,8 +16,14 @@ fn examples() -> PathBuf {
 }
 
 fn run(args: &[&str]) -> (i32, String, String) {
+    run_logging(args, "warn")
+}
+
+/// `run` with `RUST_LOG` set to `level`.
+fn run_logging(args: &[&str], level: &str) -> (i32, String, String) {
     let out = Command::new(BIN)
         .args(args)
+        .env("RUST_LOG", level)
         .output()
         .expect("kubelet-sim runs");
     (
@@ -25,6 +31,12 @@ fn run(args: &[&str]) -> (i32, String, String) {
         String::from_utf8_lossy(&out.stdout).into(),
         String::from_utf8_lossy(&out.stderr).into(),
     )
+}
+
+/// The last lines of a long output.
+fn tail(text: &str) -> String {
+    let lines: Vec<_> = text.lines().collect();
+    lines[lines.len().saturating_sub(40)..].join("\n")
 }
 
 fn mounter() -> Arc<dyn MountLayer> {
@@ -45,27 +57,39 @@ fn the_examples_run_and_the_report_keeps_its_contract() {
         "example.inlet.dev/site={}",
         examples().join("../images/site").display()
     );
-    let (code, stdout, stderr) = run(&[
-        "run",
-        "--manifests",
-        examples().to_str().unwrap(),
-        "--driver",
-        "local.inlet.dev=local",
-        "--driver",
-        "image.inlet.dev=image",
-        "--image-layout",
-        &site,
-        "--teardown",
-        "--root",
-        root.to_str().unwrap(),
-        "--report",
-        report.to_str().unwrap(),
-    ]);
-    assert_eq!(code, 0, "stdout:\n{stdout}\nstderr:\n{stderr}");
+    // Every log line at every level, to check that no secret value reaches any of them.
+    let (code, stdout, stderr) = run_logging(
+        &[
+            "run",
+            "--manifests",
+            examples().to_str().unwrap(),
+            "--driver",
+            "local.inlet.dev=local",
+            "--driver",
+            "image.inlet.dev=image",
+            "--image-layout",
+            &site,
+            "--teardown",
+            "--root",
+            root.to_str().unwrap(),
+            "--report",
+            report.to_str().unwrap(),
+        ],
+        "trace",
+    );
+    assert_eq!(code, 0, "stdout:\n{stdout}\nstderr:\n{}", tail(&stderr));
     assert!(
         stdout.contains("Running") && stdout.contains("teardown: every pod deleted"),
         "{stdout}"
     );
+    assert!(stderr.lines().count() > 100, "trace logging is on");
+    for (name, out) in [("stdout", &stdout), ("stderr", &stderr)] {
+        let leaked: Vec<_> = out
+            .lines()
+            .filter(|l| l.contains("not-a-real-password"))
+            .collect();
+        assert!(leaked.is_empty(), "a secret value in {name}: {leaked:#?}");
+    }
     let report: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
     let pod = &report["pods"][0];

@@ -26,7 +26,7 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
     let mantissa: u128 = digits
         .parse()
         .map_err(|_| format!("{text:?} is too large"))?;
-    let mut denominator = 10u128
+    let denominator = 10u128
         .checked_pow(frac_part.len() as u32)
         .ok_or_else(|| format!("{text:?} has too many decimals"))?;
     let too_large = || format!("{text:?} is too large");
@@ -41,7 +41,10 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
             ));
         }
     };
-    denominator *= divide;
+    // A denominator beyond u128 makes the value less than one byte: it rounds up to one (zero stays zero).
+    let Some(denominator) = denominator.checked_mul(divide) else {
+        return Ok(u64::from(mantissa > 0));
+    };
     let scaled = mantissa.checked_mul(numerator).ok_or_else(too_large)?;
     let bytes = scaled.div_ceil(denominator);
     u64::try_from(bytes).map_err(|_| too_large())
@@ -128,6 +131,20 @@ mod tests {
         assert_eq!(parse_bytes("5E+2"), Ok(500));
         assert_eq!(parse_bytes("1e-40"), Ok(1));
         assert_eq!(parse_bytes("0e-40"), Ok(0));
+        // Found by the fuzzer: many decimals and a negative exponent overflowed the denominator.
+        assert_eq!(
+            parse_bytes(".888899999999900000001040484529499615e-3"),
+            Ok(1)
+        );
+    }
+
+    #[test]
+    fn the_fuzz_corpus_parses_without_a_panic() {
+        let corpus = concat!(env!("CARGO_MANIFEST_DIR"), "/../fuzz/corpus/quantity");
+        for entry in std::fs::read_dir(corpus).unwrap() {
+            let text = std::fs::read(entry.unwrap().path()).unwrap();
+            let _ = parse_bytes(&String::from_utf8_lossy(&text));
+        }
     }
 
     #[test]

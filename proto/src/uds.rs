@@ -123,7 +123,8 @@ impl Stream for Incoming {
 /// Listens on a unix socket for a tonic server.
 ///
 /// A socket file left behind by a crashed server is replaced; one that a live server still answers on is
-/// refused, so two drivers never silently steal each other's endpoint. The parent directory is created.
+/// refused, so two drivers never silently steal each other's endpoint. The parent directory is created, and
+/// the socket is made owner-only (0600).
 pub async fn listen(path: &Path) -> Result<Incoming, EndpointError> {
     let io_err = |e| EndpointError::Io(path.to_path_buf(), e);
     if let Some(parent) = path.parent() {
@@ -136,6 +137,9 @@ pub async fn listen(path: &Path) -> Result<Incoming, EndpointError> {
         std::fs::remove_file(path).map_err(io_err)?;
     }
     let listener = UnixListener::bind(path).map_err(io_err)?;
+    // Owner-only: whoever may connect may mount (a CSI socket) or run containers (a CRI socket).
+    std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+        .map_err(io_err)?;
     Ok(Incoming(UnixListenerStream::new(listener)))
 }
 
@@ -181,6 +185,10 @@ mod tests {
         drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
         assert!(path.exists());
         let live = listen(&path).await.expect("stale socket is replaced");
+        let mode = std::os::unix::fs::PermissionsExt::mode(
+            &std::fs::metadata(&path).unwrap().permissions(),
+        );
+        assert_eq!(mode & 0o777, 0o600, "the socket is owner-only");
         assert!(matches!(listen(&path).await, Err(EndpointError::InUse(_))));
         drop(live);
     }

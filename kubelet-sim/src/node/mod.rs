@@ -46,7 +46,7 @@ use desired_state::DesiredState;
 use host::NodeHost;
 pub use operations::BackoffPolicy;
 use operations::Operations;
-pub use pod_worker::{ContainerReport, PodRuntime};
+pub use pod_worker::{ContainerReport, MountReport, PodRuntime};
 use registry::DriverRegistry;
 
 use crate::api::Api;
