@@ -10,8 +10,8 @@ use std::sync::OnceLock;
 /// The environment variable naming the point to crash at.
 pub const ENV: &str = "INLET_CRASH_POINT";
 
-/// Every crash point, each between two steps whose order matters for recovery.
-pub const POINTS: [&str; 9] = [
+/// The local driver's crash points, each between two steps whose order matters for recovery.
+pub const DRIVER_POINTS: [&str; 9] = [
     // The content of a new volume exists; its record does not yet.
     "volume.content-created",
     // A volume's content is gone; its record is not yet.
@@ -32,10 +32,25 @@ pub const POINTS: [&str; 9] = [
     "unstage.recorded",
 ];
 
+/// The kubelet's (the CSI plugin's and kubelet-sim's pod workers'), likewise.
+pub const KUBELET_POINTS: [&str; 4] = [
+    // vol_data.json is written beside the mount dir; NodePublishVolume is not sent yet.
+    "setup.recorded",
+    // NodePublishVolume succeeded; the actual state does not know yet.
+    "setup.published",
+    // NodeUnpublishVolume succeeded; the mount dir and vol_data.json are still there.
+    "teardown.unpublished",
+    // The pod's sandbox runs; its containers are not created yet.
+    "pod.sandbox-started",
+];
+
 /// Kills the process here when the environment names this point.
 pub fn point(name: &'static str) {
     static AT: OnceLock<Option<String>> = OnceLock::new();
-    debug_assert!(POINTS.contains(&name), "unlisted crash point {name}");
+    debug_assert!(
+        DRIVER_POINTS.contains(&name) || KUBELET_POINTS.contains(&name),
+        "unlisted crash point {name}"
+    );
     if AT.get_or_init(|| std::env::var(ENV).ok()).as_deref() == Some(name) {
         let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
     }

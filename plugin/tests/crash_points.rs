@@ -1,4 +1,4 @@
-//! Kill the local driver (SIGKILL) at every named crash point in turn ([`inlet_plugin::crash::POINTS`]),
+//! Kill the local driver (SIGKILL) at every named crash point in turn ([`inlet_plugin::crash::DRIVER_POINTS`]),
 //! restart it, retry the call that was cut off as a kubelet would, finish the volume's life, and check that
 //! nothing is lost or left: no mount under the kubelet dir, no target or staging dir, no volume content,
 //! no record. Two lives are run for each point: an ephemeral inline volume (publish, unpublish) and a
@@ -256,14 +256,14 @@ async fn a_driver_killed_at_any_crash_point_loses_and_leaks_nothing() {
         return;
     }
     let mut reached = BTreeSet::new();
-    for point in crash::POINTS {
+    for point in crash::DRIVER_POINTS {
         for life in [ephemeral_life as fn(&Path) -> Vec<Step>, persistent_life] {
             if live_through(point, life).await {
                 reached.insert(point);
             }
         }
     }
-    let missed: Vec<_> = crash::POINTS
+    let missed: Vec<_> = crash::DRIVER_POINTS
         .iter()
         .filter(|p| !reached.contains(*p))
         .collect();

@@ -257,6 +257,7 @@ impl Kubelet {
                 return false;
             }
         };
+        inlet_plugin::crash::point("pod.sandbox-started");
         let mut reports = Vec::new();
         for container in &spec.containers {
             match self

@@ -161,6 +161,7 @@ impl CsiMounter {
                 "mounter.SetUpAt failed to save volume info data: {e}"
             )))
         })?;
+        crate::crash::point("setup.recorded");
 
         // 15. NodePublishVolume.
         let request = csi::NodePublishVolumeRequest {
@@ -186,6 +187,7 @@ impl CsiMounter {
             }
             return Err(err);
         }
+        crate::crash::point("setup.published");
 
         // 17. fsGroup, unless the volume is read-only, the policy says no, or the driver applied it.
         if !mount_group
@@ -309,6 +311,7 @@ impl CsiUnmounter {
                     format!("Unmounter.TearDownAt failed: {}", rpc_error(&s)),
                 )
             })?;
+        crate::crash::point("teardown.unpublished");
         remove_mount_dir(host, dir);
         Ok(())
     }
