@@ -77,3 +77,23 @@ Feature: Containers run to completion
     Then container "app" of pod "crash" is restarted at least 3 times
     And pod "crash" is Running
     And pod "crash" has a Warning "BackOff" event saying "Back-off restarting failed container app in pod crash_default("
+
+  Scenario: A runtime call that hangs past the runtime request timeout fails, and is retried
+    The kubelet gives each RuntimeService call its runtimeRequestTimeout (2 min upstream, 500 ms here);
+    a call that hangs past it is abandoned with DEADLINE_EXCEEDED, the half-started sandbox is removed, and
+    the pod is started again.
+    Given the runtime hangs 3000ms in CreateContainer once
+    And the manifests:
+      """
+      apiVersion: v1
+      kind: Pod
+      metadata: {name: web}
+      spec:
+        containers: [{name: app, image: busybox, volumeMounts: [{name: data, mountPath: /data}]}]
+        volumes: [{name: data, csi: {driver: local.inlet.dev}}]
+      """
+    When the simulation runs
+    Then pod "web" has a Warning "Failed" event saying "Error: rpc error: code = DeadlineExceeded desc = context deadline exceeded"
+    And pod "web" is Running
+    When all pods are deleted
+    Then nothing is left on the node

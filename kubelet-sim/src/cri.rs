@@ -2,6 +2,7 @@
 //! a real runtime such as containerd).
 
 use std::path::Path;
+use std::time::Duration;
 
 use inlet_proto::runtime::v1::{
     image_service_client::ImageServiceClient, runtime_service_client::RuntimeServiceClient,
@@ -18,12 +19,18 @@ pub struct Cri {
 }
 
 impl Cri {
-    /// Connects to the runtime on `socket`.
-    pub async fn connect(socket: &Path) -> Result<Self, inlet_proto::uds::EndpointError> {
-        let channel = inlet_proto::uds::connect(socket).await?;
+    /// Connects to the runtime on `socket`. A RuntimeService call that takes longer than
+    /// `runtime_timeout` fails with DEADLINE_EXCEEDED (`remote_runtime.go` gives each its
+    /// `runtimeRequestTimeout`); ImageService calls have no deadline, since a pull may take long.
+    pub async fn connect(
+        socket: &Path,
+        runtime_timeout: Duration,
+    ) -> Result<Self, inlet_proto::uds::EndpointError> {
+        let runtime = inlet_proto::uds::connect_with_timeout(socket, Some(runtime_timeout)).await?;
+        let image = inlet_proto::uds::connect(socket).await?;
         Ok(Self {
-            runtime: RuntimeServiceClient::new(channel.clone()),
-            image: ImageServiceClient::new(channel),
+            runtime: RuntimeServiceClient::new(runtime),
+            image: ImageServiceClient::new(image),
         })
     }
 }

@@ -185,7 +185,8 @@ impl Simulation {
                 image_pull_wait: config.images.pull_wait,
                 containers: config.containers,
             };
-            let cri = connect_cri(&cri_socket).await?;
+            let timeout = config.containers.runtime_request_timeout;
+            let cri = connect_cri(&cri_socket, timeout).await?;
             let images = image_engine(&cri_socket, &node_config.root, &config.mounter).await;
             nodes.push(Kubelet::new(
                 node_config,
@@ -317,7 +318,11 @@ impl Simulation {
         let node = Kubelet::new(
             old.config.clone(),
             Arc::clone(&self.api),
-            connect_cri(&self.cri_socket).await?,
+            connect_cri(
+                &self.cri_socket,
+                old.config.containers.runtime_request_timeout,
+            )
+            .await?,
             Arc::clone(&self.config.mounter),
             self.calls.clone(),
             images,
@@ -757,10 +762,10 @@ impl Simulation {
     }
 }
 
-async fn connect_cri(socket: &Path) -> Result<Cri, String> {
+async fn connect_cri(socket: &Path, runtime_timeout: Duration) -> Result<Cri, String> {
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
-        match Cri::connect(socket).await {
+        match Cri::connect(socket, runtime_timeout).await {
             Ok(cri) => return Ok(cri),
             Err(e) if Instant::now() >= deadline => return Err(format!("CRI runtime: {e}")),
             Err(_) => tokio::time::sleep(Duration::from_millis(5)).await,

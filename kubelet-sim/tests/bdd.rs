@@ -234,6 +234,7 @@ async fn runs(w: &mut Sim) {
                 initial: Duration::from_millis(200),
                 max: Duration::from_secs(1),
             },
+            runtime_request_timeout: Duration::from_millis(500),
         },
         mounter,
         images: w.images.clone(),

@@ -145,10 +145,22 @@ pub async fn listen(path: &Path) -> Result<Incoming, EndpointError> {
 
 /// Opens a gRPC channel to a server on a unix socket. The connection is made now, so a wrong path fails here.
 pub async fn connect(path: &Path) -> Result<Channel, EndpointError> {
+    connect_with_timeout(path, None).await
+}
+
+/// [`connect`], every call on the channel failing with DEADLINE_EXCEEDED after `timeout` (when given).
+pub async fn connect_with_timeout(
+    path: &Path,
+    timeout: Option<std::time::Duration>,
+) -> Result<Channel, EndpointError> {
     let path = path.to_path_buf();
     let target = path.clone();
     // The URI is required by tonic but unused: the connector below always dials the socket.
-    Endpoint::from_static("http://[::1]:50051")
+    let mut endpoint = Endpoint::from_static("http://[::1]:50051");
+    if let Some(timeout) = timeout {
+        endpoint = endpoint.timeout(timeout);
+    }
+    endpoint
         .connect_with_connector(tower::service_fn(move |_| {
             let target = target.clone();
             async move { UnixStream::connect(target).await.map(TokioIo::new) }

@@ -81,10 +81,13 @@ pub struct ContainerTiming {
     pub relist_period: Duration,
     /// The crash-loop back-off between restarts of a container.
     pub backoff: BackoffPolicy,
+    /// How long a RuntimeService call may take before it is abandoned as failed (the kubelet's
+    /// `runtimeRequestTimeout`). Image pulls have none, as upstream's.
+    pub runtime_request_timeout: Duration,
 }
 
 impl Default for ContainerTiming {
-    /// Upstream's: a relist every second, a back-off of 10 s doubling to 5 min.
+    /// Upstream's: a relist every second, a back-off of 10 s doubling to 5 min, runtime calls of 2 min.
     fn default() -> Self {
         Self {
             relist_period: Duration::from_secs(1),
@@ -92,6 +95,7 @@ impl Default for ContainerTiming {
                 initial: Duration::from_secs(10),
                 max: Duration::from_secs(300),
             },
+            runtime_request_timeout: Duration::from_secs(120),
         }
     }
 }

@@ -88,6 +88,16 @@ fn slow_pulls(w: &mut Sim, ms: u64) {
     w.faults.push(("PullImage".into(), delay));
 }
 
+#[given(regex = r"^the runtime hangs (\d+)ms in (\w+) once$")]
+fn runtime_hangs_once(w: &mut Sim, ms: u64, method: String) {
+    let delay = Fault {
+        delay: Some(Duration::from_millis(ms)),
+        times: Some(1),
+        ..Default::default()
+    };
+    w.faults.push((method, delay));
+}
+
 #[given(regex = r"^the runtime fails (\w+) with (\w+)$")]
 fn runtime_fails(w: &mut Sim, method: String, code: String) {
     let fault = cri_fake::faults::parse_error_flag(&format!("{method}={code}:connection refused"))

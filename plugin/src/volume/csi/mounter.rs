@@ -319,6 +319,11 @@ impl CsiUnmounter {
 
 /// `rpc error: code = X desc = Y`, the way Go's gRPC prints a status, which users know from events.
 pub fn rpc_error(status: &tonic::Status) -> String {
+    // tonic reports a call that outlived its timeout as CANCELLED "Timeout expired"; grpc-go, which the
+    // kubelet's events come from, as DEADLINE_EXCEEDED with the context's text.
+    if status.code() == tonic::Code::Cancelled && status.message() == "Timeout expired" {
+        return "rpc error: code = DeadlineExceeded desc = context deadline exceeded".into();
+    }
     format!(
         "rpc error: code = {:?} desc = {}",
         status.code(),
