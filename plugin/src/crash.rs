@@ -10,8 +10,8 @@ use std::sync::OnceLock;
 /// The environment variable naming the point to crash at.
 pub const ENV: &str = "INLET_CRASH_POINT";
 
-/// The local driver's crash points, each between two steps whose order matters for recovery.
-pub const DRIVER_POINTS: [&str; 9] = [
+/// The drivers' crash points (local, then image), each between two steps whose order matters for recovery.
+pub const DRIVER_POINTS: [&str; 12] = [
     // The content of a new volume exists; its record does not yet.
     "volume.content-created",
     // A volume's content is gone; its record is not yet.
@@ -30,6 +30,12 @@ pub const DRIVER_POINTS: [&str; 9] = [
     "unstage.unmounted",
     // The unstage is recorded; the caller has not heard so.
     "unstage.recorded",
+    // An image volume's record is written; nothing is mounted at its target yet.
+    "image.recorded",
+    // The image volume is mounted; the caller has not heard so.
+    "image.mounted",
+    // The image volume's target is unmounted; its record and snapshot are not released yet.
+    "image.unmounted",
 ];
 
 /// The kubelet's (the CSI plugin's and kubelet-sim's pod workers'), likewise.

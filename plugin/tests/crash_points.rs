@@ -17,25 +17,35 @@ use tonic::transport::Channel;
 
 const BIN: &str = env!("CARGO_BIN_EXE_inlet-plugin");
 
+/// Which driver a life runs against.
+#[derive(Clone, Copy)]
+enum Kind {
+    Local,
+    /// The image driver, pulling through cri-fake on `dir/cri.sock`.
+    Image,
+}
+
 /// The driver under test, killed on drop if still running.
 struct Driver {
     dir: PathBuf,
+    kind: Kind,
     child: Child,
 }
 
 impl Driver {
-    fn start(dir: &Path, crash_at: Option<&str>) -> Self {
+    fn start(dir: &Path, kind: Kind, crash_at: Option<&str>) -> Self {
         let mut command = Command::new(BIN);
+        match kind {
+            Kind::Local => {
+                command.args(["serve", "--driver", "local", "--name", "local.inlet.dev"])
+            }
+            Kind::Image => command
+                .args(["serve", "--driver", "image", "--name", "image.inlet.dev"])
+                .args(["--storage", "containers-storage", "--runtime-endpoint"])
+                .arg(format!("unix://{}", dir.join("cri.sock").display())),
+        };
         command
-            .args([
-                "serve",
-                "--driver",
-                "local",
-                "--name",
-                "local.inlet.dev",
-                "--node-id",
-                "n1",
-            ])
+            .args(["--node-id", "n1"])
             .arg(format!(
                 "--endpoint=unix://{}",
                 dir.join("csi.sock").display()
@@ -50,6 +60,7 @@ impl Driver {
         }
         Self {
             dir: dir.to_path_buf(),
+            kind,
             child: command.spawn().expect("the driver starts"),
         }
     }
@@ -146,6 +157,25 @@ fn ephemeral_life(kubelet: &Path) -> Vec<Step> {
     ]
 }
 
+/// An image volume's publish and unpublish; `writable` gets a copy-on-write volume of its own.
+fn image_life(kubelet: &Path, writable: bool) -> Vec<Step> {
+    let target = kubelet.join("pods/u3/volumes/kubernetes.io~csi/site/mount");
+    vec![
+        Step::Publish(csi::NodePublishVolumeRequest {
+            volume_id: "csi-image".into(),
+            target_path: target.display().to_string(),
+            volume_capability: Some(capability()),
+            readonly: !writable,
+            volume_context: HashMap::from([("image".to_string(), format!("{IMAGE}:v1"))]),
+            ..Default::default()
+        }),
+        Step::Unpublish(csi::NodeUnpublishVolumeRequest {
+            volume_id: "csi-image".into(),
+            target_path: target.display().to_string(),
+        }),
+    ]
+}
+
 fn persistent_life(kubelet: &Path) -> Vec<Step> {
     let id = "pv-crash";
     let staging = kubelet.join("plugins/kubernetes.io/csi/local.inlet.dev/abc/globalmount");
@@ -212,15 +242,56 @@ fn leftovers(dir: &Path) -> Vec<String> {
             left.push(format!("in {sub}: {}", entry.file_name().to_string_lossy()));
         }
     }
+    let image_state = inlet_plugin::image::leftovers(&dir.join("state"));
+    left.extend(
+        image_state
+            .iter()
+            .map(|p| format!("image state: {}", p.display())),
+    );
     left
 }
 
+const IMAGE: &str = "example.inlet.dev/site";
+
+/// cri-fake on `dir/cri.sock`, holding a small image, served by this test (it outlives driver crashes).
+async fn serve_runtime(dir: &Path) -> tokio::sync::oneshot::Sender<()> {
+    let layout = dir.join("layout");
+    cri_fake::layout::ImageBuilder::new()
+        .file("index.html", "hello")
+        .layer()
+        .file("data/more.txt", "more")
+        .write_layout(&layout, "v1")
+        .expect("image");
+    let runtime = std::sync::Arc::new(
+        cri_fake::FakeRuntime::new(dir.join("cri"), Default::default()).expect("cri-fake"),
+    );
+    runtime
+        .images()
+        .import_layout(&layout, IMAGE)
+        .expect("import");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let socket = dir.join("cri.sock");
+    tokio::spawn(
+        async move { cri_fake::serve(&socket, runtime, async { drop(stopped.await) }).await },
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !dir.join("cri.sock").exists() {
+        assert!(Instant::now() < deadline, "cri-fake did not start");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    stop
+}
+
 /// Runs `life` with the driver set to crash at `point`; true when it crashed there.
-async fn live_through(point: &str, life: fn(&Path) -> Vec<Step>) -> bool {
+async fn live_through(point: &str, kind: Kind, life: &dyn Fn(&Path) -> Vec<Step>) -> bool {
     let dir = tempfile::tempdir().expect("temp dir");
     std::fs::create_dir_all(dir.path().join("kubelet")).expect("kubelet dir");
+    let _runtime = match kind {
+        Kind::Image => Some(serve_runtime(dir.path()).await),
+        Kind::Local => None,
+    };
     let steps = life(&dir.path().join("kubelet"));
-    let mut driver = Driver::start(dir.path(), Some(point));
+    let mut driver = Driver::start(dir.path(), kind, Some(point));
     let mut crashed = false;
     for step in steps {
         // The kubelet retries a call until it succeeds; a connection lost mid-call is one more retry.
@@ -231,7 +302,7 @@ async fn live_through(point: &str, life: fn(&Path) -> Vec<Step>) -> bool {
             let result = call(driver.channel().await, step.clone()).await;
             if driver.died(result.is_err()).await {
                 crashed = true;
-                driver = Driver::start(dir.path(), None);
+                driver = Driver::start(dir.path(), driver.kind, None);
                 continue;
             }
             if let Err(status) = result {
@@ -255,10 +326,16 @@ async fn a_driver_killed_at_any_crash_point_loses_and_leaks_nothing() {
         eprintln!("SKIPPED crash points: needs root for real mounts");
         return;
     }
+    let lives: [(Kind, &dyn Fn(&Path) -> Vec<Step>); 4] = [
+        (Kind::Local, &ephemeral_life),
+        (Kind::Local, &persistent_life),
+        (Kind::Image, &|k| image_life(k, false)),
+        (Kind::Image, &|k| image_life(k, true)),
+    ];
     let mut reached = BTreeSet::new();
     for point in crash::DRIVER_POINTS {
-        for life in [ephemeral_life as fn(&Path) -> Vec<Step>, persistent_life] {
-            if live_through(point, life).await {
+        for (kind, life) in &lives {
+            if live_through(point, *kind, *life).await {
                 reached.insert(point);
             }
         }

@@ -139,6 +139,7 @@ impl ImageVolumes {
             }
         }
         write_record(&self.records_dir(), &id, volume)?;
+        crate::crash::point("image.recorded");
         records.insert(id.clone(), volume.clone());
         if let Err(err) = self.mount(volume).await {
             records.remove(&id);
@@ -149,6 +150,7 @@ impl ImageVolumes {
             }
             return Err(err);
         }
+        crate::crash::point("image.mounted");
         tracing::info!(target = %volume.target.display(), image = %volume.image, key = volume.key(), "published image volume");
         Ok(())
     }
@@ -162,6 +164,7 @@ impl ImageVolumes {
             self.mounter
                 .unmount(target)
                 .context(|| format!("unmounting {}", target.display()))?;
+            crate::crash::point("image.unmounted");
         }
         remove_dir(target)?;
         if let Some(volume) = records.remove(&id) {
