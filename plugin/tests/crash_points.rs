@@ -127,6 +127,9 @@ async fn call(channel: Channel, step: Step) -> Result<(), tonic::Status> {
     }
 }
 
+/// A volume's life: its calls, given the kubelet dir.
+type Life = dyn Fn(&Path) -> Vec<Step>;
+
 fn capability() -> csi::VolumeCapability {
     csi::VolumeCapability {
         access_type: Some(csi::volume_capability::AccessType::Mount(Default::default())),
@@ -283,7 +286,7 @@ async fn serve_runtime(dir: &Path) -> tokio::sync::oneshot::Sender<()> {
 }
 
 /// Runs `life` with the driver set to crash at `point`; true when it crashed there.
-async fn live_through(point: &str, kind: Kind, life: &dyn Fn(&Path) -> Vec<Step>) -> bool {
+async fn live_through(point: &str, kind: Kind, life: &Life) -> bool {
     let dir = tempfile::tempdir().expect("temp dir");
     std::fs::create_dir_all(dir.path().join("kubelet")).expect("kubelet dir");
     let _runtime = match kind {
@@ -326,7 +329,7 @@ async fn a_driver_killed_at_any_crash_point_loses_and_leaks_nothing() {
         eprintln!("SKIPPED crash points: needs root for real mounts");
         return;
     }
-    let lives: [(Kind, &dyn Fn(&Path) -> Vec<Step>); 4] = [
+    let lives: [(Kind, &Life); 4] = [
         (Kind::Local, &ephemeral_life),
         (Kind::Local, &persistent_life),
         (Kind::Image, &|k| image_life(k, false)),
