@@ -89,6 +89,14 @@ impl ContainersStorage {
         let mut lower = Vec::new();
         let mut next = image.layer;
         while !next.is_empty() {
+            // Ids become path components: one that is not a plain name (`../..`) would put a host dir
+            // in the overlay.
+            if !plain_name(&next) {
+                return Err(Error::FailedPrecondition(format!(
+                    "image {image_id}: layer id {next:?} in {} is not a storage id",
+                    self.root.join("overlay-layers/layers.json").display()
+                )));
+            }
             let parent = parents.get(&next).cloned().ok_or_else(|| {
                 Error::FailedPrecondition(format!(
                     "image {image_id}: layer {next} is missing from {}",
@@ -110,7 +118,7 @@ impl ContainersStorage {
     fn layer_dir(&self, layer: &str) -> PathBuf {
         let overlay = self.root.join("overlay");
         match std::fs::read_to_string(overlay.join(layer).join("link")) {
-            Ok(link) if !link.trim().is_empty() => overlay.join("l").join(link.trim()),
+            Ok(link) if plain_name(link.trim()) => overlay.join("l").join(link.trim()),
             _ => overlay.join(layer).join("diff"),
         }
     }
@@ -199,6 +207,12 @@ pub fn big_data_file(key: &str) -> String {
     }
 }
 
+/// A storage id or short link name: letters and digits only (containers/storage's are hex digests and
+/// base32 names), so it is one path component and never `..`.
+fn plain_name(name: &str) -> bool {
+    !name.is_empty() && name.len() <= 128 && name.bytes().all(|b| b.is_ascii_alphanumeric())
+}
+
 fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<Option<T>> {
     match std::fs::read(path) {
         Ok(raw) => serde_json::from_slice(&raw)
@@ -207,5 +221,47 @@ fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<Option<T>> {
             .context(|| format!("parsing {}", path.display())),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(e).context(|| format!("reading {}", path.display())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store_with(images: &str, layers: &str) -> (tempfile::TempDir, ContainersStorage) {
+        let dir = tempfile::tempdir().unwrap();
+        for (sub, file, text) in [
+            ("overlay-images", "images.json", images),
+            ("overlay-layers", "layers.json", layers),
+        ] {
+            std::fs::create_dir_all(dir.path().join(sub)).unwrap();
+            std::fs::write(dir.path().join(sub).join(file), text).unwrap();
+        }
+        let store = ContainersStorage::new(dir.path(), &dir.path().join("state"));
+        (dir, store)
+    }
+
+    #[tokio::test]
+    async fn layer_ids_that_are_not_plain_names_are_refused() {
+        let (_dir, store) = store_with(
+            r#"[{"id":"a1","names":["img"],"layer":"../../../etc"}]"#,
+            r#"[{"id":"../../../etc","parent":""}]"#,
+        );
+        let err = store.view("img", "k").await.unwrap_err().to_string();
+        assert!(err.contains("is not a storage id"), "{err}");
+        let (dir, store) = store_with(
+            r#"[{"id":"a1","names":["img"],"layer":"l2"}]"#,
+            r#"[{"id":"l2","parent":"l1"},{"id":"l1","parent":""}]"#,
+        );
+        let Mountable::Overlay(overlay) = store.view("img", "k").await.unwrap() else {
+            panic!("two layers make an overlay");
+        };
+        assert_eq!(
+            overlay.lower,
+            [
+                dir.path().join("overlay/l2/diff"),
+                dir.path().join("overlay/l1/diff")
+            ]
+        );
     }
 }
