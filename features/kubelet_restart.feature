@@ -111,3 +111,33 @@ Feature: Kubelet restarts and several nodes
     Then pod "during" is Running
     When all pods are deleted
     Then nothing is left on the node
+
+  Scenario: The runtime goes away and comes back: the pod waits with an event, then runs, and nothing leaks
+    Given the manifests:
+      """
+      apiVersion: v1
+      kind: Pod
+      metadata: {name: before}
+      spec:
+        containers: [{name: app, image: busybox, volumeMounts: [{name: data, mountPath: /data}]}]
+        volumes: [{name: data, csi: {driver: local.inlet.dev}}]
+      """
+    When the simulation runs
+    Then pod "before" is Running
+    When the runtime stops
+    And these manifests are applied:
+      """
+      apiVersion: v1
+      kind: Pod
+      metadata: {name: during}
+      spec:
+        containers: [{name: app, image: busybox, volumeMounts: [{name: data, mountPath: /data}]}]
+        volumes: [{name: data, csi: {driver: local.inlet.dev}}]
+      """
+    Then pod "during" has a Warning "Failed" event saying "Failed to pull image "busybox": rpc error: code = Unavailable"
+    And pod "during" is Pending
+    When the runtime starts again
+    Then pod "during" is Running
+    And pod "before" is Running
+    When all pods are deleted
+    Then nothing is left on the node

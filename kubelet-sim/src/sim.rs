@@ -107,6 +107,8 @@ pub struct Simulation {
     pub calls: Arc<CallLog>,
     /// The in-process runtime, when no `--cri` was given.
     pub cri_fake: Option<Arc<FakeRuntime>>,
+    /// Its server on the runtime socket, while it serves.
+    cri_server: Option<RuntimeServer>,
     config: SimConfig,
     admission: Admission,
     attach_detach: Arc<AttachDetach>,
@@ -134,7 +136,7 @@ impl Simulation {
             .map_err(|e| format!("{}: {e}", config.root.display()))?;
         let api = Api::new();
         let (stop, _) = tokio::sync::watch::channel(false);
-        let mut tasks = Vec::new();
+        let tasks = Vec::new();
         // Each node dials the runtime itself, as each real kubelet has its own connection: one shared
         // HTTP/2 connection for every simulated node fails calls under load.
         let (cri_socket, cri_fake) = match &config.cri {
@@ -156,21 +158,12 @@ impl Simulation {
                         .map_err(|e| format!("image layout {repository}={}: {e}", dir.display()))?;
                 }
                 let socket = root.join("cri.sock");
-                let serving = Arc::clone(&runtime);
-                let mut stopped = stop.subscribe();
-                let path = socket.clone();
-                tasks.push(tokio::spawn(async move {
-                    let _ =
-                        cri_fake::serve(
-                            &path,
-                            serving,
-                            async move { drop(stopped.changed().await) },
-                        )
-                        .await;
-                }));
                 (socket, Some(runtime))
             }
         };
+        let cri_server = cri_fake
+            .as_ref()
+            .map(|runtime| serve_runtime(Arc::clone(runtime), &cri_socket));
         let calls = Arc::new(CallLog::default());
         let mut nodes: Vec<Arc<Kubelet>> = Vec::new();
         for i in 1..=config.nodes.max(1) {
@@ -206,6 +199,7 @@ impl Simulation {
             nodes,
             calls,
             cri_fake,
+            cri_server,
             attach_detach,
             stop,
             tasks,
@@ -269,6 +263,22 @@ impl Simulation {
                 .await?;
         }
         Ok(())
+    }
+
+    /// Stops serving the in-process runtime, as a runtime restart does: its socket goes away, what it runs
+    /// stays (containerd's containers outlive its restarts), and the kubelets' calls fail meanwhile.
+    pub async fn stop_runtime(&mut self) {
+        if let Some((stop, task)) = self.cri_server.take() {
+            let _ = stop.send(());
+            let _ = task.await;
+        }
+    }
+
+    /// Serves the in-process runtime again, on the same socket.
+    pub fn start_runtime(&mut self) {
+        if let (None, Some(runtime)) = (&self.cri_server, &self.cri_fake) {
+            self.cri_server = Some(serve_runtime(Arc::clone(runtime), &self.cri_socket));
+        }
     }
 
     /// Stops every in-process instance of the driver `name`, as a crash would: its sockets go away, the
@@ -759,7 +769,23 @@ impl Simulation {
         for driver in self.drivers.drain(..) {
             driver.stop().await;
         }
+        self.stop_runtime().await;
     }
+}
+
+/// The in-process runtime's server: its stop signal and task.
+type RuntimeServer = (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<()>,
+);
+
+fn serve_runtime(runtime: Arc<FakeRuntime>, socket: &Path) -> RuntimeServer {
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let path = socket.to_path_buf();
+    let task = tokio::spawn(async move {
+        let _ = cri_fake::serve(&path, runtime, async move { drop(stopped.await) }).await;
+    });
+    (stop, task)
 }
 
 async fn connect_cri(socket: &Path, runtime_timeout: Duration) -> Result<Cri, String> {

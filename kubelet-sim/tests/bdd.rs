@@ -300,6 +300,16 @@ async fn driver_stops(w: &mut Sim, name: String) {
     w.sim.as_mut().expect("running").stop_driver(&name).await;
 }
 
+#[when(regex = r"^the runtime stops$")]
+async fn runtime_stops(w: &mut Sim) {
+    w.sim.as_mut().expect("running").stop_runtime().await;
+}
+
+#[when(regex = r"^the runtime starts again$")]
+fn runtime_starts(w: &mut Sim) {
+    w.sim.as_mut().expect("running").start_runtime();
+}
+
 #[when(regex = r#"^pod "([^"]+)" is deleted$"#)]
 async fn pod_deleted(w: &mut Sim, pod: String) {
     let namespace = w
