@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use inlet_plugin::volume::csi::{CsiClient, CsiObserver};
+use inlet_plugin::volume::csi::{CSI_TIMEOUT, CsiClient, CsiObserver};
 use inlet_proto::csi::v1::{GetPluginInfoRequest, identity_client::IdentityClient};
 use k8s_openapi::api::storage::v1::{CSINode, CSINodeDriver, CSINodeSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -65,12 +65,16 @@ impl DriverRegistry {
     pub async fn register(&self, name: &str, endpoint: &Path) -> Result<(), String> {
         let span = tracing::info_span!("register", node = %self.node, driver = name);
         let _enter = span.enter();
-        let channel = inlet_proto::uds::connect(endpoint).await.map_err(|e| {
-            format!(
-                "RegisterPlugin error -- dial failed at socket {}, err: {e}",
-                endpoint.display()
-            )
-        })?;
+        // Every call on it has the kubelet's CSI timeout, enforced here: a driver that never answers (a
+        // hung NFS mount under NodePublishVolume) fails the call after it, and is retried.
+        let channel = inlet_proto::uds::connect_with_timeout(endpoint, Some(CSI_TIMEOUT))
+            .await
+            .map_err(|e| {
+                format!(
+                    "RegisterPlugin error -- dial failed at socket {}, err: {e}",
+                    endpoint.display()
+                )
+            })?;
         let mut request = tonic::Request::new(GetPluginInfoRequest {});
         request.set_timeout(Duration::from_secs(1));
         let info = IdentityClient::new(channel.clone()).get_plugin_info(request).await.map_err(|e| {

@@ -434,3 +434,53 @@ impl CsiClient {
         result.map(drop)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use inlet_proto::csi::v1::node_server::{Node, NodeServer};
+
+    /// A driver whose NodePublishVolume never answers (a mount hung on a dead server).
+    struct Hung;
+
+    #[tonic::async_trait]
+    impl Node for Hung {
+        async fn node_publish_volume(
+            &self,
+            _: Request<csi::NodePublishVolumeRequest>,
+        ) -> Result<tonic::Response<csi::NodePublishVolumeResponse>, Status> {
+            std::future::pending().await
+        }
+    }
+
+    #[tokio::test]
+    async fn a_call_the_driver_never_answers_fails_at_the_timeout() {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("csi.sock");
+        let incoming = inlet_proto::uds::listen(&socket).await.unwrap();
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(NodeServer::new(Hung))
+                .serve_with_incoming(incoming),
+        );
+        let timeout = Duration::from_millis(200);
+        let channel = inlet_proto::uds::connect_with_timeout(&socket, Some(timeout))
+            .await
+            .unwrap();
+        let client = CsiClient::new("hung.example.com", channel, None);
+        let started = std::time::Instant::now();
+        let status = client
+            .node_publish(csi::NodePublishVolumeRequest::default())
+            .await
+            .unwrap_err();
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            started.elapsed()
+        );
+        assert_eq!(
+            crate::volume::csi::rpc_error(&status),
+            "rpc error: code = DeadlineExceeded desc = context deadline exceeded"
+        );
+    }
+}
