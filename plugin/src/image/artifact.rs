@@ -87,25 +87,23 @@ impl Artifacts {
         raw: &[u8],
         digest: &str,
     ) -> Result<String> {
-        let id = digest.trim_start_matches("sha256:").to_string();
+        let artifact = reference.whole();
+        let id = sha256_hex(digest)
+            .ok_or_else(|| bad_digest(&artifact, "manifest", digest))?
+            .to_string();
         let tree = self.tree(&id);
         if tree.exists() {
             return Ok(id);
         }
-        let manifest: OciImageManifest = serde_json::from_slice(raw).map_err(|e| {
-            Error::FailedPrecondition(format!("artifact {}: bad manifest: {e}", reference.whole()))
-        })?;
-        if manifest.layers.is_empty() {
-            return Err(super::store::no_layers(&reference.whole()));
-        }
+        let (manifest, files) = plan(raw, &artifact)?;
         let blobs = self.dir.join("blobs/sha256");
         let staging = self.dir.join("trees").join(format!("{id}.tmp"));
         let _ = std::fs::remove_dir_all(&staging);
         for d in [&blobs, &staging, &self.dir.join("manifests")] {
             std::fs::create_dir_all(d).context(|| format!("creating {}", d.display()))?;
         }
-        for layer in &manifest.layers {
-            let blob = blobs.join(layer.digest.trim_start_matches("sha256:"));
+        for (layer, (blob_name, relative)) in manifest.layers.iter().zip(&files) {
+            let blob = blobs.join(blob_name);
             if !blob.exists() {
                 let partial = blob.with_extension("partial");
                 let mut file = tokio::fs::File::create(&partial)
@@ -122,13 +120,7 @@ impl Artifacts {
                 std::fs::rename(&partial, &blob)
                     .context(|| format!("storing {}", blob.display()))?;
             }
-            let title = layer
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(TITLE_ANNOTATION))
-                .cloned()
-                .unwrap_or_else(|| layer.digest.replace(':', "-"));
-            let file = staging.join(safe_relative(&title, &reference.whole())?);
+            let file = staging.join(relative);
             if let Some(parent) = file.parent() {
                 std::fs::create_dir_all(parent)
                     .context(|| format!("creating {}", parent.display()))?;
@@ -188,6 +180,48 @@ impl ImageStore for Artifacts {
 }
 
 /// A layer title as a path inside the tree: relative, without `..`.
+/// An artifact's manifest as what to fetch: each layer's blob (the hex of its sha256 digest) and the file it
+/// becomes in the volume (its title, else its digest). Everything a registry sends is checked before it
+/// names a path: a digest that is not `sha256:` and 64 hex digits, or a title that is not a relative path
+/// inside the volume, refuses the artifact.
+pub fn plan(raw: &[u8], artifact: &str) -> Result<(OciImageManifest, Vec<(String, PathBuf)>)> {
+    let manifest: OciImageManifest = serde_json::from_slice(raw).map_err(|e| {
+        Error::FailedPrecondition(format!("artifact {artifact}: bad manifest: {e}"))
+    })?;
+    if manifest.layers.is_empty() {
+        return Err(super::store::no_layers(artifact));
+    }
+    let mut files = Vec::with_capacity(manifest.layers.len());
+    for layer in &manifest.layers {
+        let blob = sha256_hex(&layer.digest)
+            .ok_or_else(|| bad_digest(artifact, "layer", &layer.digest))?;
+        let title = layer
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(TITLE_ANNOTATION))
+            .cloned()
+            .unwrap_or_else(|| layer.digest.replace(':', "-"));
+        files.push((blob.to_string(), safe_relative(&title, artifact)?));
+    }
+    Ok((manifest, files))
+}
+
+/// The 64 hex digits of a `sha256:` digest, or None when it is not one.
+fn sha256_hex(digest: &str) -> Option<&str> {
+    let hex = digest.strip_prefix("sha256:")?;
+    let valid = hex.len() == 64
+        && hex
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+    valid.then_some(hex)
+}
+
+fn bad_digest(artifact: &str, what: &str, digest: &str) -> Error {
+    Error::FailedPrecondition(format!(
+        "artifact {artifact}: {what} digest {digest:?} is not a sha256 digest"
+    ))
+}
+
 fn safe_relative(title: &str, artifact: &str) -> Result<PathBuf> {
     let path = Path::new(title);
     let ok = !title.is_empty() && path.components().all(|c| matches!(c, Component::Normal(_)));
@@ -248,5 +282,36 @@ mod tests {
         for bad in ["", "../escape", "/etc/passwd", "a/../../b"] {
             assert!(safe_relative(bad, "a").is_err(), "{bad}");
         }
+    }
+
+    fn manifest(digest: &str, title: &str) -> Vec<u8> {
+        serde_json::json!({
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": {"mediaType": "application/vnd.oci.empty.v1+json", "digest": format!("sha256:{}", "4".repeat(64)), "size": 2},
+            "layers": [{"mediaType": "application/octet-stream", "digest": digest, "size": 1,
+                        "annotations": {TITLE_ANNOTATION: title}}]
+        })
+        .to_string()
+        .into_bytes()
+    }
+
+    #[test]
+    fn a_registry_cannot_name_a_path_with_a_digest() {
+        let good = format!("sha256:{}", "ab".repeat(32));
+        let (_, files) = plan(&manifest(&good, "model.bin"), "a").unwrap();
+        assert_eq!(files, [("ab".repeat(32), PathBuf::from("model.bin"))]);
+        // A layer digest that is a path would have linked a host file (/etc/shadow) into the volume.
+        for bad in [
+            "sha256:../../../../etc/shadow",
+            "sha512:00",
+            "sha256:ABC",
+            "",
+        ] {
+            let err = plan(&manifest(bad, "x"), "a").unwrap_err().to_string();
+            assert!(err.contains("is not a sha256 digest"), "{bad}: {err}");
+        }
+        assert_eq!(sha256_hex(&good), Some("ab".repeat(32).as_str()));
+        assert_eq!(sha256_hex("sha256:../x"), None);
     }
 }
