@@ -10,6 +10,7 @@
 //!   shared read-only views and writable copy-on-write volumes, and the `image` CSI driver.
 //! - [`local`]: the `local` driver: volumes as directories (or loop-attached files for raw block) under a
 //!   state dir, with snapshots, clones, expansion, attach, staging and KEP-596 ephemeral inline volumes.
+//! - [`registration`]: the kubelet plugin-watcher registration (`--registration-dir`), no sidecar needed.
 //! - [`server`]: serving a driver's CSI services on a unix socket; [`call_log`]: a record of the Node
 //!   calls a driver receives (`--call-log`).
 //! - [`quantity`]: Kubernetes quantities (`64Mi`) as bytes.
@@ -27,6 +28,7 @@ pub mod local;
 pub mod mount;
 pub mod quantity;
 mod records;
+pub mod registration;
 pub mod server;
 pub mod volume;
 

@@ -12,7 +12,11 @@ use inlet_plugin::image::{
 use inlet_plugin::local::{LocalConfig, LocalDriver, LocalService};
 use inlet_plugin::mount::{LinuxMounter, MountLayer, RecordingMounter, can_mount};
 use inlet_plugin::quantity::parse_bytes;
+use inlet_plugin::registration::Registrar;
 use inlet_plugin::server::serve_csi_on;
+use inlet_proto::csi::v1::{
+    controller_server::Controller, identity_server::Identity, node_server::Node,
+};
 
 #[derive(Parser)]
 #[command(
@@ -76,6 +80,10 @@ struct ServeArgs {
     /// Target and staging paths must be inside this directory (the kubelet's root dir).
     #[arg(long, default_value = "/var/lib/kubelet")]
     kubelet_dir: PathBuf,
+    /// Register with the kubelet's plugin watcher through this directory (the kubelet's
+    /// `plugins_registry`), as node-driver-registrar would: serves `DIR/<name>-reg.sock`.
+    #[arg(long, value_name = "DIR")]
+    registration_dir: Option<PathBuf>,
     /// Append every Node call received to this file, one JSON line each (secrets by key name only,
     /// service-account tokens redacted): what the kubelet sent, to compare or debug.
     #[arg(long, value_name = "FILE")]
@@ -186,8 +194,22 @@ async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
         }
         None => None,
     };
+    // One stop for every server: SIGTERM or SIGINT.
+    let (stop, stopping) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        let _ = stop.send(true);
+    });
+    let serving = Serving {
+        registration: args
+            .registration_dir
+            .clone()
+            .map(|dir| (dir, Registrar::new(&args.name, &socket))),
+        stopping,
+        call_log,
+    };
     if let DriverKind::Image = args.driver {
-        return serve_image(args, &socket, mounter, call_log).await;
+        return serve_image(args, &socket, mounter, serving).await;
     }
     let config = LocalConfig {
         name: args.name,
@@ -203,24 +225,14 @@ async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
     };
     tracing::info!(driver = %config.name, node_id = %config.node_id, state_dir = %config.state_dir.display(), "starting local driver");
     let driver = LocalDriver::open(config, mounter)?;
-    let incoming = inlet_proto::uds::listen(&socket).await?;
-    serve_csi_on(
-        incoming,
-        &socket,
-        LocalService::new(driver),
-        true,
-        call_log,
-        shutdown_signal(),
-    )
-    .await?;
-    Ok(())
+    serving.serve(&socket, LocalService::new(driver)).await
 }
 
 async fn serve_image(
     args: ServeArgs,
     socket: &std::path::Path,
     mounter: Arc<dyn MountLayer>,
-    call_log: Option<Arc<CallLog>>,
+    serving: Serving,
 ) -> Result<(), Box<dyn std::error::Error>> {
     let runtime = args.runtime_endpoint.unwrap_or_default();
     let engine_config = EngineConfig {
@@ -241,10 +253,51 @@ async fn serve_image(
         state_dir: args.state_dir,
         pull_wait: args.pull_wait,
     };
-    let incoming = inlet_proto::uds::listen(socket).await?;
-    let service = ImageService::new(config, engine);
-    serve_csi_on(incoming, socket, service, true, call_log, shutdown_signal()).await?;
-    Ok(())
+    serving
+        .serve(socket, ImageService::new(config, engine))
+        .await
+}
+
+/// How a driver is served: its registration with the kubelet (if asked), the stop signal, the call log.
+struct Serving {
+    registration: Option<(PathBuf, Registrar)>,
+    stopping: tokio::sync::watch::Receiver<bool>,
+    call_log: Option<Arc<CallLog>>,
+}
+
+impl Serving {
+    /// Listens on the CSI socket, registers once it accepts (the kubelet calls NodeGetInfo at once), and
+    /// serves until stopped; then both sockets are removed.
+    async fn serve<S>(
+        self,
+        socket: &std::path::Path,
+        service: S,
+    ) -> Result<(), Box<dyn std::error::Error>>
+    where
+        S: Identity + Controller + Node + Clone,
+    {
+        let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+            let _ = rx.wait_for(|stop| *stop).await;
+        };
+        let incoming = inlet_proto::uds::listen(socket).await?;
+        let registration = self.registration.map(|(dir, registrar)| {
+            let stop = stopped(self.stopping.clone());
+            tokio::spawn(async move { registrar.serve(&dir, stop).await })
+        });
+        let csi = serve_csi_on(
+            incoming,
+            socket,
+            service,
+            true,
+            self.call_log,
+            stopped(self.stopping),
+        );
+        csi.await?;
+        if let Some(registration) = registration {
+            registration.await??;
+        }
+        Ok(())
+    }
 }
 
 /// `--node-id`, else the host's name.

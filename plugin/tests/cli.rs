@@ -276,3 +276,64 @@ fn the_image_driver_serves_with_the_flags_it_documents() {
     assert!(!socket.exists());
     let _ = stop_cri.send(());
 }
+
+/// `--registration-dir`: the socket the kubelet's plugin watcher finds, answering as node-driver-registrar
+/// does; a refusal is logged with the kubelet's reason; SIGTERM removes both sockets.
+#[test]
+fn registers_with_the_kubelets_plugin_watcher() {
+    use inlet_proto::pluginregistration::{
+        InfoRequest, RegistrationStatus, registration_client::RegistrationClient,
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let socket = dir.path().join("csi.sock");
+    let registry = dir.path().join("plugins_registry");
+    let mut args = serve_args(d, &format!("unix://{}", socket.display()));
+    args.push("--registration-dir".into());
+    args.push(registry.display().to_string());
+    let child = Command::new(BIN)
+        .args(&args)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let registration = registry.join("local.inlet.dev-reg.sock");
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let info = runtime.block_on(async {
+        let mut client = RegistrationClient::new(wait_for(&registration).await);
+        let info = client.get_info(InfoRequest {}).await.unwrap().into_inner();
+        client
+            .notify_registration_status(RegistrationStatus {
+                plugin_registered: false,
+                error: "RegisterPlugin error -- plugin registration failed".into(),
+            })
+            .await
+            .unwrap();
+        info
+    });
+    assert_eq!(
+        (
+            info.r#type.as_str(),
+            info.name.as_str(),
+            info.supported_versions
+        ),
+        ("CSIPlugin", "local.inlet.dev", vec!["1.0.0".to_string()])
+    );
+    assert_eq!(Path::new(&info.endpoint), socket);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains("the kubelet refused the registration")
+            && stderr.contains("RegisterPlugin error -- plugin registration failed"),
+        "{stderr}"
+    );
+    assert!(
+        !registration.exists() && !socket.exists(),
+        "both sockets are removed"
+    );
+}
