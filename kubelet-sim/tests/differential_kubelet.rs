@@ -9,6 +9,10 @@
 //! must be listed, with the release that explains it, in `kep/upstream-differences.md`: the test fails on a
 //! difference the document does not name, and prints them all.
 //!
+//! Registration is checked both ways on the real kubelet: through the kit's node-driver-registrar for the
+//! comparison, then, the sidecar stopped, through inlet's own `--registration-dir` service ([`Registrar`]),
+//! which the kubelet must accept and then serve a pod's inline volume through.
+//!
 //! Needs root and the kit (`$INLET_KIT`, default `../shared/kit` beside the workspace); it brings the kit up
 //! under its own `KIT_RUN` and takes it down at the end, whatever happens. Otherwise it says SKIPPED.
 
@@ -21,6 +25,7 @@ use std::time::{Duration, Instant};
 use inlet_plugin::call_log::CallLog;
 use inlet_plugin::local::{LocalConfig, LocalDriver, LocalService};
 use inlet_plugin::mount::{LinuxMounter, can_mount};
+use inlet_plugin::registration::Registrar;
 use inlet_plugin::volume::csi::CsiCall;
 use inlet_proto::csi::v1 as csi;
 
@@ -124,6 +129,25 @@ impl Kit {
             child.id().to_string(),
         )
         .expect("pid");
+        self.registrar = Some(child);
+    }
+
+    /// Stops the sidecar (SIGTERM, as its pod's deletion would) and waits for it.
+    fn stop_registrar(&mut self) {
+        if let Some(mut registrar) = self.registrar.take() {
+            let pid = nix::unistd::Pid::from_raw(registrar.id() as i32);
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+            let _ = registrar.wait();
+        }
+    }
+
+    fn drivers_in_csinode(&self) -> String {
+        self.kubectl(&[
+            "get",
+            "csinode",
+            "-o",
+            "jsonpath={.items[*].spec.drivers[*].name}",
+        ])
     }
 }
 
@@ -238,15 +262,7 @@ fn through_the_kit(kit_dir: &Path, dir: &Path, runtime: &tokio::runtime::Runtime
     wait(
         "the kubelet to register the driver",
         Duration::from_secs(60),
-        || {
-            kit.kubectl(&[
-                "get",
-                "csinode",
-                "-o",
-                "jsonpath={.items[*].spec.drivers[*].name}",
-            ])
-            .contains(DRIVER)
-        },
+        || kit.drivers_in_csinode().contains(DRIVER),
     );
     kit.kubectl(&["apply", "-f", MANIFESTS]);
     kit.kubectl(&[
@@ -271,9 +287,60 @@ fn through_the_kit(kit_dir: &Path, dir: &Path, runtime: &tokio::runtime::Runtime
             .iter()
             .any(|c| c.method == "NodeUnstageVolume" && c.code == "OK")
     });
+    let calls = CallLog::read(&log).expect("the kit's call log");
+    registers_without_the_sidecar(&mut kit, runtime, &socket);
     drop(kit);
-    CallLog::read(&log).expect("the kit's call log")
+    calls
 }
+
+/// The same driver registered by inlet itself (`--registration-dir`'s [`Registrar`]) once the sidecar is
+/// gone: the real kubelet accepts it, and serves a pod's inline volume through it.
+fn registers_without_the_sidecar(kit: &mut Kit, runtime: &tokio::runtime::Runtime, socket: &Path) {
+    kit.stop_registrar();
+    let registry = kit.kubelet_dir().join("plugins_registry");
+    let registrar = Registrar::new(DRIVER, socket);
+    let mut outcome = registrar.outcome();
+    let (_stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    runtime.spawn(async move {
+        registrar
+            .serve(&registry, async { drop(stopped.await) })
+            .await
+    });
+    let said = runtime.block_on(async {
+        tokio::time::timeout(Duration::from_secs(60), outcome.wait_for(Option::is_some))
+            .await
+            .map(|o| o.ok().and_then(|o| o.clone()))
+    });
+    assert_eq!(
+        said,
+        Ok(Some(Ok(()))),
+        "the kubelet's word on inlet's own registration"
+    );
+    assert!(kit.drivers_in_csinode().contains(DRIVER));
+    let pod = kit.run.join("again.yaml");
+    std::fs::write(&pod, AGAIN).expect("manifest");
+    kit.kubectl(&["apply", "-f", pod.to_str().expect("path")]);
+    kit.kubectl(&[
+        "wait",
+        "--for=condition=Ready",
+        "pod/again",
+        "--timeout=120s",
+    ]);
+    kit.kubectl(&["delete", "pod", "again", "--wait=true", "--timeout=120s"]);
+}
+
+/// A pod with an inline volume, for the driver once inlet registered it itself.
+const AGAIN: &str = "apiVersion: v1
+kind: Pod
+metadata: {name: again}
+spec:
+  terminationGracePeriodSeconds: 1
+  automountServiceAccountToken: false
+  containers:
+  - {name: app, image: localhost/kit/busybox:1.35, imagePullPolicy: IfNotPresent, command: [sleep, '3600'],
+     volumeMounts: [{name: data, mountPath: /data}]}
+  volumes: [{name: data, csi: {driver: local.inlet.dev}}]
+";
 
 /// The calls kubelet-sim made, through the `kubelet-sim run` binary and the same driver.
 fn through_kubelet_sim(dir: &Path, runtime: &tokio::runtime::Runtime) -> Vec<CsiCall> {

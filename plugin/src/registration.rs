@@ -8,6 +8,7 @@
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use inlet_proto::pluginregistration::registration_server::{Registration, RegistrationServer};
 use inlet_proto::pluginregistration::{
@@ -21,11 +22,15 @@ pub const CSI_PLUGIN: &str = "CSIPlugin";
 /// The CSI versions a kubelet may use with the driver: the kubelet wants one at 1.0.0 or above.
 pub const SUPPORTED_VERSIONS: [&str; 1] = ["1.0.0"];
 
+/// What the kubelet said of the last registration: registered, or refused with its reason.
+pub type Outcome = Result<(), String>;
+
 /// What the kubelet is told of a driver.
 #[derive(Debug, Clone)]
 pub struct Registrar {
     name: String,
     endpoint: PathBuf,
+    outcome: Arc<tokio::sync::watch::Sender<Option<Outcome>>>,
 }
 
 impl Registrar {
@@ -34,7 +39,13 @@ impl Registrar {
         Self {
             name: name.to_string(),
             endpoint: endpoint.to_path_buf(),
+            outcome: Arc::new(tokio::sync::watch::channel(None).0),
         }
+    }
+
+    /// The kubelet's last word on the registration (None until it has spoken).
+    pub fn outcome(&self) -> tokio::sync::watch::Receiver<Option<Outcome>> {
+        self.outcome.subscribe()
     }
 
     /// Where the registration socket goes in the kubelet's `plugins_registry` dir.
@@ -77,11 +88,14 @@ impl Registration for Registrar {
         request: Request<RegistrationStatus>,
     ) -> Result<Response<RegistrationStatusResponse>, Status> {
         let status = request.into_inner();
-        if status.plugin_registered {
+        let outcome = if status.plugin_registered {
             tracing::info!(driver = %self.name, "registered with the kubelet");
+            Ok(())
         } else {
             tracing::error!(driver = %self.name, reason = %status.error, "the kubelet refused the registration");
-        }
+            Err(status.error)
+        };
+        self.outcome.send_replace(Some(outcome));
         Ok(Response::new(RegistrationStatusResponse {}))
     }
 }
