@@ -6,14 +6,13 @@
 //! O_NOFOLLOW, one at a time, and must be a real directory; missing ones are made with `mkdirat` inside the
 //! directory just opened, as the kubelet's own subpath code does (`pkg/volume/util/subpath/subpath_linux.go`).
 
-use std::fs;
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Component, Path, PathBuf};
 
 use nix::errno::Errno;
 use nix::fcntl::{OFlag, open, openat};
-use nix::sys::stat::{Mode, SFlag, fstat, mkdirat};
+use nix::sys::stat::{Mode, SFlag, fchmod, fstat, mkdirat};
 
 /// Why a path below the kubelet dir was refused.
 #[derive(Debug)]
@@ -52,6 +51,13 @@ pub fn below(root: &Path, path: &Path) -> io::Result<Option<(PathBuf, PathBuf)>>
 /// Checks `relative` below `root` (canonical) without following symlinks: each component that exists must be
 /// a real directory, except the last, which may be anything but a symlink. Missing components are fine.
 pub fn check(root: &Path, relative: &Path) -> Result<(), Refused> {
+    open_below(root, relative).map(drop)
+}
+
+/// Opens `relative` below `root` one component at a time with O_NOFOLLOW (an O_PATH descriptor of the last),
+/// as [`check`] checks it; None when a component does not exist. What is opened is what was checked,
+/// whatever is renamed meanwhile.
+pub fn open_below(root: &Path, relative: &Path) -> Result<Option<OwnedFd>, Refused> {
     let mut dir = open_dir(root).map_err(Refused::Io)?;
     let components = normal_components(relative)?;
     for (i, name) in components.iter().enumerate() {
@@ -63,7 +69,7 @@ pub fn check(root: &Path, relative: &Path) -> Result<(), Refused> {
             Mode::empty(),
         ) {
             Ok(fd) => fd,
-            Err(Errno::ENOENT) => return Ok(()),
+            Err(Errno::ENOENT) => return Ok(None),
             Err(e) => return Err(Refused::Io(e.into())),
         };
         let kind = file_type(&child).map_err(Refused::Io)?;
@@ -76,26 +82,32 @@ pub fn check(root: &Path, relative: &Path) -> Result<(), Refused> {
         }
         dir = child;
     }
-    Ok(())
+    Ok(Some(dir))
 }
 
-/// Creates the missing directories of `relative` below `root` (canonical), mode 0750, each with `mkdirat`
-/// in its parent opened without following symlinks; an existing symlink on the way is refused.
-pub fn create_dirs(root: &Path, relative: &Path) -> io::Result<()> {
+/// Creates the missing directories of `relative` below `root` (canonical), each with `mkdirat` in its parent
+/// opened without following symlinks, and gives each new one `mode` (set again after the umask); an
+/// existing symlink on the way is refused.
+pub fn create_dirs(root: &Path, relative: &Path, mode: u32) -> io::Result<()> {
+    let mode = Mode::from_bits_truncate(mode);
     let mut dir = open_dir(root)?;
     let components = normal_components(relative).map_err(|e| io::Error::other(e.to_string()))?;
     for name in components {
-        match mkdirat(dir.as_fd(), name, Mode::from_bits_truncate(0o750)) {
-            Ok(()) | Err(Errno::EEXIST) => {}
+        let made = match mkdirat(dir.as_fd(), name, mode) {
+            Ok(()) => true,
+            Err(Errno::EEXIST) => false,
             Err(e) => return Err(e.into()),
-        }
+        };
         // O_NOFOLLOW | O_DIRECTORY: a symlink (ELOOP) or a file (ENOTDIR) here is refused, not followed.
         dir = openat(
             dir.as_fd(),
             name,
-            OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
             Mode::empty(),
         )?;
+        if made {
+            fchmod(dir.as_fd(), mode)?;
+        }
     }
     Ok(())
 }
@@ -114,14 +126,6 @@ pub fn open_no_follow(path: &Path) -> io::Result<OwnedFd> {
         ));
     }
     Ok(fd)
-}
-
-/// Removes `path` if it is an empty directory (never following a symlink); a missing one is fine.
-pub fn remove_empty_dir(path: &Path) -> io::Result<()> {
-    match fs::remove_dir(path) {
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-        other => other,
-    }
 }
 
 fn open_dir(root: &Path) -> io::Result<OwnedFd> {
@@ -152,6 +156,7 @@ fn normal_components(relative: &Path) -> Result<Vec<&std::ffi::OsStr>, Refused> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs;
     use std::os::unix::fs::symlink;
 
     #[test]
@@ -178,9 +183,9 @@ mod tests {
         ));
         check(&root, Path::new("file")).unwrap();
 
-        create_dirs(&root, Path::new("pods/uid/new/mount")).unwrap();
+        create_dirs(&root, Path::new("pods/uid/new/mount"), 0o750).unwrap();
         assert!(root.join("pods/uid/new/mount").is_dir());
-        assert!(create_dirs(&root, Path::new("pods/uid/volumes/x/mount")).is_err());
+        assert!(create_dirs(&root, Path::new("pods/uid/volumes/x/mount"), 0o750).is_err());
         assert_eq!(
             fs::read_dir(outside.path()).unwrap().count(),
             0,

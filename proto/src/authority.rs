@@ -85,11 +85,6 @@ impl<S> AuthorityFix<S> {
         }
     }
 
-    /// The wrapped connection.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
     /// Moves what can be processed from `raw` to `ready`.
     fn process(&mut self) -> io::Result<()> {
         if self.mode == Mode::Preface {

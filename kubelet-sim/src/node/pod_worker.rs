@@ -14,7 +14,7 @@ use inlet_plugin::volume::image::PLUGIN_NAME as IMAGE_PLUGIN;
 use inlet_proto::runtime::v1 as cri;
 use k8s_openapi::api::core::v1::{
     Container, ContainerState, ContainerStateRunning, ContainerStateTerminated,
-    ContainerStateWaiting, ContainerStatus, Pod, PodCondition, PodStatus, Secret, VolumeMount,
+    ContainerStateWaiting, ContainerStatus, Pod, PodCondition, PodStatus, Secret,
 };
 
 use super::Kubelet;
@@ -626,16 +626,15 @@ impl Kubelet {
                 None => dir,
                 Some(sub) => {
                     check_sub_path(sub)?;
-                    let image_volume = unique.starts_with(IMAGE_PLUGIN);
-                    self.sub_path_mount(
-                        &pod_dir,
-                        &dir,
-                        spec_name,
-                        container,
-                        mount,
+                    let request = subpath::SubPath {
+                        volume_path: &dir,
+                        sub_path: sub,
+                        volume_name: spec_name,
+                        container: &container.name,
                         index,
-                        image_volume,
-                    )?
+                        pod_dir: &pod_dir,
+                    };
+                    self.sub_path_mount(&request, &mount.name, unique.starts_with(IMAGE_PLUGIN))?
                 }
             };
             let propagation = match mount.mount_propagation.as_deref() {
@@ -656,19 +655,13 @@ impl Kubelet {
 
     /// The bind of one volumeMount's subPath; a missing subPath is created first in a writable volume, as the
     /// kubelet does, and must exist in an image volume (the CRI's `image_sub_path` rule).
-    #[allow(clippy::too_many_arguments)]
     fn sub_path_mount(
         &self,
-        pod_dir: &Path,
-        volume_path: &Path,
-        volume_name: &str,
-        container: &Container,
-        mount: &VolumeMount,
-        index: usize,
+        request: &subpath::SubPath,
+        name: &str,
         image_volume: bool,
     ) -> Result<PathBuf, String> {
-        let sub = mount.sub_path.as_deref().unwrap_or_default();
-        let (name, cname) = (&mount.name, &container.name);
+        let (sub, cname, volume_path) = (request.sub_path, request.container, request.volume_path);
         if !volume_path.join(sub).exists() {
             if image_volume {
                 return Err(format!(
@@ -682,15 +675,7 @@ impl Kubelet {
                 ));
             }
         }
-        let request = subpath::SubPath {
-            volume_path,
-            sub_path: sub,
-            volume_name,
-            container: cname,
-            index,
-            pod_dir,
-        };
-        subpath::prepare(&*self.host.mounter, &request).map_err(|e| {
+        subpath::prepare(&*self.host.mounter, request).map_err(|e| {
             tracing::warn!(container = %cname, volume_mount = %name, "Failed to prepare subPath: {e}");
             format!("failed to prepare subPath for volumeMount {name:?} of container {cname:?}")
         })

@@ -13,9 +13,9 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
+use inlet_plugin::host_path::{self, Refused};
 use inlet_plugin::mount::{MountFlags, MountLayer};
-use nix::fcntl::{OFlag, open, openat};
-use nix::sys::stat::{FileStat, Mode, SFlag, fchmod, fstat, mkdirat};
+use nix::sys::stat::{FileStat, SFlag, fstat};
 
 /// The directory of a pod's subPath binds (`containerSubPathDirectoryName`).
 pub const DIR: &str = "volume-subpaths";
@@ -53,7 +53,7 @@ impl SubPath<'_> {
 /// following symlinks, and gets the mode of the volume's root, as the kubelet gives it.
 pub fn safe_make_dir(base: &Path, sub: &str) -> io::Result<()> {
     let base = base.canonicalize()?;
-    let mode = Mode::from_bits_truncate(fs::metadata(&base)?.permissions().mode() & 0o7777);
+    let mode = fs::metadata(&base)?.permissions().mode() & 0o7777;
     let components: Vec<&str> = sub
         .split('/')
         .filter(|c| !c.is_empty() && *c != ".")
@@ -69,25 +69,9 @@ pub fn safe_make_dir(base: &Path, sub: &str) -> io::Result<()> {
         })
         .count();
     let prefix = base.join(components[..existing].join("/")).canonicalize()?;
-    let mut parent = safe_open(&base, &prefix)?;
-    for dir in &components[existing..] {
-        match mkdirat(parent.as_fd(), *dir, mode) {
-            Ok(()) | Err(nix::errno::Errno::EEXIST) => {}
-            Err(e) => return Err(annotate(e, "cannot create directory", dir)),
-        }
-        // O_NOFOLLOW: a symlink raced in place of the new directory is refused, not followed.
-        let child = openat(
-            parent.as_fd(),
-            *dir,
-            OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(|e| annotate(e, "cannot open", dir))?;
-        // mkdirat's mode went through the umask; the kubelet sets it again on the directory itself.
-        fchmod(child.as_fd(), mode).map_err(|e| annotate(e, "chmod failed for", dir))?;
-        parent = child;
-    }
-    Ok(())
+    outside(&base, &prefix)?;
+    let missing: PathBuf = components[existing..].iter().collect();
+    host_path::create_dirs(&prefix, &missing, mode)
 }
 
 /// Bind-mounts the subPath onto its target and returns the target (`doBindSubPath`). A target already bound
@@ -173,7 +157,27 @@ pub fn clean(mounter: &dyn MountLayer, pod_dir: &Path, volume_name: &str) -> Res
 /// Opens `path` (resolved, inside `base`, also resolved) one component at a time without following a
 /// symlink (`doSafeOpen`): what is opened is what was checked, whatever is renamed meanwhile.
 fn safe_open(base: &Path, path: &Path) -> io::Result<OwnedFd> {
-    let rel = path.strip_prefix(base).map_err(|_| {
+    let rel = outside(base, path)?;
+    match host_path::open_below(base, rel) {
+        Ok(Some(fd)) => Ok(fd),
+        Ok(None) => Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("cannot open {}: no such file", path.display()),
+        )),
+        Err(Refused::Symlink(link)) => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "unexpected symlink found {}",
+                link.file_name().unwrap_or_default().to_string_lossy()
+            ),
+        )),
+        Err(other) => Err(io::Error::other(other.to_string())),
+    }
+}
+
+/// `path` relative to `base`, or upstream's error when it lies outside.
+fn outside<'a>(base: &Path, path: &'a Path) -> io::Result<&'a Path> {
+    path.strip_prefix(base).map_err(|_| {
         io::Error::new(
             io::ErrorKind::InvalidInput,
             format!(
@@ -182,31 +186,7 @@ fn safe_open(base: &Path, path: &Path) -> io::Result<OwnedFd> {
                 base.display()
             ),
         )
-    })?;
-    let mut fd = open(
-        base,
-        OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-        Mode::empty(),
-    )
-    .map_err(|e| annotate(e, "cannot open directory", &base.display().to_string()))?;
-    for segment in rel.iter() {
-        let child = openat(
-            fd.as_fd(),
-            segment,
-            OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(|e| annotate(e, "cannot open", &segment.to_string_lossy()))?;
-        let stat = fstat(child.as_fd())?;
-        if SFlag::from_bits_truncate(stat.st_mode) & SFlag::S_IFMT == SFlag::S_IFLNK {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("unexpected symlink found {}", segment.to_string_lossy()),
-            ));
-        }
-        fd = child;
-    }
-    Ok(fd)
+    })
 }
 
 /// Makes the bind target ready (`prepareSubpathTarget`); true when it is already bound to `source`.
@@ -264,13 +244,6 @@ fn remove_target(target: &Path, pod_dir: &Path) {
             break;
         }
     }
-}
-
-fn annotate(errno: nix::errno::Errno, what: &str, path: &str) -> io::Error {
-    io::Error::new(
-        io::Error::from(errno).kind(),
-        format!("{what} {path}: {}", errno.desc()),
-    )
 }
 
 #[cfg(test)]

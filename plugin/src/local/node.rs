@@ -410,7 +410,7 @@ impl LocalDriver {
     fn make_dirs(&self, dir: &Path) -> Result<()> {
         let what = || format!("creating {}", dir.display());
         match host_path::below(&self.config.kubelet_dir, dir).context(what)? {
-            Some((root, relative)) => host_path::create_dirs(&root, &relative).context(what),
+            Some((root, relative)) => host_path::create_dirs(&root, &relative, 0o750).context(what),
             None => Err(Error::invalid("target_path", "outside the kubelet dir")),
         }
     }
