@@ -58,6 +58,7 @@ async fn run(pods: usize, nodes: usize) {
         containers: Default::default(),
         mounter: Arc::new(RecordingMounter::new()),
         images: Default::default(),
+        plugins_registry: None,
     };
     let mut sim = Simulation::start(config).await.unwrap();
     let start = Instant::now();

@@ -12,6 +12,7 @@ use inlet_plugin::local::{LocalConfig, LocalDriver, LocalService};
 
 use crate::sim::SimImages;
 use inlet_plugin::mount::MountLayer;
+use inlet_plugin::registration::Registrar;
 use inlet_plugin::server::serve_csi_on;
 use inlet_proto::csi::v1::{
     controller_server::Controller, identity_server::Identity, node_server::Node,
@@ -99,8 +100,8 @@ pub struct DriverHandle {
     pub socket: PathBuf,
     /// An image driver's state dir (what a teardown must find empty).
     pub image_state: Option<PathBuf>,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    task: Option<tokio::task::JoinHandle<()>>,
+    stop: tokio::sync::watch::Sender<bool>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
 impl DriverHandle {
@@ -180,10 +181,10 @@ impl DriverHandle {
         let incoming = inlet_proto::uds::listen(&socket)
             .await
             .map_err(|e| format!("driver {name} on {node}: {e}"))?;
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let (stop, mut stopped) = tokio::sync::watch::channel(false);
         let serve_socket = socket.clone();
         let task = tokio::spawn(async move {
-            let shutdown = async { drop(stopped.await) };
+            let shutdown = async { drop(stopped.changed().await) };
             if let Err(e) =
                 serve_csi_on(incoming, &serve_socket, service, true, None, shutdown).await
             {
@@ -195,17 +196,29 @@ impl DriverHandle {
             node: node.to_string(),
             socket,
             image_state,
-            stop: Some(stop),
-            task: Some(task),
+            stop,
+            tasks: vec![task],
         })
     }
 
+    /// Also serves the driver's registration socket in the kubelet's plugin registration dir `dir`, as
+    /// `inlet-plugin serve --registration-dir` does, until the driver stops.
+    pub fn serve_registration(&mut self, dir: &Path) {
+        let registrar = Registrar::new(&self.name, &self.socket);
+        let mut stopped = self.stop.subscribe();
+        let dir = dir.to_path_buf();
+        self.tasks.push(tokio::spawn(async move {
+            let shutdown = async { drop(stopped.changed().await) };
+            if let Err(e) = registrar.serve(&dir, shutdown).await {
+                tracing::error!("plugin registration stopped: {e}");
+            }
+        }));
+    }
+
     /// Stops the driver and waits for it.
-    pub async fn stop(mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(task) = self.task.take() {
+    pub async fn stop(self) {
+        let _ = self.stop.send(true);
+        for task in self.tasks {
             let _ = task.await;
         }
     }

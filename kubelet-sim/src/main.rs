@@ -47,6 +47,11 @@ struct RunArgs {
     /// uses a driver serving there. Repeatable.
     #[arg(long = "driver")]
     drivers: Vec<DriverArg>,
+    /// Watch DIR for drivers' registration sockets (`<name>-reg.sock`, served by node-driver-registrar or
+    /// `inlet-plugin serve --registration-dir DIR`) and register them on every node, as the kubelet's
+    /// plugin watcher does with `/var/lib/kubelet/plugins_registry`; a socket removed deregisters its driver.
+    #[arg(long, value_name = "DIR")]
+    plugins_registry: Option<PathBuf>,
     /// A CRI runtime's socket (for example containerd's). Without it, cri-fake runs in-process.
     #[arg(long)]
     cri: Option<String>,
@@ -201,6 +206,7 @@ async fn run(args: RunArgs) -> Result<Outcome, String> {
             insecure_registries: args.insecure_registries,
             ..SimImages::default()
         },
+        plugins_registry: args.plugins_registry,
     };
     let kept = root.clone();
     let mut interrupts = Interrupts::install(move |second| {

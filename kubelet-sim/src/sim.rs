@@ -55,6 +55,8 @@ pub struct SimConfig {
     pub containers: ContainerTiming,
     /// Where images come from, and how long image volumes wait for pulls.
     pub images: SimImages,
+    /// `--plugins-registry`: the dir every node's plugin watcher registers drivers from.
+    pub plugins_registry: Option<PathBuf>,
 }
 
 /// Images in a simulation.
@@ -177,6 +179,7 @@ impl Simulation {
                 republish_period: config.republish_period,
                 image_pull_wait: config.images.pull_wait,
                 containers: config.containers,
+                plugins_registry: config.plugins_registry.clone(),
             };
             let timeout = config.containers.runtime_request_timeout;
             let cri = connect_cri(&cri_socket, timeout).await?;
@@ -223,37 +226,13 @@ impl Simulation {
         Ok(sim)
     }
 
-    /// Starts (for `local`) and registers a driver on every node.
+    /// Starts (for `local` and `image`) and registers a driver on every node.
     pub async fn add_driver(&mut self, driver: &DriverArg) -> Result<(), String> {
         for node in self.nodes.clone() {
             let socket = match &driver.source {
                 DriverSource::Socket(path) => path.clone(),
-                DriverSource::Local {
-                    attach,
-                    mount_group,
-                } => {
-                    let handle = DriverHandle::start_local(
-                        &driver.name,
-                        &node.config.name,
-                        &node.config.root,
-                        (*attach, *mount_group),
-                        Arc::clone(&self.config.mounter),
-                    )
-                    .await?;
-                    let socket = handle.socket.clone();
-                    self.drivers.push(handle);
-                    socket
-                }
-                DriverSource::Image => {
-                    let handle = DriverHandle::start_image(
-                        &driver.name,
-                        &node.config.name,
-                        &node.config.root,
-                        &self.cri_socket,
-                        &self.config.images,
-                        Arc::clone(&self.config.mounter),
-                    )
-                    .await?;
+                _ => {
+                    let handle = self.start_in_process(driver, &node).await?;
                     let socket = handle.socket.clone();
                     self.drivers.push(handle);
                     socket
@@ -263,6 +242,63 @@ impl Simulation {
                 .await?;
         }
         Ok(())
+    }
+
+    /// Starts an in-process driver (`local` or `image`) for the first node that registers itself: it
+    /// serves its registration socket in `--plugins-registry`, as a DaemonSet's driver with
+    /// `--registration-dir` does, and the node's plugin watcher registers it.
+    pub async fn add_self_registering_driver(&mut self, driver: &DriverArg) -> Result<(), String> {
+        let dir = self
+            .config
+            .plugins_registry
+            .clone()
+            .ok_or("no plugins registry to register through (--plugins-registry)")?;
+        let node = Arc::clone(&self.nodes[0]);
+        let mut handle = self.start_in_process(driver, &node).await?;
+        handle.serve_registration(&dir);
+        self.drivers.push(handle);
+        Ok(())
+    }
+
+    async fn start_in_process(
+        &self,
+        driver: &DriverArg,
+        node: &Kubelet,
+    ) -> Result<DriverHandle, String> {
+        let (name, root) = (&node.config.name, &node.config.root);
+        let mounter = Arc::clone(&self.config.mounter);
+        match &driver.source {
+            DriverSource::Local {
+                attach,
+                mount_group,
+            } => {
+                DriverHandle::start_local(
+                    &driver.name,
+                    name,
+                    root,
+                    (*attach, *mount_group),
+                    mounter,
+                )
+                .await
+            }
+            DriverSource::Image => {
+                let images = &self.config.images;
+                DriverHandle::start_image(
+                    &driver.name,
+                    name,
+                    root,
+                    &self.cri_socket,
+                    images,
+                    mounter,
+                )
+                .await
+            }
+            DriverSource::Socket(path) => Err(format!(
+                "driver {}: {} is not started by kubelet-sim",
+                driver.name,
+                path.display()
+            )),
+        }
     }
 
     /// Stops serving the in-process runtime, as a runtime restart does: its socket goes away, what it runs

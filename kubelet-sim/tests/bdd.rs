@@ -25,6 +25,8 @@ use kubelet_sim::sim::{SimConfig, SimImages, Simulation};
 
 #[path = "bdd/images.rs"]
 mod images;
+#[path = "bdd/registration.rs"]
+mod registration;
 
 /// How long a step waits for the simulation to reach a state.
 const WAIT: Duration = Duration::from_secs(15);
@@ -51,6 +53,10 @@ struct Sim {
     config: Option<SimConfig>,
     /// Files a process holds open in a volume (an unmount of it fails with EBUSY meanwhile).
     held: Vec<std::fs::File>,
+    /// The plugins registry dir the kubelets watch, when a scenario has one.
+    plugins_registry: Option<PathBuf>,
+    /// Registration sockets offered by a scenario: what the kubelet told each, and its server.
+    offered: BTreeMap<String, registration::Offered>,
 }
 
 impl std::fmt::Debug for Sim {
@@ -79,6 +85,8 @@ impl Sim {
             faults: Vec::new(),
             config: None,
             held: Vec::new(),
+            plugins_registry: None,
+            offered: BTreeMap::new(),
         }
     }
 
@@ -238,6 +246,7 @@ async fn runs(w: &mut Sim) {
         },
         mounter,
         images: w.images.clone(),
+        plugins_registry: w.plugins_registry.clone(),
     };
     w.config = Some(config.clone());
     w.sim = Some(

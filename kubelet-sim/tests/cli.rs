@@ -180,17 +180,14 @@ fn the_examples_run_and_the_report_keeps_its_contract() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn an_external_driver_and_an_external_runtime_on_sockets() {
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().join("root");
-    // The driver a user is developing, on its own socket.
-    let driver_socket = dir.path().join("ext.sock");
+/// inlet's local driver `name` serving in this process on `dir/<name>.sock`, for pods under `root`.
+async fn serve_local_driver(dir: &Path, root: &Path, name: &str) -> PathBuf {
+    let driver_socket = dir.join(format!("{name}.sock"));
     let config = LocalConfig {
-        name: "ext.inlet.dev".into(),
+        name: name.into(),
         node_id: "ext-node".into(),
-        state_dir: dir.path().join("driver-state"),
-        kubelet_dir: root.clone(),
+        state_dir: dir.join(format!("{name}-state")),
+        kubelet_dir: root.to_path_buf(),
         capacity_bytes: 1 << 30,
         max_volume_bytes: 1 << 30,
         default_volume_bytes: 8 << 20,
@@ -212,6 +209,56 @@ async fn an_external_driver_and_an_external_runtime_on_sockets() {
         )
         .await
     });
+    driver_socket
+}
+
+/// A manifest of the CSIDriver `driver` and a pod `web` with one inline volume of it.
+const INLINE_POD: &str = "apiVersion: storage.k8s.io/v1\nkind: CSIDriver\nmetadata: {name: DRIVER}\nspec: {volumeLifecycleModes: [Ephemeral], podInfoOnMount: true}\n---\n\
+     apiVersion: v1\nkind: Pod\nmetadata: {name: web}\nspec:\n  containers: [{name: app, image: busybox, volumeMounts: [{name: v, mountPath: /v}]}]\n  volumes: [{name: v, csi: {driver: DRIVER}}]\n";
+
+/// `--plugins-registry`: no `--driver`; the driver serves its registration socket (as `inlet-plugin serve
+/// --registration-dir` does) and kubelet-sim's plugin watcher registers it, tells it so, and serves the pod.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_driver_registers_itself_through_the_plugins_registry() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    let registry = dir.path().join("plugins_registry");
+    std::fs::create_dir_all(&registry).unwrap();
+    let driver_socket = serve_local_driver(dir.path(), &root, "self.inlet.dev").await;
+    let registrar = inlet_plugin::registration::Registrar::new("self.inlet.dev", &driver_socket);
+    let mut outcome = registrar.outcome();
+    let serving = registry.clone();
+    tokio::spawn(async move { registrar.serve(&serving, std::future::pending()).await });
+    let manifests = dir.path().join("pod.yaml");
+    std::fs::write(&manifests, INLINE_POD.replace("DRIVER", "self.inlet.dev")).unwrap();
+    let report = dir.path().join("report.json");
+    let out = tokio::process::Command::new(BIN)
+        .arg("run")
+        .arg("--manifests")
+        .arg(&manifests)
+        .arg("--plugins-registry")
+        .arg(&registry)
+        .arg("--root")
+        .arg(&root)
+        .args(["--teardown", "--report"])
+        .arg(&report)
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "stderr:\n{stderr}");
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    assert_eq!(report["pods"][0]["phase"], "Running");
+    assert_eq!(*outcome.borrow_and_update(), Some(Ok(())));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_external_driver_and_an_external_runtime_on_sockets() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    // The driver a user is developing, on its own socket.
+    let driver_socket = serve_local_driver(dir.path(), &root, "ext.inlet.dev").await;
     // A runtime on its own socket.
     let runtime =
         Arc::new(cri_fake::FakeRuntime::new(dir.path().join("cri"), Default::default()).unwrap());
@@ -224,12 +271,7 @@ async fn an_external_driver_and_an_external_runtime_on_sockets() {
     }
 
     let manifests = dir.path().join("pod.yaml");
-    std::fs::write(
-        &manifests,
-        "apiVersion: storage.k8s.io/v1\nkind: CSIDriver\nmetadata: {name: ext.inlet.dev}\nspec: {volumeLifecycleModes: [Ephemeral], podInfoOnMount: true}\n---\n\
-         apiVersion: v1\nkind: Pod\nmetadata: {name: web}\nspec:\n  containers: [{name: app, image: busybox, volumeMounts: [{name: v, mountPath: /v}]}]\n  volumes: [{name: v, csi: {driver: ext.inlet.dev}}]\n",
-    )
-    .unwrap();
+    std::fs::write(&manifests, INLINE_POD.replace("DRIVER", "ext.inlet.dev")).unwrap();
     let report = dir.path().join("report.json");
     let args = [
         "run".to_string(),

@@ -10,13 +10,15 @@
 //! - `containers.rs`: the relist of exited containers, restarts with back-off, Succeeded and Failed.
 //! - `subpath.rs`: subPath binds under `volume-subpaths`, made without following symlinks, and their cleanup.
 //! - `reconstruct.rs`: after a restart, the actual state from disk and running sandboxes from CRI.
-//! - `host.rs`: the `VolumeHost` plugins get; `registry.rs`: registered CSI drivers.
+//! - `host.rs`: the `VolumeHost` plugins get; `registry.rs`: registered CSI drivers and the CSI
+//!   registration handler; `plugin_watcher.rs`: `--plugins-registry`, drivers registering themselves.
 
 mod actual_state;
 mod containers;
 mod desired_state;
 pub mod host;
 pub mod operations;
+pub mod plugin_watcher;
 mod pod_worker;
 mod populator;
 mod reconciler;
@@ -72,6 +74,9 @@ pub struct NodeConfig {
     pub image_pull_wait: Duration,
     /// How containers are followed once started.
     pub containers: ContainerTiming,
+    /// The plugin registration dir drivers put their registration sockets in (the kubelet's
+    /// `<root-dir>/plugins_registry`); None: only drivers given to kubelet-sim are registered.
+    pub plugins_registry: Option<PathBuf>,
 }
 
 /// How the kubelet follows started containers.
@@ -194,6 +199,16 @@ impl Kubelet {
         tokio::pin!(stop);
         self.reconstruct().await;
         self.reconstructed.store(true, Ordering::Release);
+        // The plugin manager lives as long as this kubelet (aborted with it).
+        let _plugin_manager = self.config.plugins_registry.as_ref().map(|dir| {
+            let node = Arc::clone(&self);
+            let watcher = plugin_watcher::PluginWatcher::new(
+                dir,
+                Arc::clone(&self.registry),
+                self.config.backoff,
+            );
+            AbortOnDrop(tokio::spawn(watcher.run(move || node.wake())))
+        });
         let mut watch = self.api.watch();
         loop {
             self.sync().await;
@@ -292,5 +307,14 @@ impl Kubelet {
     /// Wakes the node's loop now.
     pub fn wake(&self) {
         self.kick.notify_one();
+    }
+}
+
+/// Aborts a task when dropped: a kubelet's helpers stop with it.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }

@@ -1,13 +1,14 @@
-//! CSI drivers registered on one node, as the kubelet's plugin watcher and CSI registration handler keep
-//! them (`pkg/kubelet/pluginmanager`, `csi_plugin.go` RegistrationHandler): a driver is registered in
-//! numbered steps, each of which can fail with upstream's message.
+//! CSI drivers registered on one node, as the kubelet's CSI registration handler keeps them (`csi_plugin.go`
+//! `RegistrationHandler`): versions validated, the driver stored, NodeGetInfo called and the driver installed
+//! in this node's CSINode object, each step failing with upstream's message. The plugin watcher
+//! (`plugin_watcher.rs`) and `--driver` both register through here.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use inlet_plugin::volume::csi::{CSI_TIMEOUT, CsiClient, CsiObserver};
+use inlet_plugin::volume::csi::{CSI_TIMEOUT, CsiClient, CsiObserver, rpc_error};
 use inlet_proto::csi::v1::{GetPluginInfoRequest, identity_client::IdentityClient};
 use k8s_openapi::api::storage::v1::{CSINode, CSINodeDriver, CSINodeSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -24,6 +25,11 @@ pub struct Registered {
     pub node_id: String,
     /// A client for it.
     pub client: CsiClient,
+    /// The highest CSI version it supports (a driver of the same name must support a higher one to
+    /// replace it).
+    pub version: CsiVersion,
+    /// The registration socket it came through, when the plugin watcher registered it.
+    pub registration: Option<PathBuf>,
 }
 
 /// The drivers registered on one node.
@@ -45,11 +51,13 @@ impl DriverRegistry {
         }
     }
 
-    /// Every registered driver's name and socket.
+    /// Every driver registered by `--driver` (not through the plugin watcher, which finds its own again
+    /// after a restart): its name and socket.
     pub fn endpoints(&self) -> Vec<(String, PathBuf)> {
         self.drivers
             .read()
             .iter()
+            .filter(|(_, r)| r.registration.is_none())
             .map(|(name, r)| (name.clone(), r.endpoint.clone()))
             .collect()
     }
@@ -59,26 +67,20 @@ impl DriverRegistry {
         self.drivers.read().get(name).cloned()
     }
 
-    /// Registers the driver `name` serving on `endpoint`:
-    /// 1. dial the socket; 2. GetPluginInfo (1 s), whose name must be `name`; 3. NodeGetInfo (2 min);
-    /// 4. record it, and install it in this node's CSINode object.
+    /// Registers the driver `name` given by `--driver` as serving on `endpoint`. Beyond what the plugin
+    /// watcher does, the driver's GetPluginInfo (1 s) must report `name`, since here the user, not the
+    /// driver, said which driver is there.
     pub async fn register(&self, name: &str, endpoint: &Path) -> Result<(), String> {
-        let span = tracing::info_span!("register", node = %self.node, driver = name);
-        let _enter = span.enter();
-        // Every call on it has the kubelet's CSI timeout, enforced here: a driver that never answers (a
-        // hung NFS mount under NodePublishVolume) fails the call after it, and is retried.
-        let channel = inlet_proto::uds::connect_with_timeout(endpoint, Some(CSI_TIMEOUT))
-            .await
-            .map_err(|e| {
-                format!(
-                    "RegisterPlugin error -- dial failed at socket {}, err: {e}",
-                    endpoint.display()
-                )
-            })?;
+        let channel = connect(endpoint).await.map_err(|e| {
+            format!(
+                "RegisterPlugin error -- dial failed at socket {}, err: {e}",
+                endpoint.display()
+            )
+        })?;
         let mut request = tonic::Request::new(GetPluginInfoRequest {});
         request.set_timeout(Duration::from_secs(1));
         let info = IdentityClient::new(channel.clone()).get_plugin_info(request).await.map_err(|e| {
-            format!("RegisterPlugin error -- failed to get plugin info using RPC GetInfo at socket {}, err: {}", endpoint.display(), e.message())
+            format!("RegisterPlugin error -- failed to get plugin info using RPC GetInfo at socket {}, err: {}", endpoint.display(), rpc_error(&e))
         })?;
         let reported = info.into_inner().name;
         if reported != name {
@@ -87,26 +89,102 @@ impl DriverRegistry {
                 endpoint.display()
             ));
         }
-        let client = CsiClient::new(name, channel, Some(Arc::clone(&self.observer)));
-        let node_id = client
-            .node_info()
-            .await
-            .map_err(|e| {
-                format!(
-                    "error updating CSI node info: NodeGetInfo failed: {}",
-                    e.message()
-                )
-            })?
-            .node_id;
-        self.install(name, &node_id);
-        self.drivers.write().insert(
-            name.to_string(),
-            Registered {
-                endpoint: endpoint.to_path_buf(),
-                node_id,
-                client,
-            },
+        let version = CsiVersion(vec![1, 0, 0]);
+        self.install(name, endpoint, channel, version, None).await
+    }
+
+    /// Upstream's `validateVersions`: the highest 1.x version of `versions`, which must be higher than that
+    /// of a driver of the same name already registered. `caller` names the step (`ValidatePlugin`,
+    /// `RegisterPlugin`) in the error.
+    pub fn validate_versions(
+        &self,
+        caller: &str,
+        name: &str,
+        versions: &[String],
+    ) -> Result<CsiVersion, String> {
+        if versions.is_empty() {
+            return Err(format!(
+                "kubernetes.io/csi: {caller} for CSI driver {name:?} failed. Plugin returned an empty list for supported versions"
+            ));
+        }
+        let highest = CsiVersion::highest_supported(versions).map_err(|e| {
+            format!(
+                "kubernetes.io/csi: {caller} for CSI driver {name:?} failed. None of the versions specified {} are supported. err={e}",
+                go_quoted_list(versions)
+            )
+        })?;
+        if let Some(existing) = self.get(name)
+            && existing.version >= highest
+        {
+            return Err(format!(
+                "kubernetes.io/csi: {caller} for CSI driver {name:?} failed. Another driver with the same name is already registered with a higher supported version: \"{}\"",
+                existing.version
+            ));
+        }
+        Ok(highest)
+    }
+
+    /// Upstream's `RegisterPlugin` for a driver the plugin watcher found at `registration`: versions
+    /// validated again, the driver stored, NodeGetInfo (2 min), CSINode updated; on a failure the driver
+    /// is unregistered again.
+    pub async fn register_plugin(
+        &self,
+        name: &str,
+        endpoint: &Path,
+        versions: &[String],
+        registration: &Path,
+    ) -> Result<(), String> {
+        tracing::info!(
+            node = %self.node,
+            "kubernetes.io/csi: Register new plugin with name: {name} at endpoint: {}",
+            endpoint.display()
         );
+        let version = self.validate_versions("RegisterPlugin", name, versions)?;
+        // grpc-go dials lazily, so upstream's failure to reach the driver shows at NodeGetInfo.
+        let channel = connect(endpoint)
+            .await
+            .map_err(|e| format!("rpc error: code = Unavailable desc = connection error: {e}"))?;
+        self.install(
+            name,
+            endpoint,
+            channel,
+            version,
+            Some(registration.to_path_buf()),
+        )
+        .await
+    }
+
+    /// Stores the driver, asks its node id and installs it in CSINode; unregisters it on a failure.
+    async fn install(
+        &self,
+        name: &str,
+        endpoint: &Path,
+        channel: tonic::transport::Channel,
+        version: CsiVersion,
+        registration: Option<PathBuf>,
+    ) -> Result<(), String> {
+        let span = tracing::info_span!("register", node = %self.node, driver = name);
+        let _enter = span.enter();
+        let client = CsiClient::new(name, channel, Some(Arc::clone(&self.observer)));
+        let mut registered = Registered {
+            endpoint: endpoint.to_path_buf(),
+            node_id: String::new(),
+            client: client.clone(),
+            version,
+            registration,
+        };
+        self.drivers
+            .write()
+            .insert(name.to_string(), registered.clone());
+        match client.node_info().await {
+            Ok(info) => registered.node_id = info.node_id,
+            Err(e) => {
+                self.deregister(name);
+                return Err(rpc_error(&e));
+            }
+        }
+        self.install_in_csinode(name, &registered.node_id);
+        self.drivers.write().insert(name.to_string(), registered);
         tracing::info!("registered CSI driver");
         Ok(())
     }
@@ -119,7 +197,7 @@ impl DriverRegistry {
         });
     }
 
-    fn install(&self, name: &str, node_id: &str) {
+    fn install_in_csinode(&self, name: &str, node_id: &str) {
         let driver = CSINodeDriver {
             name: name.to_string(),
             node_id: node_id.to_string(),
@@ -140,5 +218,189 @@ impl DriverRegistry {
                 },
             });
         }
+    }
+}
+
+/// Dials a driver with the kubelet's CSI timeout on every call: a driver that never answers (a hung NFS
+/// mount under NodePublishVolume) fails the call after it, and is retried.
+async fn connect(endpoint: &Path) -> Result<tonic::transport::Channel, String> {
+    inlet_proto::uds::connect_with_timeout(endpoint, Some(CSI_TIMEOUT))
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// A CSI version as apimachinery's `ParseGeneric` reads it: at least major.minor, numeric components,
+/// compared component by component with missing ones as zero.
+#[derive(Debug, Clone)]
+pub struct CsiVersion(Vec<u64>);
+
+impl CsiVersion {
+    /// `utilversion.ParseGeneric`: optional leading blanks and `v`, then dotted numbers; what follows the
+    /// numbers is not part of the version.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let rest = text.trim_start();
+        let rest = rest.strip_prefix('v').unwrap_or(rest);
+        let end = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
+        let numbers = rest[..end].trim_end_matches('.');
+        if numbers.is_empty() || numbers.starts_with('.') {
+            return Err(format!("could not parse {text:?} as version"));
+        }
+        let parts: Vec<&str> = numbers.split('.').collect();
+        if parts.len() < 2 {
+            return Err(format!("illegal version string {text:?}"));
+        }
+        if parts.iter().any(|p| p.is_empty()) {
+            return Err(format!("could not parse {text:?} as version"));
+        }
+        if parts[0].len() > 1 && parts[0].starts_with('0') {
+            return Err(format!(
+                "illegal zero-prefixed version component {:?} in {text:?}",
+                parts[0]
+            ));
+        }
+        parts
+            .iter()
+            .map(|p| {
+                p.parse::<u64>().map_err(|e| {
+                    format!("illegal non-numeric version component {p:?} in {text:?}: {e}")
+                })
+            })
+            .collect::<Result<_, _>>()
+            .map(Self)
+    }
+
+    /// Upstream's `highestSupportedVersion`: the highest of `versions` below 2.x, which must be a 1.x.
+    pub fn highest_supported(versions: &[String]) -> Result<Self, String> {
+        let mut highest: Option<Self> = None;
+        let mut last_error: Option<String> = None;
+        for text in versions.iter().rev() {
+            match Self::parse(text) {
+                Err(e) => last_error = Some(e),
+                // CSI has only 0.x and 1.x; a 2.x need not be compatible.
+                Ok(v) if v.0[0] > 1 => {}
+                Ok(v) if highest.as_ref().is_none_or(|h| *h < v) => highest = Some(v),
+                Ok(_) => {}
+            }
+        }
+        let Some(highest) = highest else {
+            return Err(format!(
+                "could not find a highest supported version from versions ([{}]) reported by this driver: {}",
+                versions.join(" "),
+                last_error.as_deref().unwrap_or("<nil>")
+            ));
+        };
+        if highest.0[0] != 1 {
+            // CSI 0.x has not been supported since Kubernetes 1.17.
+            return Err(format!(
+                "highest supported version reported by driver is {highest}, must be v1.x"
+            ));
+        }
+        Ok(highest)
+    }
+
+    fn component(&self, i: usize) -> u64 {
+        self.0.get(i).copied().unwrap_or(0)
+    }
+}
+
+impl PartialEq for CsiVersion {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == std::cmp::Ordering::Equal
+    }
+}
+
+impl Eq for CsiVersion {}
+
+impl PartialOrd for CsiVersion {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for CsiVersion {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (0..self.0.len().max(other.0.len()))
+            .map(|i| self.component(i).cmp(&other.component(i)))
+            .find(|o| o.is_ne())
+            .unwrap_or(std::cmp::Ordering::Equal)
+    }
+}
+
+impl std::fmt::Display for CsiVersion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let parts: Vec<String> = self.0.iter().map(u64::to_string).collect();
+        f.write_str(&parts.join("."))
+    }
+}
+
+/// Go's `%q` of a string slice: `["a" "b"]`.
+fn go_quoted_list(items: &[String]) -> String {
+    let quoted: Vec<String> = items.iter().map(|i| format!("{i:?}")).collect();
+    format!("[{}]", quoted.join(" "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn versions(list: &[&str]) -> Vec<String> {
+        list.iter().map(|v| v.to_string()).collect()
+    }
+
+    #[test]
+    fn parses_versions_as_apimachinery_does() {
+        assert_eq!(CsiVersion::parse("1.0.0").unwrap().to_string(), "1.0.0");
+        assert_eq!(CsiVersion::parse(" v1.2").unwrap().to_string(), "1.2");
+        assert_eq!(
+            CsiVersion::parse("1.5.0-beta").unwrap().to_string(),
+            "1.5.0"
+        );
+        assert_eq!(
+            CsiVersion::parse("1").unwrap_err(),
+            "illegal version string \"1\""
+        );
+        assert_eq!(
+            CsiVersion::parse("one").unwrap_err(),
+            "could not parse \"one\" as version"
+        );
+        assert!(CsiVersion::parse("01.0").is_err());
+        assert_eq!(
+            CsiVersion::parse("1.0").unwrap(),
+            CsiVersion::parse("1.0.0").unwrap()
+        );
+        assert!(CsiVersion::parse("1.10.0").unwrap() > CsiVersion::parse("1.9.9").unwrap());
+    }
+
+    #[test]
+    fn picks_the_highest_1x_version() {
+        let pick = |list: &[&str]| CsiVersion::highest_supported(&versions(list));
+        assert_eq!(
+            pick(&["0.3.0", "1.0.0", "1.2.0", "2.0.0"])
+                .unwrap()
+                .to_string(),
+            "1.2.0"
+        );
+        assert_eq!(
+            pick(&["2.0.0"]).unwrap_err(),
+            "could not find a highest supported version from versions ([2.0.0]) reported by this driver: <nil>"
+        );
+        assert_eq!(
+            pick(&["0.3.0"]).unwrap_err(),
+            "highest supported version reported by driver is 0.3.0, must be v1.x"
+        );
+        assert_eq!(
+            pick(&["x"]).unwrap_err(),
+            "could not find a highest supported version from versions ([x]) reported by this driver: could not parse \"x\" as version"
+        );
+    }
+
+    #[test]
+    fn quotes_lists_as_go_does() {
+        assert_eq!(
+            go_quoted_list(&versions(&["2.0.0", "3"])),
+            r#"["2.0.0" "3"]"#
+        );
     }
 }
