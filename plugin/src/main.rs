@@ -15,7 +15,8 @@ use inlet_plugin::quantity::parse_bytes;
 use inlet_plugin::registration::Registrar;
 use inlet_plugin::server::serve_csi_on;
 use inlet_proto::csi::v1::{
-    controller_server::Controller, identity_server::Identity, node_server::Node,
+    ProbeRequest, controller_server::Controller, identity_client::IdentityClient,
+    identity_server::Identity, node_server::Node,
 };
 
 #[derive(Parser)]
@@ -35,7 +36,21 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Serve a CSI driver (Identity, Controller, Node) until SIGTERM or SIGINT.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
+    /// Ask a CSI driver whether it is ready (Identity.Probe), as a liveness check: exit 0 when it answers
+    /// ready, 1 otherwise, saying why on stderr. What the livenessprobe sidecar does, without a sidecar.
+    Probe(ProbeArgs),
+}
+
+#[derive(clap::Args)]
+struct ProbeArgs {
+    /// The driver's socket: unix:///path/to/csi.sock.
+    #[arg(long)]
+    endpoint: String,
+    /// How long the probe may take (the livenessprobe sidecar's default is 1 s; a kubelet exec probe's
+    /// timeoutSeconds should be longer).
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    timeout: std::time::Duration,
 }
 
 #[derive(clap::Args)]
@@ -159,7 +174,6 @@ fn parse_driver_name(name: &str) -> Result<String, String> {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.log_format);
-    let Command::Serve(args) = cli.command;
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(err) => {
@@ -167,12 +181,40 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(serve(args)) {
+    let done = match cli.command {
+        Command::Serve(args) => runtime.block_on(serve(*args)),
+        Command::Probe(args) => runtime.block_on(probe(args)),
+    };
+    match done {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("inlet-plugin: {err}");
             ExitCode::FAILURE
         }
+    }
+}
+
+async fn probe(args: ProbeArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let socket = inlet_proto::uds::socket_path(&args.endpoint)?;
+    let channel = tokio::time::timeout(args.timeout, inlet_proto::uds::connect(&socket))
+        .await
+        .map_err(|_| {
+            format!(
+                "{}: no connection within {:?}",
+                socket.display(),
+                args.timeout
+            )
+        })??;
+    let mut request = tonic::Request::new(ProbeRequest {});
+    request.set_timeout(args.timeout);
+    let response = IdentityClient::new(channel)
+        .probe(request)
+        .await
+        .map_err(|e| format!("Probe: {}", inlet_plugin::volume::csi::rpc_error(&e)))?;
+    // An unset `ready` means ready (CSI spec, Probe).
+    match response.into_inner().ready {
+        Some(false) => Err("Probe: the driver is not ready".into()),
+        _ => Ok(()),
     }
 }
 

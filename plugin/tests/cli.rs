@@ -337,3 +337,22 @@ fn registers_with_the_kubelets_plugin_watcher() {
         "both sockets are removed"
     );
 }
+
+/// `inlet-plugin probe`, the DaemonSets' liveness command: 1 with the reason when nothing answers at the
+/// endpoint, or when something that is not a CSI driver does (a probe that cannot fail would hide a dead
+/// driver). Its success is checked on the DaemonSets' drivers in `deploy.rs`.
+#[test]
+fn probe_fails_without_a_driver_answering() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("csi.sock");
+    let endpoint = format!("unix://{}", socket.display());
+    let (code, _, stderr) = run(&["probe", "--endpoint", &endpoint]);
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains(&socket.display().to_string()), "{stderr}");
+    // A socket nobody serves gRPC on: the probe must time out, not hang.
+    let _listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    let started = Instant::now();
+    let (code, _, stderr) = run(&["probe", "--endpoint", &endpoint, "--timeout", "300ms"]);
+    assert_eq!(code, 1, "{stderr}");
+    assert!(started.elapsed() < Duration::from_secs(10), "{stderr}");
+}
