@@ -85,7 +85,16 @@ impl Images {
         };
         self.refresh()
             .map_err(|e| Status::internal(format!("reading images: {e}")))?;
-        Ok(id)
+        // As CRI-O answers: the pulled manifest as `repository@digest` when the image came from a
+        // registry (containerd answers with the image id). A client must not take it for an id.
+        let repo_digest = self.cache.lock().get(&id).and_then(|image| {
+            image
+                .repo_digests
+                .iter()
+                .find(|d| d.starts_with(&format!("{}@", repository(&parsed.whole()))))
+                .cloned()
+        });
+        Ok(repo_digest.unwrap_or(id))
     }
 
     /// ImageStatus: by id (with or without `sha256:`), or by reference.

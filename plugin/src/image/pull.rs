@@ -268,6 +268,11 @@ impl Puller {
             }
             Err(e) => return Err(e),
         };
+        // PullImage's `image_ref` is the image id on containerd but `repository@digest` on CRI-O: the id
+        // the store and the credential record know comes from ImageStatus. Recording credentials under
+        // the reference instead would leave a private image pulled on CRI-O unrecorded, so served to
+        // pods without them as if preloaded.
+        let id = self.status(&id).await?.unwrap_or(id);
         self.remember(&id, fingerprint);
         Ok(Pulled { id, pulled: true })
     }
