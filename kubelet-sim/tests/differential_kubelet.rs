@@ -17,10 +17,10 @@
 //! under its own `KIT_RUN` and takes it down at the end, whatever happens. Otherwise it says SKIPPED.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::path::Path;
+use std::process::Command;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use inlet_plugin::call_log::CallLog;
 use inlet_plugin::local::{LocalConfig, LocalDriver, LocalService};
@@ -28,6 +28,10 @@ use inlet_plugin::mount::{LinuxMounter, can_mount};
 use inlet_plugin::registration::Registrar;
 use inlet_plugin::volume::csi::CsiCall;
 use inlet_proto::csi::v1 as csi;
+use kit::{Kit, wait};
+
+#[path = "../../plugin/tests/kit/mod.rs"]
+mod kit;
 
 const BIN: &str = env!("CARGO_BIN_EXE_kubelet-sim");
 const DRIVER: &str = "local.inlet.dev";
@@ -49,128 +53,17 @@ const LIFECYCLE: [&str; 4] = [
     "NodeUnstageVolume",
 ];
 
-fn kit() -> Option<PathBuf> {
-    let kit = std::env::var_os("INLET_KIT")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/kit"));
-    kit.join("up.sh").exists().then_some(kit)
-}
-
-/// The kit, up under `run`; taken down (with its pods, driver registrations and mounts) on drop.
-struct Kit {
-    dir: PathBuf,
-    run: PathBuf,
-    registrar: Option<std::process::Child>,
-}
-
-impl Kit {
-    fn up(dir: &Path, run: &Path) -> Self {
-        let kit = Self {
-            dir: dir.to_path_buf(),
-            run: run.to_path_buf(),
-            registrar: None,
-        };
-        let out = kit.script("up.sh", &["containerd"]);
-        assert!(
-            out.status.success(),
-            "up.sh failed:\n{}",
-            String::from_utf8_lossy(&out.stdout)
-        );
-        kit
-    }
-
-    fn script(&self, name: &str, args: &[&str]) -> std::process::Output {
-        Command::new(self.dir.join(name))
-            .args(args)
-            .env("KIT_RUN", &self.run)
-            .stdin(Stdio::null())
-            .output()
-            .expect("the kit's script runs")
-    }
-
-    fn kubelet_dir(&self) -> PathBuf {
-        self.run.join("run/kubelet")
-    }
-
-    fn kubectl(&self, args: &[&str]) -> String {
-        let out = Command::new(self.run.join("bin/kubectl"))
-            .args(args)
-            .env(
-                "KUBECONFIG",
-                self.run.join("run/kubeconfig/admin.kubeconfig"),
-            )
-            .output()
-            .expect("kubectl runs");
-        assert!(
-            out.status.success(),
-            "kubectl {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
-    /// Starts the kit's node-driver-registrar for the driver's socket; the pid file makes down.sh stop it.
-    #[allow(clippy::zombie_processes)] // reaped when the kit is dropped
-    fn register(&mut self, socket: &Path) {
-        let log = std::fs::File::create(self.run.join("run/logs/registrar.log")).expect("log");
-        let child = Command::new(self.run.join("bin/csi-node-driver-registrar"))
-            .arg(format!("--csi-address={}", socket.display()))
-            .arg(format!("--kubelet-registration-path={}", socket.display()))
-            .arg(format!(
-                "--plugin-registration-path={}",
-                self.kubelet_dir().join("plugins_registry").display()
-            ))
-            .stdout(log.try_clone().expect("log"))
-            .stderr(log)
-            .spawn()
-            .expect("the registrar starts");
-        std::fs::write(
-            self.run.join("run/pids/registrar.pid"),
-            child.id().to_string(),
-        )
-        .expect("pid");
-        self.registrar = Some(child);
-    }
-
-    /// Stops the sidecar (SIGTERM, as its pod's deletion would) and waits for it.
-    fn stop_registrar(&mut self) {
-        if let Some(mut registrar) = self.registrar.take() {
-            let pid = nix::unistd::Pid::from_raw(registrar.id() as i32);
-            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-            let _ = registrar.wait();
-        }
-    }
-
-    fn drivers_in_csinode(&self) -> String {
-        self.kubectl(&[
-            "get",
-            "csinode",
-            "-o",
-            "jsonpath={.items[*].spec.drivers[*].name}",
-        ])
-    }
-}
-
-impl Drop for Kit {
-    fn drop(&mut self) {
-        let out = self.script("down.sh", &[]);
-        if !out.status.success() {
-            eprintln!("down.sh: {}", String::from_utf8_lossy(&out.stdout));
-        }
-        if let Some(mut registrar) = self.registrar.take() {
-            let _ = registrar.kill();
-            let _ = registrar.wait();
-        }
-    }
-}
-
-/// Waits until `done`, or panics after `timeout` naming `what`.
-fn wait(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(250));
-    }
+/// Registers the driver through the kit's node-driver-registrar sidecar; returns its index in the kit.
+fn register_with_the_sidecar(kit: &mut Kit, socket: &Path) -> usize {
+    let mut registrar = Command::new(kit.bin("csi-node-driver-registrar"));
+    registrar
+        .arg(format!("--csi-address={}", socket.display()))
+        .arg(format!("--kubelet-registration-path={}", socket.display()))
+        .arg(format!(
+            "--plugin-registration-path={}",
+            kit.plugins_registry().display()
+        ));
+    kit.start("registrar", &mut registrar)
 }
 
 /// inlet's local driver serving on `socket` in this process, logging to `log`; `kubelet_dir` confines it.
@@ -243,7 +136,7 @@ fn provision(runtime: &tokio::runtime::Runtime, socket: &Path) {
 
 /// The calls the real kubelet made.
 fn through_the_kit(kit_dir: &Path, dir: &Path, runtime: &tokio::runtime::Runtime) -> Vec<CsiCall> {
-    let mut kit = Kit::up(kit_dir, &dir.join("kit"));
+    let mut kit = Kit::up(kit_dir, &dir.join("kit"), "containerd");
     let socket = kit
         .kubelet_dir()
         .join("plugins")
@@ -258,7 +151,7 @@ fn through_the_kit(kit_dir: &Path, dir: &Path, runtime: &tokio::runtime::Runtime
         &log,
     );
     provision(runtime, &socket);
-    kit.register(&socket);
+    let registrar = register_with_the_sidecar(&mut kit, &socket);
     wait(
         "the kubelet to register the driver",
         Duration::from_secs(60),
@@ -288,15 +181,15 @@ fn through_the_kit(kit_dir: &Path, dir: &Path, runtime: &tokio::runtime::Runtime
             .any(|c| c.method == "NodeUnstageVolume" && c.code == "OK")
     });
     let calls = CallLog::read(&log).expect("the kit's call log");
-    registers_without_the_sidecar(&mut kit, runtime, &socket);
+    kit.stop(registrar);
+    registers_without_the_sidecar(&kit, runtime, &socket);
     drop(kit);
     calls
 }
 
 /// The same driver registered by inlet itself (`--registration-dir`'s [`Registrar`]) once the sidecar is
 /// gone: the real kubelet accepts it, and serves a pod's inline volume through it.
-fn registers_without_the_sidecar(kit: &mut Kit, runtime: &tokio::runtime::Runtime, socket: &Path) {
-    kit.stop_registrar();
+fn registers_without_the_sidecar(kit: &Kit, runtime: &tokio::runtime::Runtime, socket: &Path) {
     let registry = kit.kubelet_dir().join("plugins_registry");
     let registrar = Registrar::new(DRIVER, socket);
     let mut outcome = registrar.outcome();
@@ -481,7 +374,7 @@ fn differences(kubelet: &[Normalised], sim: &[Normalised]) -> Vec<(String, Strin
 
 #[test]
 fn the_kits_kubelet_and_kubelet_sim_make_the_same_csi_calls() {
-    let Some(kit_dir) = kit() else {
+    let Some(kit_dir) = kit::find() else {
         eprintln!("SKIPPED differential test: the kit is missing (set INLET_KIT)");
         return;
     };
