@@ -59,6 +59,8 @@ async fn run(pods: usize, nodes: usize) {
         mounter: Arc::new(RecordingMounter::new()),
         images: Default::default(),
         plugins_registry: None,
+        node_name_prefix: "node".into(),
+        cluster: None,
     };
     let mut sim = Simulation::start(config).await.unwrap();
     let start = Instant::now();

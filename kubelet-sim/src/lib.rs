@@ -4,6 +4,8 @@
 //!
 //! # Layout
 //! - [`api`]: the embedded API (objects, admission with the inline-driver policy, manifests, events, tokens).
+//! - [`cluster`]: `--kubeconfig`: the nodes as hollow nodes of a real cluster (Nodes, Leases, pods, status,
+//!   events, CSINode, only the referenced Secrets), with the `kube` crate.
 //! - [`node`]: one simulated kubelet: desired/actual state, populator, reconciler, operations with backoff,
 //!   pod workers, the `VolumeHost` for plugins, and the CSI driver registry.
 //! - [`controllers`]: the attach/detach controller and the external attacher (VolumeAttachments).
@@ -13,6 +15,7 @@
 //! - `main.rs`: the `kubelet-sim run` CLI.
 
 pub mod api;
+pub mod cluster;
 pub mod controllers;
 pub mod cri;
 pub mod drivers;

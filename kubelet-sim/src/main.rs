@@ -32,16 +32,27 @@ enum Command {
     #[command(
         after_help = "Exit status: 0 when every pod is as expected (and, with --teardown, nothing is \
         left); 1 otherwise, or on an error; 130 or 143 when stopped by SIGINT or SIGTERM, after the report \
-        and a teardown of what was mounted (a second signal exits at once)."
+        and a teardown of what was mounted (a second signal exits at once). With --kubeconfig and no \
+        --manifests, kubelet-sim serves as hollow nodes until SIGTERM or SIGINT, then exits 0 after the \
+        report, leaving its pods and mounts to the cluster (a restart on the same --root takes them up)."
     )]
     Run(RunArgs),
 }
 
 #[derive(clap::Args)]
 struct RunArgs {
-    /// Kubernetes YAML files or directories: Pods, Secrets, CSIDrivers, PVs, PVCs, ServiceAccounts.
-    #[arg(long, required = true, num_args = 1..)]
+    /// Kubernetes YAML files or directories: Pods, Secrets, CSIDrivers, PVs, PVCs, ServiceAccounts. With
+    /// --kubeconfig they are created in that cluster (pods bound to these nodes); optional there.
+    #[arg(long, required_unless_present = "kubeconfig", num_args = 1..)]
     manifests: Vec<PathBuf>,
+    /// Join the cluster of this kubeconfig as hollow nodes (as kubemark's, with real volume logic):
+    /// register the Nodes and their Leases, run the pods bound to them, post their status and events.
+    /// Without --manifests, run until SIGTERM or SIGINT. The embedded API is the default.
+    #[arg(long, value_name = "FILE")]
+    kubeconfig: Option<PathBuf>,
+    /// Nodes are named PREFIX-1 ... PREFIX-N [default: node; with --kubeconfig, hollow-node].
+    #[arg(long, value_name = "PREFIX")]
+    node_name_prefix: Option<String>,
     /// A CSI driver: NAME=local starts inlet's local driver on every node (NAME=local:attach with
     /// ControllerPublish enabled); NAME=image starts inlet's image driver on every node; NAME=unix:///PATH
     /// uses a driver serving there. Repeatable.
@@ -118,6 +129,8 @@ fn parse_gates(text: &str) -> Result<BTreeSet<String>, String> {
 
 fn main() -> ExitCode {
     let Command::Run(args) = Cli::parse().command;
+    // kube's TLS: the one process-wide rustls provider, chosen before any client exists.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let filter =
         tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into());
@@ -156,6 +169,20 @@ enum Outcome {
 
 async fn run(args: RunArgs) -> Result<Outcome, String> {
     let manifests = manifest::load(&args.manifests).map_err(|e| e.to_string())?;
+    let cluster = match &args.kubeconfig {
+        Some(path) => Some(kubelet_sim::cluster::connect(path).await?),
+        None => None,
+    };
+    // A node daemon of a real cluster: no manifests to settle, it serves until stopped.
+    let serve_until_stopped = cluster.is_some() && manifests.is_empty();
+    let node_name_prefix = args.node_name_prefix.unwrap_or_else(|| {
+        if cluster.is_some() {
+            "hollow-node"
+        } else {
+            "node"
+        }
+        .to_string()
+    });
     let mounter: Arc<dyn MountLayer> = match (args.mounter, can_mount()) {
         (MounterKind::Linux, _) | (MounterKind::Auto, true) => Arc::new(LinuxMounter),
         (MounterKind::Recording, _) | (MounterKind::Auto, false) => {
@@ -207,6 +234,8 @@ async fn run(args: RunArgs) -> Result<Outcome, String> {
             ..SimImages::default()
         },
         plugins_registry: args.plugins_registry,
+        node_name_prefix,
+        cluster,
     };
     let kept = root.clone();
     let mut interrupts = Interrupts::install(move |second| {
@@ -219,13 +248,18 @@ async fn run(args: RunArgs) -> Result<Outcome, String> {
     let mut sim = Simulation::start(config).await?;
     // `--timeout` bounds the whole settle phase: at the deadline (or a signal) the operations still running
     // are left behind, the report is written, and teardown (if asked, or after a signal) gets its own.
-    let settled = tokio::select! {
-        settled = async {
-            sim.apply(manifests).await;
-            sim.wait_for(args.timeout, Simulation::pods_as_expected).await
-        } => settled,
-        _ = tokio::time::sleep(args.timeout) => false,
-        _ = interrupts.wait() => false,
+    let settled = if serve_until_stopped {
+        interrupts.wait().await;
+        true
+    } else {
+        tokio::select! {
+            settled = async {
+                sim.apply(manifests).await;
+                sim.wait_for(args.timeout, Simulation::pods_as_expected).await
+            } => settled,
+            _ = tokio::time::sleep(args.timeout) => false,
+            _ = interrupts.wait() => false,
+        }
     };
     let mut report = sim.report();
     if !settled && interrupts.received().is_none() {
@@ -234,7 +268,10 @@ async fn run(args: RunArgs) -> Result<Outcome, String> {
             humantime::format_duration(args.timeout)
         );
     }
-    if args.teardown || interrupts.received().is_some() {
+    // A hollow node stopped by a signal leaves its pods to the cluster (as a kubelet that stops does);
+    // alone, kubelet-sim tears down what it mounted.
+    let teardown_on_signal = interrupts.received().is_some() && args.kubeconfig.is_none();
+    if args.teardown || teardown_on_signal {
         let teardown = sim.teardown(args.timeout).await;
         let after = sim.report();
         report.csi_calls = after.csi_calls;
@@ -258,6 +295,8 @@ async fn run(args: RunArgs) -> Result<Outcome, String> {
         println!("state kept in {}", root.display());
     }
     Ok(match interrupts.received() {
+        // A node daemon's normal end.
+        Some(_) if serve_until_stopped => Outcome::AsExpected,
         Some(signal) => Outcome::Interrupted(signal),
         None if report.as_expected() => Outcome::AsExpected,
         None => Outcome::NotAsExpected,

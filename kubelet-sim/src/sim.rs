@@ -57,6 +57,11 @@ pub struct SimConfig {
     pub images: SimImages,
     /// `--plugins-registry`: the dir every node's plugin watcher registers drivers from.
     pub plugins_registry: Option<PathBuf>,
+    /// Nodes are named `<prefix>-1` ... `<prefix>-N`.
+    pub node_name_prefix: String,
+    /// `--kubeconfig`: the nodes join this cluster's API server (see [`crate::cluster`]) instead of
+    /// running on the embedded API alone.
+    pub cluster: Option<kube::Client>,
 }
 
 /// Images in a simulation.
@@ -169,7 +174,7 @@ impl Simulation {
         let calls = Arc::new(CallLog::default());
         let mut nodes: Vec<Arc<Kubelet>> = Vec::new();
         for i in 1..=config.nodes.max(1) {
-            let name = format!("node-{i}");
+            let name = format!("{}-{i}", config.node_name_prefix);
             let node_config = NodeConfig {
                 root: config.root.join(&name),
                 name,
@@ -219,10 +224,30 @@ impl Simulation {
         for node in sim.nodes.clone() {
             sim.spawn_node(node);
         }
-        let mut stopped = sim.stop.subscribe();
-        sim.tasks.push(tokio::spawn(
-            Arc::clone(&sim.attach_detach).run(async move { drop(stopped.changed().await) }),
-        ));
+        match sim.config.cluster.clone() {
+            // Attach and detach are the control plane's in a real cluster.
+            Some(client) => {
+                let names = sim.nodes.iter().map(|n| n.config.name.clone()).collect();
+                let version = runtime_version(&sim.cri_socket).await;
+                let stop = sim.stop.subscribe();
+                let tasks = crate::cluster::Cluster::start(
+                    client,
+                    Arc::clone(&sim.api),
+                    names,
+                    version,
+                    stop,
+                )
+                .await?;
+                sim.tasks.extend(tasks);
+            }
+            None => {
+                let mut stopped = sim.stop.subscribe();
+                sim.tasks.push(tokio::spawn(
+                    Arc::clone(&sim.attach_detach)
+                        .run(async move { drop(stopped.changed().await) }),
+                ));
+            }
+        }
         Ok(sim)
     }
 
@@ -419,6 +444,11 @@ impl Simulation {
         let (pods, others): (Vec<_>, Vec<_>) = admitted
             .into_iter()
             .partition(|m| matches!(m.object, Object::Pod(_)));
+        if let Some(client) = self.config.cluster.clone() {
+            return self
+                .create_in_cluster(client, others.into_iter().chain(pods))
+                .await;
+        }
         for manifest in others.into_iter().chain(pods) {
             let expected = match &manifest.object {
                 Object::Pod(pod) => pod
@@ -612,6 +642,52 @@ impl Simulation {
         Ok(())
     }
 
+    /// Creates the objects in the cluster's API server, which admits them; pods are bound to these nodes
+    /// round robin unless they name one. The API server's refusals are kept for the report.
+    async fn create_in_cluster(
+        &mut self,
+        client: kube::Client,
+        manifests: impl Iterator<Item = Manifest>,
+    ) {
+        let cluster = crate::cluster::Cluster::new(client);
+        let mut created = Vec::new();
+        for manifest in manifests {
+            let node = self.nodes[self.next_node % self.nodes.len()]
+                .config
+                .name
+                .clone();
+            let pod = match &manifest.object {
+                Object::Pod(pod) => {
+                    self.next_node += 1;
+                    let meta = &pod.metadata;
+                    let namespace = meta.namespace.clone().unwrap_or_else(|| "default".into());
+                    Some((namespace, meta.name.clone().unwrap_or_default()))
+                }
+                _ => None,
+            };
+            match cluster.create(manifest.object, &node).await {
+                Ok(()) => created.extend(pod),
+                Err(message) => {
+                    tracing::warn!(origin = manifest.origin, "{message}");
+                    self.rejected.push(Rejection {
+                        origin: manifest.origin,
+                        message,
+                        expected: false,
+                    });
+                }
+            }
+        }
+        // The pods reach the nodes by their watches: settling starts once they are all there.
+        let arrived = |sim: &Self| {
+            created
+                .iter()
+                .all(|(namespace, name)| sim.api.peek::<Pod>(namespace, name).is_some())
+        };
+        if !self.wait_for(Duration::from_secs(60), arrived).await {
+            tracing::warn!("not every pod created reached its node's watch within 60 s");
+        }
+    }
+
     /// Starts deleting a pod (graceful: the node stops it, tears its volumes down, then it leaves the API).
     pub fn delete_pod(&self, namespace: &str, name: &str) -> bool {
         self.api.update::<Pod>(namespace, name, |p| {
@@ -728,18 +804,41 @@ impl Simulation {
     /// Deletes every pod and waits until they, their volumes and their attachments are gone; then looks
     /// for anything left under the root.
     pub async fn teardown(&self, timeout: Duration) -> TeardownReport {
+        let started = Instant::now();
+        let cluster = self
+            .config
+            .cluster
+            .clone()
+            .map(crate::cluster::Cluster::new);
+        let mut deleted = Vec::new();
         for pod in self.api.list::<Pod>() {
-            self.delete_pod(
-                pod.metadata.namespace.as_deref().unwrap_or_default(),
-                pod.metadata.name.as_deref().unwrap_or_default(),
-            );
+            let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
+            let name = pod.metadata.name.as_deref().unwrap_or_default();
+            let uid = pod.metadata.uid.clone().unwrap_or_default();
+            deleted.push((namespace.to_string(), name.to_string(), uid));
+            match &cluster {
+                // Through the API server: the deletion comes back by the watch, as any other would.
+                Some(cluster) => {
+                    if let Err(e) = cluster.delete_pod(namespace, name).await {
+                        tracing::warn!(pod = name, "deleting: {e}");
+                    }
+                }
+                None => drop(self.delete_pod(namespace, name)),
+            }
         }
         let gone = || {
             self.api.list::<Pod>().is_empty()
                 && self.api.list::<VolumeAttachment>().is_empty()
                 && self.nodes.iter().all(|n| n.idle())
         };
-        let complete = self.wait_for(timeout, |_| gone()).await;
+        let mut complete = self.wait_for(timeout, |_| gone()).await;
+        // In a cluster, the pods' objects go with their nodes' final deletes.
+        if let Some(cluster) = &cluster {
+            while complete && !cluster.pods_gone(&deleted).await {
+                complete = started.elapsed() < timeout;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
         let mut leftover_mounts = Vec::new();
         let mut leftover_pod_dirs = Vec::new();
         for node in &self.nodes {
@@ -822,6 +921,23 @@ fn serve_runtime(runtime: Arc<FakeRuntime>, socket: &Path) -> RuntimeServer {
         let _ = cri_fake::serve(&path, runtime, async move { drop(stopped.await) }).await;
     });
     (stop, task)
+}
+
+/// The runtime as a Node reports it: `<name>://<version>` (CRI Version).
+async fn runtime_version(socket: &Path) -> String {
+    let Ok(mut cri) = Cri::connect(socket, Duration::from_secs(10)).await else {
+        return String::new();
+    };
+    let request = inlet_proto::runtime::v1::VersionRequest {
+        version: "v1".into(),
+    };
+    match cri.runtime.version(request).await {
+        Ok(v) => {
+            let v = v.into_inner();
+            format!("{}://{}", v.runtime_name, v.runtime_version)
+        }
+        Err(_) => String::new(),
+    }
 }
 
 async fn connect_cri(socket: &Path, runtime_timeout: Duration) -> Result<Cri, String> {

@@ -247,6 +247,8 @@ async fn runs(w: &mut Sim) {
         mounter,
         images: w.images.clone(),
         plugins_registry: w.plugins_registry.clone(),
+        node_name_prefix: "node".into(),
+        cluster: None,
     };
     w.config = Some(config.clone());
     w.sim = Some(

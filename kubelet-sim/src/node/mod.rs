@@ -36,7 +36,9 @@ use inlet_plugin::image::Engine;
 use inlet_plugin::mount::MountLayer;
 use inlet_plugin::volume::VolumePlugin;
 use inlet_plugin::volume::csi::{CsiObserver, CsiPlugin};
+use inlet_plugin::volume::empty_dir::EmptyDirPlugin;
 use inlet_plugin::volume::image::ImagePlugin;
+use inlet_plugin::volume::secret::SecretPlugin;
 use k8s_openapi::api::core::v1::{Node, NodeStatus, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use parking_lot::Mutex;
@@ -159,7 +161,11 @@ impl Kubelet {
             mounter,
             gates: config.gates.clone(),
         });
-        let mut plugins: Vec<Arc<dyn VolumePlugin>> = vec![Arc::new(CsiPlugin::new(host.clone()))];
+        let mut plugins: Vec<Arc<dyn VolumePlugin>> = vec![
+            Arc::new(CsiPlugin::new(host.clone())),
+            Arc::new(SecretPlugin::new(host.clone())),
+            Arc::new(EmptyDirPlugin::new(host.clone())),
+        ];
         if let Some(engine) = images {
             plugins.push(Arc::new(ImagePlugin::new(
                 host.clone(),

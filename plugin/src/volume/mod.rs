@@ -11,11 +11,15 @@
 //!   tokens, VolumeAttachments, paths, the mount layer).
 //! - [`csi`]: the `kubernetes.io/csi` plugin, carrying the KEP-596 inline contract.
 //! - [`image`]: the `kubernetes.io/image` plugin: `volumes[].image` (KEP-4639) mounted kubelet-side.
+//! - [`secret`], [`empty_dir`]: `secret` and `emptyDir` volumes, as a real cluster's pods carry them (a
+//!   1.20 API server adds a service-account token `secret` volume to every pod).
 
 pub mod csi;
+pub mod empty_dir;
 mod error;
 mod host;
 pub mod image;
+pub mod secret;
 mod spec;
 use std::path::{Path, PathBuf};
 

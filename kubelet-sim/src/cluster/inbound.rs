@@ -1,0 +1,235 @@
+//! The API server's objects into the embedded API, as the kubelet's informers see them: the pods bound to
+//! each node (one watch per node, `spec.nodeName=<node>`, as the kubelet's pod source), and the
+//! cluster-wide CSIDrivers, PVs, PVCs and VolumeAttachments. A watch that lists again (after it expired)
+//! removes what its new list no longer has. Once every watch has listed once, the embedded API's sources
+//! are ready (the kubelet's `sourcesReady`), so nodes may clean up what no pod wants.
+
+use std::collections::BTreeSet;
+use std::fmt::Debug;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::storage::v1::{CSIDriver, VolumeAttachment};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+use serde::de::DeserializeOwned;
+
+use super::secrets;
+use crate::api::Api;
+use crate::api::store::{Key, Kind};
+
+/// Counts the watches that have listed once; the last one marks the embedded API's sources ready.
+struct Synced {
+    api: Arc<Api>,
+    left: AtomicUsize,
+}
+
+impl Synced {
+    fn one_more(&self) {
+        if self.left.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.api.mark_sources_ready();
+        }
+    }
+}
+
+/// Starts every watch; they run until `stop`.
+pub fn start(
+    client: &kube::Client,
+    api: &Arc<Api>,
+    nodes: &[String],
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let synced = Arc::new(Synced {
+        api: Arc::clone(api),
+        left: AtomicUsize::new(nodes.len() + 4),
+    });
+    let mut tasks = vec![
+        spawn_mirror::<CSIDriver>(client, api, &synced, &stop, |_| true),
+        spawn_mirror::<PersistentVolume>(client, api, &synced, &stop, |_| true),
+        spawn_mirror::<PersistentVolumeClaim>(client, api, &synced, &stop, |_| true),
+        spawn_mirror::<VolumeAttachment>(client, api, &synced, &stop, |_| true),
+    ];
+    for node in nodes {
+        tasks.push(tokio::spawn(pods(
+            client.clone(),
+            Arc::clone(api),
+            node.clone(),
+            Arc::clone(&synced),
+            stop.clone(),
+        )));
+    }
+    tasks.push(tokio::spawn(refresh_secrets(
+        client.clone(),
+        Arc::clone(api),
+        stop,
+    )));
+    tasks
+}
+
+fn key_of<K: Kind>(object: &K) -> Key {
+    let meta = object.metadata();
+    (
+        meta.namespace.clone().unwrap_or_default(),
+        meta.name.clone().unwrap_or_default(),
+    )
+}
+
+fn spawn_mirror<K>(
+    client: &kube::Client,
+    api: &Arc<Api>,
+    synced: &Arc<Synced>,
+    stop: &tokio::sync::watch::Receiver<bool>,
+    in_scope: fn(&K) -> bool,
+) -> tokio::task::JoinHandle<()>
+where
+    K: Kind + kube::Resource<DynamicType = ()> + DeserializeOwned + Debug,
+{
+    let (client, api, synced, mut stop) = (
+        client.clone(),
+        Arc::clone(api),
+        Arc::clone(synced),
+        stop.clone(),
+    );
+    tokio::spawn(async move {
+        let stream = watcher::watcher(kube::Api::<K>::all(client), watcher::Config::default())
+            .default_backoff();
+        tokio::pin!(stream);
+        let mut listing = Listing::default();
+        loop {
+            let event = tokio::select! {
+                event = stream.next() => event,
+                _ = stop.changed() => return,
+            };
+            match event {
+                Some(Ok(event)) => {
+                    if listing.apply(&api, event, in_scope, |o| o) {
+                        synced.one_more();
+                    }
+                }
+                Some(Err(e)) => tracing::warn!(kind = K::KIND, "watch: {e}"),
+                None => return,
+            }
+        }
+    })
+}
+
+/// A watch's relist bookkeeping: what the current list has seen.
+#[derive(Default)]
+struct Listing {
+    seen: Option<BTreeSet<Key>>,
+    done_once: bool,
+}
+
+impl Listing {
+    /// Applies one watch event to the embedded API (objects through `merge`); true the first time a list
+    /// completes.
+    fn apply<K: Kind>(
+        &mut self,
+        api: &Api,
+        event: Event<K>,
+        in_scope: impl Fn(&K) -> bool,
+        merge: impl Fn(K) -> K,
+    ) -> bool {
+        match event {
+            Event::Init => self.seen = Some(BTreeSet::new()),
+            Event::InitApply(object) => {
+                if let Some(seen) = &mut self.seen {
+                    seen.insert(key_of(&object));
+                }
+                api.put(merge(object));
+            }
+            Event::InitDone => {
+                let seen = self.seen.take().unwrap_or_default();
+                for gone in api
+                    .list::<K>()
+                    .iter()
+                    .filter(|o| in_scope(o) && !seen.contains(&key_of(o.as_ref())))
+                {
+                    let (namespace, name) = key_of(gone.as_ref());
+                    api.remove::<K>(&namespace, &name);
+                }
+                return !std::mem::replace(&mut self.done_once, true);
+            }
+            Event::Apply(object) => api.put(merge(object)),
+            Event::Delete(object) => {
+                let (namespace, name) = key_of(&object);
+                let same = api
+                    .peek::<K>(&namespace, &name)
+                    .is_some_and(|o| o.metadata().uid == object.metadata().uid);
+                if same {
+                    api.remove::<K>(&namespace, &name);
+                }
+            }
+        }
+        false
+    }
+}
+
+/// The pods bound to `node`. A pod's Secrets are read before the pod reaches the node; the node's view of
+/// a pod's status is its own (the kubelet owns pod status), so only its spec and metadata come in.
+async fn pods(
+    client: kube::Client,
+    api: Arc<Api>,
+    node: String,
+    synced: Arc<Synced>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
+    let stream = watcher::watcher(kube::Api::<Pod>::all(client.clone()), config).default_backoff();
+    tokio::pin!(stream);
+    let mut listing = Listing::default();
+    let on_node =
+        move |p: &Pod| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(&node);
+    loop {
+        let event = tokio::select! {
+            event = stream.next() => event,
+            _ = stop.changed() => return,
+        };
+        let event = match event {
+            Some(Ok(event)) => event,
+            Some(Err(e)) => {
+                tracing::warn!("watch of pods: {e}");
+                continue;
+            }
+            None => return,
+        };
+        if let Event::Apply(pod) | Event::InitApply(pod) = &event {
+            secrets::fetch(&client, &api, &secrets::referenced(pod, &api)).await;
+        }
+        let keep_status = |mut pod: Pod| {
+            let (namespace, name) = key_of(&pod);
+            if let Some(known) = api.peek::<Pod>(&namespace, &name)
+                && known.metadata.uid == pod.metadata.uid
+            {
+                pod.status = known.status.clone();
+            }
+            pod
+        };
+        if listing.apply(&api, event, &on_node, keep_status) {
+            synced.one_more();
+        }
+    }
+}
+
+/// Reads the referenced Secrets again every minute (the kubelet's secret cache TTL) and drops those no
+/// pod refers to any more, as pods come and go.
+async fn refresh_secrets(
+    client: kube::Client,
+    api: Arc<Api>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut tick = tokio::time::interval(Duration::from_secs(60));
+    tick.tick().await;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.changed() => return,
+        }
+        let referenced = secrets::referenced_by_all(&api);
+        secrets::forget_unreferenced(&api, &referenced);
+        secrets::fetch(&client, &api, &referenced).await;
+    }
+}

@@ -1,0 +1,170 @@
+//! kubelet-sim as nodes of a real cluster (`kubelet-sim run --kubeconfig FILE`): hollow nodes, as
+//! kubemark's, but with real volume logic. The simulated kubelets keep working on the embedded API; this
+//! module keeps it in step with the real API server, in both directions, with the traffic a kubelet has:
+//!
+//! - `nodes.rs`: registers the Nodes, posts their status (Ready, `volumesInUse`) and renews their Leases;
+//! - `inbound.rs`: watches the pods bound to them, CSIDrivers, PVs, PVCs and VolumeAttachments into the
+//!   embedded API, and reads a Secret only when one of its pods refers to it (`secrets.rs`);
+//! - `outbound.rs`: posts pod status, events and CSINode objects, and deletes a pod's object once its
+//!   node has torn it down (the kubelet's final delete).
+//!
+//! Attach and detach belong to the control plane in a real cluster: the simulated nodes only wait for the
+//! VolumeAttachments it makes. Admission too is the API server's.
+
+mod inbound;
+mod nodes;
+mod outbound;
+pub mod secrets;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Patch, PatchParams};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::api::Api;
+use crate::api::manifest::Object;
+
+/// The name kubelet-sim's changes are made under (server-side apply's field manager).
+pub const FIELD_MANAGER: &str = "kubelet-sim";
+
+/// A client for the API server a kubeconfig names.
+pub async fn connect(kubeconfig: &Path) -> Result<kube::Client, String> {
+    let text = std::fs::read_to_string(kubeconfig)
+        .map_err(|e| format!("--kubeconfig {}: {e}", kubeconfig.display()))?;
+    let parsed = kube::config::Kubeconfig::from_yaml(&text)
+        .map_err(|e| format!("--kubeconfig {}: {e}", kubeconfig.display()))?;
+    let config = kube::Config::from_custom_kubeconfig(parsed, &Default::default())
+        .await
+        .map_err(|e| format!("--kubeconfig {}: {e}", kubeconfig.display()))?;
+    kube::Client::try_from(config)
+        .map_err(|e| format!("--kubeconfig {}: {e}", kubeconfig.display()))
+}
+
+/// The hollow nodes' link to the API server, running until `stop` turns true.
+pub struct Cluster {
+    client: kube::Client,
+}
+
+impl Cluster {
+    /// Registers `nodes` (their runtime reported as `runtime_version`), then keeps the embedded API in
+    /// step with the API server until `stop`. The embedded API's sources are ready once every watch has
+    /// listed once. Returns the tasks.
+    pub async fn start(
+        client: kube::Client,
+        api: Arc<Api>,
+        nodes: Vec<String>,
+        runtime_version: String,
+        stop: tokio::sync::watch::Receiver<bool>,
+    ) -> Result<Vec<tokio::task::JoinHandle<()>>, String> {
+        let uids = nodes::register(&client, &api, &nodes, &runtime_version).await?;
+        let mut tasks = vec![tokio::spawn(nodes::heartbeat(
+            client.clone(),
+            Arc::clone(&api),
+            uids.clone(),
+            runtime_version,
+            stop.clone(),
+        ))];
+        tasks.extend(inbound::start(&client, &api, &nodes, stop.clone()));
+        tasks.push(tokio::spawn(outbound::run(client, api, uids, stop)));
+        Ok(tasks)
+    }
+
+    /// A client of the cluster.
+    pub fn new(client: kube::Client) -> Self {
+        Self { client }
+    }
+
+    /// Applies a manifest's object to the API server (server-side apply, as `kubectl apply
+    /// --server-side`: created, or brought to what the manifest says, so a run can be repeated); a pod is
+    /// bound to `node` unless it names one. The API server's refusal is the error.
+    pub async fn create(&self, object: Object, node: &str) -> Result<(), String> {
+        let client = &self.client;
+        match object {
+            Object::Pod(mut pod) => {
+                let spec = pod.spec.get_or_insert_with(Default::default);
+                spec.node_name.get_or_insert_with(|| node.to_string());
+                apply(
+                    kube::Api::namespaced(client.clone(), &namespace(&pod.metadata)),
+                    *pod,
+                )
+                .await
+            }
+            Object::Secret(s) => {
+                apply(
+                    kube::Api::namespaced(client.clone(), &namespace(&s.metadata)),
+                    *s,
+                )
+                .await
+            }
+            Object::PersistentVolumeClaim(c) => {
+                apply(
+                    kube::Api::namespaced(client.clone(), &namespace(&c.metadata)),
+                    *c,
+                )
+                .await
+            }
+            Object::ServiceAccount(a) => {
+                apply(
+                    kube::Api::namespaced(client.clone(), &namespace(&a.metadata)),
+                    *a,
+                )
+                .await
+            }
+            Object::CsiDriver(d) => apply(kube::Api::all(client.clone()), *d).await,
+            Object::PersistentVolume(v) => apply(kube::Api::all(client.clone()), *v).await,
+            Object::Namespace(n) => apply(kube::Api::all(client.clone()), *n).await,
+        }
+    }
+
+    /// True once the API server has none of `pods` (namespace, name, UID) any more: their nodes have
+    /// sent their final deletes.
+    pub async fn pods_gone(&self, pods: &[(String, String, String)]) -> bool {
+        for (namespace, name, uid) in pods {
+            match kube::Api::<Pod>::namespaced(self.client.clone(), namespace)
+                .get_opt(name)
+                .await
+            {
+                Ok(Some(pod)) if pod.metadata.uid.as_deref() == Some(uid) => return false,
+                Ok(_) => {}
+                Err(_) => return false,
+            }
+        }
+        true
+    }
+
+    /// Starts a pod's graceful deletion in the API server (a pod already gone is deleted).
+    pub async fn delete_pod(&self, namespace: &str, name: &str) -> Result<(), String> {
+        match kube::Api::<Pod>::namespaced(self.client.clone(), namespace)
+            .delete(name, &Default::default())
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+}
+
+fn namespace(meta: &ObjectMeta) -> String {
+    meta.namespace.clone().unwrap_or_else(|| "default".into())
+}
+
+/// Server-side apply of `object` (kubelet-sim's field manager, taking over fields others set).
+async fn apply<K>(api: kube::Api<K>, object: K) -> Result<(), String>
+where
+    K: kube::Resource + Serialize + DeserializeOwned + Clone + std::fmt::Debug,
+{
+    let name = object.meta().name.clone().unwrap_or_default();
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    api.patch(&name, &params, &Patch::Apply(&object))
+        .await
+        .map(drop)
+        .map_err(|e| match e {
+            kube::Error::Api(status) => status.message,
+            other => other.to_string(),
+        })
+}

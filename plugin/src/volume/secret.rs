@@ -1,0 +1,192 @@
+//! The `kubernetes.io/secret` plugin (`pkg/volume/secret`): a Secret's keys as files, on a tmpfs (so their
+//! values never reach the node's disk), written again when the volume is set up again. What a real
+//! cluster's pods carry for their service account token before projected tokens (Kubernetes 1.20 and
+//! older), and what any pod may ask for.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use k8s_openapi::api::core::v1::{SecretVolumeSource, Volume};
+
+use super::empty_dir::{DirUnmounter, set_up_dir};
+use super::{
+    AttachableVolumePlugin, DeviceMountableVolumePlugin, Mounter, MounterArgs, PodInfo, Spec,
+    Unmounter, VolumeError, VolumeHost, VolumePlugin,
+};
+
+/// The plugin's name.
+pub const PLUGIN_NAME: &str = "kubernetes.io/secret";
+/// A file's mode when neither the item nor the volume names one (`SecretVolumeSourceDefaultMode`).
+const DEFAULT_MODE: i32 = 0o644;
+
+/// The `secret` volume plugin.
+pub struct SecretPlugin {
+    host: Arc<dyn VolumeHost>,
+}
+
+impl SecretPlugin {
+    /// The plugin over a node's host.
+    pub fn new(host: Arc<dyn VolumeHost>) -> Self {
+        Self { host }
+    }
+}
+
+fn source(spec: &Spec) -> Option<&SecretVolumeSource> {
+    match spec {
+        Spec::Inline { volume, .. } => volume.secret.as_ref(),
+        Spec::Persistent { .. } => None,
+    }
+}
+
+#[async_trait]
+impl VolumePlugin for SecretPlugin {
+    fn name(&self) -> &'static str {
+        PLUGIN_NAME
+    }
+
+    fn can_support(&self, spec: &Spec) -> bool {
+        source(spec).is_some()
+    }
+
+    async fn unique_volume_name(&self, spec: &Spec, pod: &PodInfo) -> Result<String, VolumeError> {
+        Ok(format!("{PLUGIN_NAME}/{}-{}", pod.uid, spec.name()))
+    }
+
+    fn new_mounter(&self, spec: &Spec, pod: &PodInfo) -> Result<Box<dyn Mounter>, VolumeError> {
+        let source = source(spec)
+            .cloned()
+            .ok_or_else(|| VolumeError::final_("not a secret volume"))?;
+        Ok(Box::new(SecretMounter {
+            host: Arc::clone(&self.host),
+            path: self.host.pod_volume_dir(&pod.uid, PLUGIN_NAME, spec.name()),
+            source,
+            namespace: pod.namespace.clone(),
+        }))
+    }
+
+    fn new_unmounter(
+        &self,
+        spec_name: &str,
+        pod_uid: &str,
+    ) -> Result<Box<dyn Unmounter>, VolumeError> {
+        Ok(Box::new(DirUnmounter {
+            host: Arc::clone(&self.host),
+            path: self.host.pod_volume_dir(pod_uid, PLUGIN_NAME, spec_name),
+        }))
+    }
+
+    fn construct_volume_spec(&self, spec_name: &str, _pod_uid: &str) -> Result<Spec, VolumeError> {
+        Ok(Spec::Inline {
+            volume: Box::new(Volume {
+                name: spec_name.to_string(),
+                secret: Some(SecretVolumeSource::default()),
+                ..Default::default()
+            }),
+            csi: None,
+        })
+    }
+
+    /// Secrets change: the volume is written again on every pass, as upstream's `RequiresRemount`.
+    async fn requires_remount(&self, _spec: &Spec, _pod: &PodInfo) -> bool {
+        true
+    }
+
+    fn attachable(&self) -> Option<&dyn AttachableVolumePlugin> {
+        None
+    }
+
+    fn device_mountable(&self) -> Option<&dyn DeviceMountableVolumePlugin> {
+        None
+    }
+}
+
+struct SecretMounter {
+    host: Arc<dyn VolumeHost>,
+    path: PathBuf,
+    source: SecretVolumeSource,
+    namespace: String,
+}
+
+#[async_trait]
+impl Mounter for SecretMounter {
+    fn path(&self) -> PathBuf {
+        self.path.clone()
+    }
+
+    async fn set_up_at(&self, dir: &Path, _args: &MounterArgs) -> Result<(), VolumeError> {
+        let name = self.source.secret_name.clone().unwrap_or_default();
+        let optional = self.source.optional.unwrap_or(false);
+        let secret = self
+            .host
+            .secret(&self.namespace, &name)
+            .await
+            .map_err(VolumeError::transient)?;
+        let data = match secret {
+            Some(secret) => secret.data.unwrap_or_default(),
+            None if optional => Default::default(),
+            // Upstream's text (the API server's NotFound).
+            None => return Err(VolumeError::transient(format!("secret {name:?} not found"))),
+        };
+        set_up_dir(self.host.as_ref(), dir, true)?;
+        let default_mode = self.source.default_mode.unwrap_or(DEFAULT_MODE);
+        let files: Vec<(String, i32, &[u8])> = match &self.source.items {
+            Some(items) => {
+                let mut files = Vec::new();
+                for item in items {
+                    match data.get(&item.key) {
+                        Some(value) => files.push((
+                            item.path.clone(),
+                            item.mode.unwrap_or(default_mode),
+                            value.0.as_slice(),
+                        )),
+                        None if optional => {}
+                        None => {
+                            return Err(VolumeError::transient(format!(
+                                "references non-existent secret key: {}",
+                                item.key
+                            )));
+                        }
+                    }
+                }
+                files
+            }
+            None => data
+                .iter()
+                .map(|(key, value)| (key.clone(), default_mode, value.0.as_slice()))
+                .collect(),
+        };
+        for (path, mode, value) in files {
+            write_file(dir, &path, mode, value)?;
+        }
+        Ok(())
+    }
+}
+
+/// Writes one file below `dir` without following a symlink anywhere on its path (the path comes from the
+/// pod's spec; the API server refuses `..`, and this refuses it again), with `mode` whatever the umask.
+fn write_file(dir: &Path, path: &str, mode: i32, value: &[u8]) -> Result<(), VolumeError> {
+    use nix::fcntl::{OFlag, openat};
+    use nix::sys::stat::{Mode, fchmod};
+    use std::io::Write;
+    let refused = |e: String| VolumeError::final_(format!("secret file {path:?}: {e}"));
+    let relative = Path::new(path);
+    let name = relative
+        .file_name()
+        .ok_or_else(|| refused("not a file name".into()))?;
+    let parent = relative.parent().unwrap_or(Path::new(""));
+    if !parent.as_os_str().is_empty() {
+        crate::host_path::create_dirs(dir, parent, 0o755).map_err(|e| refused(e.to_string()))?;
+    }
+    let parent = crate::host_path::open_below(dir, parent)
+        .map_err(|e| refused(e.to_string()))?
+        .ok_or_else(|| refused("its directory is gone".into()))?;
+    let mode = Mode::from_bits_truncate((mode as u32) & 0o777);
+    let flags =
+        OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_TRUNC | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    let fd = openat(&parent, name, flags, mode).map_err(|e| refused(e.to_string()))?;
+    fchmod(&fd, mode).map_err(|e| refused(e.to_string()))?;
+    std::fs::File::from(fd)
+        .write_all(value)
+        .map_err(|e| VolumeError::transient(format!("secret file {path:?}: {e}")))
+}
