@@ -4,11 +4,11 @@
 //! removes what its new list no longer has. Once every watch has listed once, the embedded API's sources
 //! are ready (the kubelet's `sourcesReady`), so nodes may clean up what no pod wants.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::fmt::Debug;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
@@ -19,6 +19,9 @@ use serde::de::DeserializeOwned;
 
 use super::secrets;
 use crate::api::Api;
+
+/// How long a referenced Secret the API server does not have waits before it is asked for again.
+const RETRY_MISSING: Duration = Duration::from_secs(5);
 use crate::api::store::{Key, Kind};
 
 /// Counts the watches that have listed once; the last one marks the embedded API's sources ready.
@@ -214,22 +217,62 @@ async fn pods(
     }
 }
 
-/// Reads the referenced Secrets again every minute (the kubelet's secret cache TTL) and drops those no
-/// pod refers to any more, as pods come and go.
+/// Keeps the embedded API's Secrets to what the pods refer to: a Secret referred to but not read yet (its
+/// pod's claim or PV arrived after the pod) is read when the API changes, again at most every few seconds
+/// while the API server has none; each minute every referenced Secret is read again (the kubelet's secret
+/// cache TTL), and those no pod refers to any more are dropped.
 async fn refresh_secrets(
     client: kube::Client,
     api: Arc<Api>,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
+    let mut changes = api.watch();
     let mut tick = tokio::time::interval(Duration::from_secs(60));
     tick.tick().await;
+    let mut missing_since: HashMap<secrets::SecretKey, Instant> = HashMap::new();
     loop {
-        tokio::select! {
-            _ = tick.tick() => {}
+        let full = tokio::select! {
+            _ = tick.tick() => true,
+            _ = changes.changed() => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                false
+            }
             _ = stop.changed() => return,
-        }
+        };
         let referenced = secrets::referenced_by_all(&api);
-        secrets::forget_unreferenced(&api, &referenced);
-        secrets::fetch(&client, &api, &referenced).await;
+        let wanted: BTreeSet<_> = if full {
+            // Only here: a pod's Secrets are read just before the pod is stored, so between the two a
+            // change-driven pass would drop them.
+            secrets::forget_unreferenced(&api, &referenced);
+            missing_since.clear();
+            referenced
+        } else {
+            referenced
+                .into_iter()
+                .filter(|(namespace, name)| {
+                    api.peek::<k8s_openapi::api::core::v1::Secret>(namespace, name)
+                        .is_none()
+                })
+                .filter(|key| {
+                    missing_since
+                        .get(key)
+                        .is_none_or(|at| at.elapsed() >= RETRY_MISSING)
+                })
+                .collect()
+        };
+        if wanted.is_empty() {
+            continue;
+        }
+        secrets::fetch(&client, &api, &wanted).await;
+        for key in wanted {
+            if api
+                .peek::<k8s_openapi::api::core::v1::Secret>(&key.0, &key.1)
+                .is_none()
+            {
+                missing_since.insert(key, Instant::now());
+            }
+        }
+        // Its own changes are not news.
+        changes.borrow_and_update();
     }
 }

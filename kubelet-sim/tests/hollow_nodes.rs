@@ -1,0 +1,225 @@
+//! kubelet-sim as hollow nodes of a real cluster: the kit's API server (v1.20.2, with its controller-manager
+//! and scheduler, and its own real node beside).
+//!
+//! 1. `kubelet-sim run --kubeconfig --nodes 3` with no manifests serves as nodes until SIGTERM: its Nodes
+//!    become Ready with Leases; pods created with kubectl, bound by nodeName, reach Running with their
+//!    inline CSI volumes (and the token `secret` volume the API server adds); CSINode lists the driver;
+//!    events reach the API; the only Secret read is the one a pod refers to; deleting the pods with
+//!    kubectl tears their volumes down and removes their objects; SIGTERM ends it with 0 and a report.
+//! 2. `kubelet-sim run --kubeconfig --manifests deploy/examples/... --teardown` applies the examples (a PV
+//!    bound by the real PV controller included), settles them on its nodes, tears down through the API
+//!    server, and exits 0 with nothing left.
+//!
+//! Needs root and the kit; otherwise it says SKIPPED. It takes the kit down at the end.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use kit::{Kit, wait};
+
+#[path = "../../plugin/tests/kit/mod.rs"]
+mod kit;
+
+const BIN: &str = env!("CARGO_BIN_EXE_kubelet-sim");
+const WAIT: Duration = Duration::from_secs(90);
+
+fn examples(names: &[&str]) -> Vec<String> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/examples");
+    names
+        .iter()
+        .map(|n| dir.join(n).display().to_string())
+        .collect()
+}
+
+const OBJECTS: &str = r#"apiVersion: storage.k8s.io/v1
+kind: CSIDriver
+metadata: {name: local.inlet.dev}
+spec: {attachRequired: false, podInfoOnMount: true, volumeLifecycleModes: [Persistent, Ephemeral]}
+---
+apiVersion: v1
+kind: Secret
+metadata: {name: used}
+stringData: {token: s3cr3t-used}
+---
+apiVersion: v1
+kind: Secret
+metadata: {name: unused}
+stringData: {token: s3cr3t-unused}
+"#;
+
+fn pod(name: &str, node: &str, secret: bool) -> String {
+    let secret_ref = if secret {
+        ", nodePublishSecretRef: {name: used}"
+    } else {
+        ""
+    };
+    format!(
+        r#"---
+apiVersion: v1
+kind: Pod
+metadata: {{name: {name}}}
+spec:
+  nodeName: {node}
+  containers: [{{name: app, image: busybox, volumeMounts: [{{name: data, mountPath: /data}}]}}]
+  volumes: [{{name: data, csi: {{driver: local.inlet.dev, volumeAttributes: {{size: 8Mi}}{secret_ref}}}}}]
+"#
+    )
+}
+
+fn node_ready(kit: &Kit, node: &str) -> bool {
+    let out = kit.try_kubectl(&[
+        "get",
+        "node",
+        node,
+        "-o",
+        r#"jsonpath={.status.conditions[?(@.type=="Ready")].status}"#,
+    ]);
+    String::from_utf8_lossy(&out.stdout) == "True"
+}
+
+/// Phase 1: hollow nodes serving pods created with kubectl.
+fn serve_pods_created_with_kubectl(kit: &mut Kit, dir: &Path) {
+    let report = dir.join("serve-report.json");
+    let root = dir.join("serve-root");
+    let sim = kit.start(
+        "kubelet-sim",
+        Command::new(BIN)
+            .args(["run", "--nodes", "3", "--driver", "local.inlet.dev=local"])
+            .arg("--kubeconfig")
+            .arg(kit.kubeconfig())
+            .arg("--root")
+            .arg(&root)
+            .arg("--report")
+            .arg(&report),
+    );
+    for node in ["hollow-node-1", "hollow-node-2", "hollow-node-3"] {
+        wait(&format!("{node} Ready"), WAIT, || node_ready(kit, node));
+    }
+    let leases = kit.kubectl(&["get", "lease", "-n", "kube-node-lease", "-o", "name"]);
+    assert!(leases.contains("hollow-node-3"), "{leases}");
+
+    let mut manifest = OBJECTS.to_string();
+    for (name, node, secret) in [
+        ("web-1", "hollow-node-1", true),
+        ("web-2", "hollow-node-2", false),
+        ("web-3", "hollow-node-3", false),
+    ] {
+        manifest.push_str(&pod(name, node, secret));
+    }
+    kit.apply("hollow-pods", &manifest);
+    for pod in ["web-1", "web-2", "web-3"] {
+        wait(&format!("{pod} Running"), WAIT, || {
+            kit.phase(pod) == "Running"
+        });
+    }
+    let csinode = kit.kubectl(&[
+        "get",
+        "csinode",
+        "hollow-node-2",
+        "-o",
+        "jsonpath={.spec.drivers[*].name}",
+    ]);
+    assert_eq!(csinode, "local.inlet.dev");
+    let events = kit.kubectl(&[
+        "get",
+        "events",
+        "--field-selector",
+        "involvedObject.name=web-1",
+        "-o",
+        "jsonpath={.items[*].reason}",
+    ]);
+    assert!(events.contains("Started"), "{events}");
+
+    kit.kubectl(&[
+        "delete",
+        "pod",
+        "web-1",
+        "web-2",
+        "web-3",
+        "--wait=true",
+        "--timeout=90s",
+    ]);
+    assert!(kit.stop(sim).success(), "{}", kit.log("kubelet-sim"));
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&report).expect("the report")).unwrap();
+    let secrets: Vec<&str> = report["api_reads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["kind"] == "Secret")
+        .map(|r| r["name"].as_str().unwrap())
+        .collect();
+    // The token secret of the pods' service account (its volume), and the one web-1 refers to.
+    assert!(secrets.contains(&"used"), "{secrets:?}");
+    assert!(!secrets.contains(&"unused"), "{secrets:?}");
+    let log = kit.log("kubelet-sim");
+    assert!(!log.contains("s3cr3t"), "a secret value was logged: {log}");
+}
+
+/// Phase 2: the examples applied by kubelet-sim to the cluster, settled and torn down.
+fn apply_the_examples(kit: &Kit, dir: &Path) {
+    let report = dir.join("examples-report.json");
+    let out = Command::new(BIN)
+        .args([
+            "run",
+            "--nodes",
+            "2",
+            "--driver",
+            "local.inlet.dev=local",
+            "--teardown",
+        ])
+        .arg("--kubeconfig")
+        .arg(kit.kubeconfig())
+        .arg("--root")
+        .arg(dir.join("examples-root"))
+        .arg("--report")
+        .arg(&report)
+        .arg("--manifests")
+        .args(examples(&[
+            "10-ephemeral.yaml",
+            "20-secret-ref.yaml",
+            "30-pv-pvc.yaml",
+        ]))
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "stdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    let running = report["pods"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["phase"] == "Running")
+        .count();
+    assert_eq!(running, 3, "{stdout}");
+    let left = kit.kubectl(&["get", "pods", "-o", "name"]);
+    assert!(left.is_empty(), "pods left in the API: {left}");
+}
+
+#[test]
+fn hollow_nodes_join_the_kits_api_server() {
+    if let Some(why) = kit::missing() {
+        println!("SKIPPED hollow-node test: {why}");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut kit = Kit::up(&kit::find().unwrap(), &dir.path().join("kit"), "containerd");
+    serve_pods_created_with_kubectl(&mut kit, dir.path());
+    apply_the_examples(&kit, dir.path());
+    drop(kit);
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(
+        !mounts.contains(&dir.path().display().to_string()),
+        "mounts left under {}",
+        dir.path().display()
+    );
+}
