@@ -271,6 +271,10 @@ fn on_runtime(
     assert_eq!(written(&kit, "ephemeral", "data"), "ephemeral\n");
     assert_eq!(written(&kit, "claim", "e2e-pv"), "claim\n");
 
+    let uids: Vec<String> = ["ephemeral", "claim", "image"]
+        .iter()
+        .map(|pod| kit.uid(pod))
+        .collect();
     kit.kubectl(&[
         "delete",
         "pod",
@@ -281,10 +285,11 @@ fn on_runtime(
         "--timeout=120s",
     ]);
     let pods_dir = kit.kubelet_dir().join("pods");
-    // The PV's staging outlives its pod's object.
-    wait("every volume mount to go", WAIT, || {
+    // The PV's staging outlives its pod's object, and the kubelet removes pod dirs on its own time.
+    wait("every volume mount and pod dir to go", WAIT, || {
         mounts_under(&pods_dir).is_empty()
             && mounts_under(&kit.kubelet_dir().join("plugins")).is_empty()
+            && uids.iter().all(|uid| !pods_dir.join(uid).exists())
     });
     assert!(
         inlet_plugin::image::leftovers(&image_state).is_empty(),

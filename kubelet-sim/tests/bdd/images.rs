@@ -248,6 +248,33 @@ fn finds_no(w: &mut Sim, pod: String, path: String) {
     );
 }
 
+#[then(regex = r#"^the file "([^"]+)" of pod "([^"]+)" has mode (\d+)$"#)]
+fn file_mode(w: &mut Sim, path: String, pod: String, mode: String) {
+    let (mount, file) = split_mount(&path);
+    let host = host_path(w, &pod, mount).join(file);
+    let found = std::os::unix::fs::PermissionsExt::mode(
+        &std::fs::metadata(&host)
+            .unwrap_or_else(|e| panic!("{}: {e}", host.display()))
+            .permissions(),
+    ) & 0o7777;
+    assert_eq!(format!("{found:o}"), mode, "{}", host.display());
+}
+
+#[then(regex = r#"^"([^"]+)" of pod "([^"]+)" is on a tmpfs$"#)]
+fn on_tmpfs(w: &mut Sim, mount: String, pod: String) {
+    if !content_visible(&format!("{mount} of pod {pod} is on a tmpfs")) {
+        return;
+    }
+    let host = host_path(w, &pod, &mount);
+    let fs = nix::sys::statfs::statfs(&host).unwrap_or_else(|e| panic!("{}: {e}", host.display()));
+    assert_eq!(
+        fs.filesystem_type(),
+        nix::sys::statfs::TMPFS_MAGIC,
+        "{}",
+        host.display()
+    );
+}
+
 #[when(regex = r#"^pod "([^"]+)" writes "([^"]+)" to "([^"]+)"$"#)]
 fn writes(w: &mut Sim, pod: String, text: String, path: String) {
     let (mount, file) = split_mount(&path);
