@@ -27,7 +27,6 @@ use inlet_plugin::local::{LocalConfig, LocalDriver, LocalService};
 use inlet_plugin::mount::{LinuxMounter, can_mount};
 use inlet_plugin::registration::Registrar;
 use inlet_plugin::volume::csi::CsiCall;
-use inlet_proto::csi::v1 as csi;
 use kit::{Kit, wait};
 
 #[path = "../../plugin/tests/kit/mod.rs"]
@@ -109,31 +108,6 @@ fn serve_driver(
     });
 }
 
-/// Creates the PV's volume on the driver (CreateVolume named by its handle).
-fn provision(runtime: &tokio::runtime::Runtime, socket: &Path) {
-    runtime.block_on(async {
-        let channel = inlet_proto::uds::connect(socket).await.expect("connect");
-        let request = csi::CreateVolumeRequest {
-            name: PV_HANDLE.into(),
-            capacity_range: Some(csi::CapacityRange {
-                required_bytes: 16 << 20,
-                limit_bytes: 0,
-            }),
-            volume_capabilities: vec![csi::VolumeCapability {
-                access_mode: Some(csi::volume_capability::AccessMode {
-                    mode: csi::volume_capability::access_mode::Mode::SingleNodeWriter as i32,
-                }),
-                access_type: Some(csi::volume_capability::AccessType::Mount(Default::default())),
-            }],
-            ..Default::default()
-        };
-        csi::controller_client::ControllerClient::new(channel)
-            .create_volume(request)
-            .await
-            .expect("CreateVolume");
-    });
-}
-
 /// The calls the real kubelet made.
 fn through_the_kit(kit_dir: &Path, dir: &Path, runtime: &tokio::runtime::Runtime) -> Vec<CsiCall> {
     let mut kit = Kit::up(kit_dir, &dir.join("kit"), "containerd");
@@ -150,7 +124,7 @@ fn through_the_kit(kit_dir: &Path, dir: &Path, runtime: &tokio::runtime::Runtime
         &socket,
         &log,
     );
-    provision(runtime, &socket);
+    runtime.block_on(kit::create_volume(&socket, PV_HANDLE));
     let registrar = register_with_the_sidecar(&mut kit, &socket);
     wait(
         "the kubelet to register the driver",
@@ -242,7 +216,7 @@ fn through_kubelet_sim(dir: &Path, runtime: &tokio::runtime::Runtime) -> Vec<Csi
     let socket = dir.join("sim-driver/csi.sock");
     let log = dir.join("sim-calls.jsonl");
     serve_driver(runtime, &dir.join("sim-state"), &root, &socket, &log);
-    provision(runtime, &socket);
+    runtime.block_on(kit::create_volume(&socket, PV_HANDLE));
     let out = Command::new(BIN)
         .args(["run", "--manifests", MANIFESTS, "--teardown", "--root"])
         .arg(&root)

@@ -16,6 +16,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+#[path = "kit/mod.rs"]
+mod kit;
+
 const BIN: &str = env!("CARGO_BIN_EXE_inlet-plugin");
 
 /// csi-sanity, found or unpacked into `dir`; None when it is nowhere here.
@@ -23,25 +26,7 @@ fn csi_sanity(dir: &Path) -> Option<PathBuf> {
     if let Some(path) = std::env::var_os("CSI_SANITY") {
         return Some(PathBuf::from(path));
     }
-    let kit = std::env::var_os("INLET_KIT")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/kit"));
-    let packed = kit.join("bin/csi-sanity.xz");
-    if !packed.exists() {
-        return None;
-    }
-    let binary = dir.join("csi-sanity");
-    let unpacked = Command::new("sh")
-        .arg("-c")
-        .arg(r#"xz -dc "$1" > "$2" && chmod +x "$2""#)
-        .args([
-            "sh",
-            &packed.display().to_string(),
-            &binary.display().to_string(),
-        ])
-        .status()
-        .ok()?;
-    unpacked.success().then_some(binary)
+    kit::unpack("csi-sanity", dir)
 }
 
 /// Stops the driver when the test ends, however it ends.

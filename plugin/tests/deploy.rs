@@ -24,6 +24,9 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::api::storage::v1::CSIDriver;
 use serde_json::Value;
 
+#[path = "kit/mod.rs"]
+mod kit;
+
 const BIN: &str = env!("CARGO_BIN_EXE_inlet-plugin");
 /// Fields of an inline `csi` volume only the KEP-596 draft had (`examples/40-persistent-inline.yaml`).
 const DRAFT_INLINE_FIELDS: [&str; 3] = [
@@ -462,36 +465,11 @@ async fn the_image_driver_daemonset_runs_as_its_args_say_with_each_overlay() {
     }
 }
 
-/// The kit's kubectl (v1.20.2), unpacked into `dir`, when the kit is there.
-fn kit_kubectl(dir: &Path) -> Option<PathBuf> {
-    let kit = std::env::var_os("INLET_KIT")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/kit"));
-    let packed = kit.join("bin/kubectl.xz");
-    if !packed.exists() {
-        return None;
-    }
-    let kubectl = dir.join("kubectl");
-    let out = std::fs::File::create(&kubectl).unwrap();
-    let status = Command::new("xz")
-        .arg("-dc")
-        .arg(&packed)
-        .stdout(out)
-        .status()
-        .ok()?;
-    assert!(status.success(), "xz -dc {}", packed.display());
-    std::fs::set_permissions(
-        &kubectl,
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .unwrap();
-    Some(kubectl)
-}
-
 #[test]
 fn the_overlays_render_into_strict_objects() {
     let dir = tempfile::tempdir().unwrap();
-    let Some(kubectl) = kit_kubectl(dir.path()) else {
+    // The kit's kubectl (v1.20.2), whose kustomize is the oldest a user may have.
+    let Some(kubectl) = kit::unpack("kubectl", dir.path()) else {
         println!("SKIPPED: the kit's kubectl (../shared/kit/bin/kubectl.xz) is not there");
         return;
     };

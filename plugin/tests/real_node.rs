@@ -23,7 +23,6 @@ use std::time::Duration;
 
 use cri_fake::layout::{ImageBuilder, push};
 use cri_fake::registry::LocalRegistry;
-use inlet_proto::csi::v1 as csi;
 use kit::{Kit, wait};
 use oci_client::secrets::RegistryAuth;
 use serde_json::Value;
@@ -93,28 +92,6 @@ fn mounts_under(dir: &Path) -> Vec<String> {
         .filter(|m| m.starts_with(&prefix))
         .map(String::from)
         .collect()
-}
-
-/// The PV's volume, created on the local driver as an administrator would before writing a static PV.
-async fn provision(socket: &Path) {
-    let channel = inlet_proto::uds::connect(socket).await.unwrap();
-    csi::controller_client::ControllerClient::new(channel)
-        .create_volume(csi::CreateVolumeRequest {
-            name: PV_HANDLE.into(),
-            capacity_range: Some(csi::CapacityRange {
-                required_bytes: 16 << 20,
-                limit_bytes: 0,
-            }),
-            volume_capabilities: vec![csi::VolumeCapability {
-                access_mode: Some(csi::volume_capability::AccessMode {
-                    mode: csi::volume_capability::access_mode::Mode::SingleNodeWriter as i32,
-                }),
-                access_type: Some(csi::volume_capability::AccessType::Mount(Default::default())),
-            }],
-            ..Default::default()
-        })
-        .await
-        .expect("CreateVolume");
 }
 
 fn pods(image: &str) -> String {
@@ -222,7 +199,8 @@ fn on_runtime(
         kit.log("inlet-image")
     );
 
-    runtime.block_on(provision(&socket_of(&local_args)));
+    // The PV's volume, as an administrator creates it before writing the PV.
+    runtime.block_on(kit::create_volume(&socket_of(&local_args), PV_HANDLE));
     kit.apply("pods", &pods(image));
     kit.kubectl(&[
         "wait",

@@ -1,7 +1,9 @@
-//! The `kubernetes.io/empty-dir` plugin (`pkg/volume/emptydir`): a directory that lives as long as the pod,
-//! on the node's disk, or on a tmpfs for `medium: Memory`. The `kubernetes.io/secret` plugin keeps its
-//! files in one of these on a tmpfs, as upstream's does, so secret values never reach the node's disk.
+//! Volumes that are a directory of the pod's own, made by the kubelet: the `kubernetes.io/empty-dir`
+//! plugin (`pkg/volume/emptydir`) — on the node's disk, or on a tmpfs for `medium: Memory` — and, through
+//! the same [`DirPlugin`], the `kubernetes.io/secret` plugin ([`super::secret`]), which keeps its files on
+//! a tmpfs as upstream's does, so secret values never reach the node's disk.
 
+use std::marker::PhantomData;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -13,49 +15,68 @@ use super::{
     Unmounter, VolumeError, VolumeHost, VolumePlugin,
 };
 
-/// The plugin's name.
-pub const PLUGIN_NAME: &str = "kubernetes.io/empty-dir";
-
-/// The `emptyDir` volume plugin.
-pub struct EmptyDirPlugin {
-    host: Arc<dyn VolumeHost>,
+/// What tells one kind of pod directory volume from another.
+pub trait DirVolume: Send + Sync + 'static {
+    /// The plugin's name (`kubernetes.io/...`), also the directory under the pod's `volumes/`.
+    const NAME: &'static str;
+    /// Whether the content must be written again on every pass (upstream's `RequiresRemount`).
+    const REQUIRES_REMOUNT: bool;
+    /// Whether the pod's volume is of this kind.
+    fn is(volume: &Volume) -> bool;
+    /// A volume of this kind named `name`, as reconstruction rebuilds it from the directory alone.
+    fn reconstructed(name: &str) -> Volume;
+    /// The mounter of `volume` at `path`.
+    fn mounter(
+        host: Arc<dyn VolumeHost>,
+        path: PathBuf,
+        volume: &Volume,
+        pod: &PodInfo,
+    ) -> Box<dyn Mounter>;
 }
 
-impl EmptyDirPlugin {
+/// The plugin of one kind of pod directory volume.
+pub struct DirPlugin<K> {
+    host: Arc<dyn VolumeHost>,
+    kind: PhantomData<K>,
+}
+
+impl<K: DirVolume> DirPlugin<K> {
     /// The plugin over a node's host.
     pub fn new(host: Arc<dyn VolumeHost>) -> Self {
-        Self { host }
+        Self {
+            host,
+            kind: PhantomData,
+        }
     }
 }
 
-fn source(spec: &Spec) -> Option<&EmptyDirVolumeSource> {
+fn inline(spec: &Spec) -> Option<&Volume> {
     match spec {
-        Spec::Inline { volume, .. } => volume.empty_dir.as_ref(),
+        Spec::Inline { volume, .. } => Some(volume),
         Spec::Persistent { .. } => None,
     }
 }
 
 #[async_trait]
-impl VolumePlugin for EmptyDirPlugin {
+impl<K: DirVolume> VolumePlugin for DirPlugin<K> {
     fn name(&self) -> &'static str {
-        PLUGIN_NAME
+        K::NAME
     }
 
     fn can_support(&self, spec: &Spec) -> bool {
-        source(spec).is_some()
+        inline(spec).is_some_and(K::is)
     }
 
     async fn unique_volume_name(&self, spec: &Spec, pod: &PodInfo) -> Result<String, VolumeError> {
-        Ok(format!("{PLUGIN_NAME}/{}-{}", pod.uid, spec.name()))
+        Ok(format!("{}/{}-{}", K::NAME, pod.uid, spec.name()))
     }
 
     fn new_mounter(&self, spec: &Spec, pod: &PodInfo) -> Result<Box<dyn Mounter>, VolumeError> {
-        let memory = source(spec).and_then(|s| s.medium.as_deref()) == Some("Memory");
-        Ok(Box::new(EmptyDirMounter {
-            host: Arc::clone(&self.host),
-            path: self.host.pod_volume_dir(&pod.uid, PLUGIN_NAME, spec.name()),
-            memory,
-        }))
+        let volume = inline(spec)
+            .filter(|v| K::is(v))
+            .ok_or_else(|| VolumeError::final_(format!("not a {} volume", K::NAME)))?;
+        let path = self.host.pod_volume_dir(&pod.uid, K::NAME, spec.name());
+        Ok(K::mounter(Arc::clone(&self.host), path, volume, pod))
     }
 
     fn new_unmounter(
@@ -65,23 +86,19 @@ impl VolumePlugin for EmptyDirPlugin {
     ) -> Result<Box<dyn Unmounter>, VolumeError> {
         Ok(Box::new(DirUnmounter {
             host: Arc::clone(&self.host),
-            path: self.host.pod_volume_dir(pod_uid, PLUGIN_NAME, spec_name),
+            path: self.host.pod_volume_dir(pod_uid, K::NAME, spec_name),
         }))
     }
 
     fn construct_volume_spec(&self, spec_name: &str, _pod_uid: &str) -> Result<Spec, VolumeError> {
         Ok(Spec::Inline {
-            volume: Box::new(Volume {
-                name: spec_name.to_string(),
-                empty_dir: Some(EmptyDirVolumeSource::default()),
-                ..Default::default()
-            }),
+            volume: Box::new(K::reconstructed(spec_name)),
             csi: None,
         })
     }
 
     async fn requires_remount(&self, _spec: &Spec, _pod: &PodInfo) -> bool {
-        false
+        K::REQUIRES_REMOUNT
     }
 
     fn attachable(&self) -> Option<&dyn AttachableVolumePlugin> {
@@ -90,6 +107,43 @@ impl VolumePlugin for EmptyDirPlugin {
 
     fn device_mountable(&self) -> Option<&dyn DeviceMountableVolumePlugin> {
         None
+    }
+}
+
+/// `emptyDir`.
+pub struct EmptyDir;
+
+/// The `kubernetes.io/empty-dir` plugin.
+pub type EmptyDirPlugin = DirPlugin<EmptyDir>;
+
+impl DirVolume for EmptyDir {
+    const NAME: &'static str = "kubernetes.io/empty-dir";
+    const REQUIRES_REMOUNT: bool = false;
+
+    fn is(volume: &Volume) -> bool {
+        volume.empty_dir.is_some()
+    }
+
+    fn reconstructed(name: &str) -> Volume {
+        Volume {
+            name: name.to_string(),
+            empty_dir: Some(EmptyDirVolumeSource::default()),
+            ..Default::default()
+        }
+    }
+
+    fn mounter(
+        host: Arc<dyn VolumeHost>,
+        path: PathBuf,
+        volume: &Volume,
+        _pod: &PodInfo,
+    ) -> Box<dyn Mounter> {
+        let medium = volume.empty_dir.as_ref().and_then(|s| s.medium.as_deref());
+        Box::new(EmptyDirMounter {
+            host,
+            path,
+            memory: medium == Some("Memory"),
+        })
     }
 }
 
@@ -136,9 +190,9 @@ pub(crate) fn set_up_dir(
 }
 
 /// Tears a directory volume down: unmounts its tmpfs if it has one, then removes it and what it holds.
-pub(crate) struct DirUnmounter {
-    pub(crate) host: Arc<dyn VolumeHost>,
-    pub(crate) path: PathBuf,
+struct DirUnmounter {
+    host: Arc<dyn VolumeHost>,
+    path: PathBuf,
 }
 
 #[async_trait]

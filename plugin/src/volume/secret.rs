@@ -9,95 +9,47 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::{SecretVolumeSource, Volume};
 
-use super::empty_dir::{DirUnmounter, set_up_dir};
-use super::{
-    AttachableVolumePlugin, DeviceMountableVolumePlugin, Mounter, MounterArgs, PodInfo, Spec,
-    Unmounter, VolumeError, VolumeHost, VolumePlugin,
-};
+use super::empty_dir::{DirPlugin, DirVolume, set_up_dir};
+use super::{Mounter, MounterArgs, PodInfo, VolumeError, VolumeHost};
 
-/// The plugin's name.
-pub const PLUGIN_NAME: &str = "kubernetes.io/secret";
 /// A file's mode when neither the item nor the volume names one (`SecretVolumeSourceDefaultMode`).
 const DEFAULT_MODE: i32 = 0o644;
 
-/// The `secret` volume plugin.
-pub struct SecretPlugin {
-    host: Arc<dyn VolumeHost>,
-}
+/// `secret`.
+pub struct SecretVolume;
 
-impl SecretPlugin {
-    /// The plugin over a node's host.
-    pub fn new(host: Arc<dyn VolumeHost>) -> Self {
-        Self { host }
-    }
-}
+/// The `kubernetes.io/secret` plugin.
+pub type SecretPlugin = DirPlugin<SecretVolume>;
 
-fn source(spec: &Spec) -> Option<&SecretVolumeSource> {
-    match spec {
-        Spec::Inline { volume, .. } => volume.secret.as_ref(),
-        Spec::Persistent { .. } => None,
-    }
-}
+impl DirVolume for SecretVolume {
+    const NAME: &'static str = "kubernetes.io/secret";
+    /// Secrets change: the files are written again on every pass.
+    const REQUIRES_REMOUNT: bool = true;
 
-#[async_trait]
-impl VolumePlugin for SecretPlugin {
-    fn name(&self) -> &'static str {
-        PLUGIN_NAME
+    fn is(volume: &Volume) -> bool {
+        volume.secret.is_some()
     }
 
-    fn can_support(&self, spec: &Spec) -> bool {
-        source(spec).is_some()
+    fn reconstructed(name: &str) -> Volume {
+        Volume {
+            name: name.to_string(),
+            secret: Some(SecretVolumeSource::default()),
+            ..Default::default()
+        }
     }
 
-    async fn unique_volume_name(&self, spec: &Spec, pod: &PodInfo) -> Result<String, VolumeError> {
-        Ok(format!("{PLUGIN_NAME}/{}-{}", pod.uid, spec.name()))
-    }
-
-    fn new_mounter(&self, spec: &Spec, pod: &PodInfo) -> Result<Box<dyn Mounter>, VolumeError> {
-        let source = source(spec)
-            .cloned()
-            .ok_or_else(|| VolumeError::final_("not a secret volume"))?;
-        Ok(Box::new(SecretMounter {
-            host: Arc::clone(&self.host),
-            path: self.host.pod_volume_dir(&pod.uid, PLUGIN_NAME, spec.name()),
-            source,
+    fn mounter(
+        host: Arc<dyn VolumeHost>,
+        path: PathBuf,
+        volume: &Volume,
+        pod: &PodInfo,
+    ) -> Box<dyn Mounter> {
+        Box::new(SecretMounter {
+            host,
+            path,
+            source: volume.secret.clone().unwrap_or_default(),
             namespace: pod.namespace.clone(),
-        }))
-    }
-
-    fn new_unmounter(
-        &self,
-        spec_name: &str,
-        pod_uid: &str,
-    ) -> Result<Box<dyn Unmounter>, VolumeError> {
-        Ok(Box::new(DirUnmounter {
-            host: Arc::clone(&self.host),
-            path: self.host.pod_volume_dir(pod_uid, PLUGIN_NAME, spec_name),
-        }))
-    }
-
-    fn construct_volume_spec(&self, spec_name: &str, _pod_uid: &str) -> Result<Spec, VolumeError> {
-        Ok(Spec::Inline {
-            volume: Box::new(Volume {
-                name: spec_name.to_string(),
-                secret: Some(SecretVolumeSource::default()),
-                ..Default::default()
-            }),
-            csi: None,
         })
-    }
-
-    /// Secrets change: the volume is written again on every pass, as upstream's `RequiresRemount`.
-    async fn requires_remount(&self, _spec: &Spec, _pod: &PodInfo) -> bool {
-        true
-    }
-
-    fn attachable(&self) -> Option<&dyn AttachableVolumePlugin> {
-        None
-    }
-
-    fn device_mountable(&self) -> Option<&dyn DeviceMountableVolumePlugin> {
-        None
     }
 }
 

@@ -1,7 +1,7 @@
 //! The kit (`../shared/kit`: etcd, kube-apiserver, controller-manager, scheduler and a real kubelet v1.20.2
 //! on containerd or CRI-O) for tests: found through `$INLET_KIT` (default `../shared/kit` beside the
 //! workspace), brought up under a `KIT_RUN` of the test's own and taken down on drop, whatever happens.
-//! Shared by `plugin/tests/real_node.rs` and kubelet-sim's tests (`#[path]`).
+//! Shared by `plugin/tests/` and kubelet-sim's tests (`#[path]`).
 
 #![allow(dead_code)] // each test uses its part
 
@@ -15,6 +15,25 @@ pub fn find() -> Option<PathBuf> {
         .map(PathBuf::from)
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/kit"));
     kit.join("up.sh").exists().then_some(kit)
+}
+
+/// One of the kit's binaries (`bin/<name>.xz`) unpacked into `dir`, when the kit is there: for tests that
+/// need the binary (kubectl, csi-sanity) but not the cluster.
+pub fn unpack(name: &str, dir: &Path) -> Option<PathBuf> {
+    let packed = find()?.join("bin").join(format!("{name}.xz"));
+    let binary = dir.join(name);
+    let out = std::fs::File::create(&binary).ok()?;
+    let status = Command::new("xz")
+        .arg("-dc")
+        .arg(&packed)
+        .stdout(out)
+        .status()
+        .ok()?;
+    if !status.success() {
+        return None;
+    }
+    std::fs::set_permissions(&binary, std::os::unix::fs::PermissionsExt::from_mode(0o755)).ok()?;
+    Some(binary)
 }
 
 /// Why the kit cannot run here, if it cannot: it needs root, its directory, and its ports free.
@@ -196,4 +215,29 @@ pub fn wait(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
         std::thread::sleep(Duration::from_millis(250));
     }
+}
+
+/// Creates a volume of 16 MiB named `name` on the CSI driver at `socket` (CreateVolume, mount access,
+/// single-node writer), as an administrator does before writing a static PV for it.
+pub async fn create_volume(socket: &Path, name: &str) {
+    use inlet_proto::csi::v1 as csi;
+    let channel = inlet_proto::uds::connect(socket).await.expect("connect");
+    let request = csi::CreateVolumeRequest {
+        name: name.into(),
+        capacity_range: Some(csi::CapacityRange {
+            required_bytes: 16 << 20,
+            limit_bytes: 0,
+        }),
+        volume_capabilities: vec![csi::VolumeCapability {
+            access_mode: Some(csi::volume_capability::AccessMode {
+                mode: csi::volume_capability::access_mode::Mode::SingleNodeWriter as i32,
+            }),
+            access_type: Some(csi::volume_capability::AccessType::Mount(Default::default())),
+        }],
+        ..Default::default()
+    };
+    csi::controller_client::ControllerClient::new(channel)
+        .create_volume(request)
+        .await
+        .expect("CreateVolume");
 }
