@@ -97,3 +97,21 @@ Feature: Containers run to completion
     And pod "web" is Running
     When all pods are deleted
     Then nothing is left on the node
+
+  Scenario: A pod removed from the API without a graceful deletion is stopped and its volumes torn down
+    The kubelet stops what runs for a pod that left the API by a force delete (`HandlePodRemoves`): its
+    containers and sandbox, then its volumes and directory.
+    Given the manifests:
+      """
+      apiVersion: v1
+      kind: Pod
+      metadata: {name: gone}
+      spec:
+        containers: [{name: app, image: busybox, volumeMounts: [{name: data, mountPath: /data}]}]
+        volumes: [{name: data, csi: {driver: local.inlet.dev}}]
+      """
+    When the simulation runs
+    Then pod "gone" is Running
+    When pod "gone" is force-deleted
+    Then the driver got NodeUnpublishVolume for volume "data" of pod "gone"
+    And nothing is left of pod "gone" on "node-1"

@@ -134,6 +134,8 @@ pub struct Simulation {
     drivers: Vec<DriverHandle>,
     rejected: Vec<Rejection>,
     next_node: usize,
+    /// In a cluster, the pods this run's manifests created (namespace, name).
+    created: BTreeSet<(String, String)>,
 }
 
 impl Simulation {
@@ -216,6 +218,7 @@ impl Simulation {
             drivers: Vec::new(),
             rejected: Vec::new(),
             next_node: 0,
+            created: BTreeSet::new(),
             config,
         };
         for driver in sim.config.drivers.clone() {
@@ -686,6 +689,7 @@ impl Simulation {
         if !self.wait_for(Duration::from_secs(60), arrived).await {
             tracing::warn!("not every pod created reached its node's watch within 60 s");
         }
+        self.created.extend(created);
     }
 
     /// Starts deleting a pod (graceful: the node stops it, tears its volumes down, then it leaves the API).
@@ -717,7 +721,7 @@ impl Simulation {
 
     /// True when every pod is where its manifest expects it.
     pub fn pods_as_expected(&self) -> bool {
-        self.api.list::<Pod>().iter().all(|p| {
+        self.run_pods().iter().all(|p| {
             let expected = p
                 .metadata
                 .annotations
@@ -731,6 +735,23 @@ impl Simulation {
                 Some(_) => self.pod_report(p).as_expected(),
             }
         })
+    }
+
+    /// The pods this run is about: in a cluster, those its manifests created (other pods may run on its
+    /// nodes: DaemonSets tolerate any taint); alone, every pod.
+    fn run_pods(&self) -> Vec<Arc<Pod>> {
+        let pods = self.api.list::<Pod>();
+        if self.config.cluster.is_none() || self.created.is_empty() {
+            return pods;
+        }
+        let created = |p: &Arc<Pod>| {
+            let meta = &p.metadata;
+            self.created.contains(&(
+                meta.namespace.clone().unwrap_or_default(),
+                meta.name.clone().unwrap_or_default(),
+            ))
+        };
+        pods.into_iter().filter(created).collect()
     }
 
     /// The report now.
@@ -811,7 +832,7 @@ impl Simulation {
             .clone()
             .map(crate::cluster::Cluster::new);
         let mut deleted = Vec::new();
-        for pod in self.api.list::<Pod>() {
+        for pod in self.run_pods() {
             let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
             let name = pod.metadata.name.as_deref().unwrap_or_default();
             let uid = pod.metadata.uid.clone().unwrap_or_default();
@@ -827,9 +848,17 @@ impl Simulation {
             }
         }
         let gone = || {
-            self.api.list::<Pod>().is_empty()
-                && self.api.list::<VolumeAttachment>().is_empty()
-                && self.nodes.iter().all(|n| n.idle())
+            let deleted_gone = deleted.iter().all(|(namespace, name, uid)| {
+                self.api
+                    .peek::<Pod>(namespace, name)
+                    .is_none_or(|p| p.metadata.uid.as_deref() != Some(uid))
+            });
+            // A pod leaves only once its volumes are torn down; when no other pod remains, the nodes
+            // must also be idle (unstaged, detached).
+            deleted_gone
+                && (!self.api.list::<Pod>().is_empty()
+                    || (self.api.list::<VolumeAttachment>().is_empty()
+                        && self.nodes.iter().all(|n| n.idle())))
         };
         let mut complete = self.wait_for(timeout, |_| gone()).await;
         // In a cluster, the pods' objects go with their nodes' final deletes.

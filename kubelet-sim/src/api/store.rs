@@ -53,6 +53,9 @@ pub struct Api {
     /// Events by pod UID (see `Api::record_event`).
     pub(crate) events: Mutex<HashMap<String, Vec<k8s_openapi::api::core::v1::Event>>>,
     revision: Arc<tokio::sync::watch::Sender<u64>>,
+    /// Pods their node has finished with (namespace, name, UID), kept while someone takes them (see
+    /// [`Api::track_finished`]).
+    finished: Mutex<Option<Vec<(String, String, String)>>>,
     /// Set once every object the run was given has been applied (the kubelet's "all sources ready").
     sources_ready: std::sync::atomic::AtomicBool,
 }
@@ -176,6 +179,17 @@ impl Api {
         });
     }
 
+    /// Stores `object` as `merge` makes it from the stored one of the same name (if any), in one step: no
+    /// change by anyone else comes between the read and the write.
+    pub fn upsert<T: Kind>(&self, object: T, merge: impl FnOnce(Option<&T>, T) -> T) {
+        let key = key_of(object.metadata());
+        self.with_map_mut::<T, _>(|m| {
+            let merged = merge(m.get(&key).map(Arc::as_ref), object);
+            let old = m.insert(key.clone(), Arc::new(merged));
+            self.reindex(&key, old.as_deref(), m.get(&key).map(Arc::as_ref));
+        });
+    }
+
     /// Changes an object in place; false when it does not exist.
     pub fn update<T: Kind>(&self, namespace: &str, name: &str, f: impl FnOnce(&mut T)) -> bool {
         let key = (namespace.to_string(), name.to_string());
@@ -229,6 +243,36 @@ impl Api {
         if let Some(node) = after {
             index.entry(node).or_default().insert(key.clone());
         }
+    }
+
+    /// Keeps, from now on, the pods nodes finish with, for [`Api::take_finished`]: what a real API server
+    /// needs to hear (the kubelet's final delete). Untracked, nothing is kept.
+    pub fn track_finished(&self) {
+        self.finished.lock().get_or_insert_with(Vec::new);
+    }
+
+    /// Removes a pod its node has finished with (its containers stopped, volumes torn down, directory
+    /// removed) if the API still holds that pod (not another of the same name), and notes it when
+    /// finished pods are tracked.
+    pub fn remove_finished_pod(&self, namespace: &str, name: &str, uid: &str) {
+        let same = self
+            .peek::<Pod>(namespace, name)
+            .is_some_and(|p| p.metadata.uid.as_deref() == Some(uid));
+        if same {
+            self.remove::<Pod>(namespace, name);
+        }
+        if let Some(finished) = self.finished.lock().as_mut() {
+            finished.push((namespace.to_string(), name.to_string(), uid.to_string()));
+        }
+    }
+
+    /// The finished pods noted since the last call.
+    pub fn take_finished(&self) -> Vec<(String, String, String)> {
+        self.finished
+            .lock()
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
     }
 
     /// Every read so far.

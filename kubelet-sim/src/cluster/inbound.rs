@@ -4,7 +4,7 @@
 //! removes what its new list no longer has. Once every watch has listed once, the embedded API's sources
 //! are ready (the kubelet's `sourcesReady`), so nodes may clean up what no pod wants.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fmt::Debug;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -49,11 +49,15 @@ pub fn start(
         api: Arc::clone(api),
         left: AtomicUsize::new(nodes.len() + 4),
     });
+    let ours: HashSet<String> = nodes.iter().cloned().collect();
     let mut tasks = vec![
         spawn_mirror::<CSIDriver>(client, api, &synced, &stop, |_| true),
         spawn_mirror::<PersistentVolume>(client, api, &synced, &stop, |_| true),
         spawn_mirror::<PersistentVolumeClaim>(client, api, &synced, &stop, |_| true),
-        spawn_mirror::<VolumeAttachment>(client, api, &synced, &stop, |_| true),
+        // Only the attachments to these nodes: other nodes' are none of theirs.
+        spawn_mirror::<VolumeAttachment>(client, api, &synced, &stop, move |va| {
+            ours.contains(&va.spec.node_name)
+        }),
     ];
     for node in nodes {
         tasks.push(tokio::spawn(pods(
@@ -85,7 +89,7 @@ fn spawn_mirror<K>(
     api: &Arc<Api>,
     synced: &Arc<Synced>,
     stop: &tokio::sync::watch::Receiver<bool>,
-    in_scope: fn(&K) -> bool,
+    in_scope: impl Fn(&K) -> bool + Send + 'static,
 ) -> tokio::task::JoinHandle<()>
 where
     K: Kind + kube::Resource<DynamicType = ()> + DeserializeOwned + Debug,
@@ -108,7 +112,7 @@ where
             };
             match event {
                 Some(Ok(event)) => {
-                    if listing.apply(&api, event, in_scope, |o| o) {
+                    if listing.apply(&api, event, &in_scope, |_, o| o) {
                         synced.one_more();
                     }
                 }
@@ -127,22 +131,26 @@ struct Listing {
 }
 
 impl Listing {
-    /// Applies one watch event to the embedded API (objects through `merge`); true the first time a list
-    /// completes.
+    /// Applies one watch event to the embedded API: objects in scope are stored through `merge` (given
+    /// the stored one), others are not kept. True the first time a list completes.
     fn apply<K: Kind>(
         &mut self,
         api: &Api,
         event: Event<K>,
         in_scope: impl Fn(&K) -> bool,
-        merge: impl Fn(K) -> K,
+        merge: impl Fn(Option<&K>, K) -> K,
     ) -> bool {
         match event {
             Event::Init => self.seen = Some(BTreeSet::new()),
+            Event::InitApply(object) | Event::Apply(object) if !in_scope(&object) => {
+                let (namespace, name) = key_of(&object);
+                api.remove::<K>(&namespace, &name);
+            }
             Event::InitApply(object) => {
                 if let Some(seen) = &mut self.seen {
                     seen.insert(key_of(&object));
                 }
-                api.put(merge(object));
+                api.upsert(object, merge);
             }
             Event::InitDone => {
                 let seen = self.seen.take().unwrap_or_default();
@@ -156,7 +164,7 @@ impl Listing {
                 }
                 return !std::mem::replace(&mut self.done_once, true);
             }
-            Event::Apply(object) => api.put(merge(object)),
+            Event::Apply(object) => api.upsert(object, merge),
             Event::Delete(object) => {
                 let (namespace, name) = key_of(&object);
                 let same = api
@@ -199,14 +207,20 @@ async fn pods(
             }
             None => return,
         };
+        // The Secrets a pod refers to and the node does not hold yet, before the pod reaches the node;
+        // those it holds are kept fresh by `refresh_secrets`.
         if let Event::Apply(pod) | Event::InitApply(pod) = &event {
-            secrets::fetch(&client, &api, &secrets::referenced(pod, &api)).await;
+            let missing = secrets::referenced(pod, &api)
+                .into_iter()
+                .filter(|(namespace, name)| {
+                    api.peek::<k8s_openapi::api::core::v1::Secret>(namespace, name)
+                        .is_none()
+                })
+                .collect();
+            secrets::fetch(&client, &api, &missing).await;
         }
-        let keep_status = |mut pod: Pod| {
-            let (namespace, name) = key_of(&pod);
-            if let Some(known) = api.peek::<Pod>(&namespace, &name)
-                && known.metadata.uid == pod.metadata.uid
-            {
+        let keep_status = |known: Option<&Pod>, mut pod: Pod| {
+            if let Some(known) = known.filter(|k| k.metadata.uid == pod.metadata.uid) {
                 pod.status = known.status.clone();
             }
             pod

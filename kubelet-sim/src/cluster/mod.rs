@@ -60,6 +60,8 @@ impl Cluster {
         runtime_version: String,
         stop: tokio::sync::watch::Receiver<bool>,
     ) -> Result<Vec<tokio::task::JoinHandle<()>>, String> {
+        // Pods the nodes finish with are kept for their final delete.
+        api.track_finished();
         let uids = nodes::register(&client, &api, &nodes, &runtime_version).await?;
         let mut tasks = vec![tokio::spawn(nodes::heartbeat(
             client.clone(),

@@ -8,9 +8,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-use k8s_openapi::api::core::v1::{Node, NodeAddress, NodeCondition, NodeStatus, NodeSystemInfo};
+use k8s_openapi::api::core::v1::{
+    Node, NodeAddress, NodeCondition, NodeSpec, NodeStatus, NodeSystemInfo, Taint,
+};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
 use kube::api::{Patch, PatchParams};
 
 use super::FIELD_MANAGER;
@@ -20,6 +22,9 @@ use crate::api::{Api, now};
 const HEARTBEAT: Duration = Duration::from_secs(10);
 /// The lease's duration (`nodeLeaseDurationSeconds`).
 const LEASE_SECONDS: i32 = 40;
+/// The taint (and label) of hollow nodes: `NoSchedule`, so that pods land there only when bound to them
+/// or when they tolerate it.
+pub const TAINT: &str = "inlet.dev/kubelet-sim";
 /// The namespace of node leases.
 const LEASE_NAMESPACE: &str = "kube-node-lease";
 
@@ -35,6 +40,7 @@ pub async fn register(
     runtime_version: &str,
 ) -> Result<BTreeMap<String, String>, String> {
     let all = kube::Api::<Node>::all(client.clone());
+    let since = registered_at();
     let mut uids = BTreeMap::new();
     for name in nodes {
         let labels = BTreeMap::from([
@@ -45,7 +51,7 @@ pub async fn register(
                 std::env::consts::ARCH.replace("x86_64", "amd64"),
             ),
             // Says what the node is: a simulated kubelet, for whoever schedules or looks.
-            ("inlet.dev/kubelet-sim".to_string(), "true".to_string()),
+            (TAINT.to_string(), "true".to_string()),
         ]);
         let node = Node {
             metadata: ObjectMeta {
@@ -53,6 +59,16 @@ pub async fn register(
                 labels: Some(labels),
                 ..Default::default()
             },
+            // The scheduler places nothing here unless asked (a toleration); pods bound by nodeName run.
+            spec: Some(NodeSpec {
+                taints: Some(vec![Taint {
+                    key: TAINT.into(),
+                    value: Some("true".into()),
+                    effect: "NoSchedule".into(),
+                    time_added: None,
+                }]),
+                ..Default::default()
+            }),
             ..Default::default()
         };
         let created = all
@@ -60,7 +76,7 @@ pub async fn register(
             .await
             .map_err(|e| format!("registering node {name}: {e}"))?;
         uids.insert(name.clone(), created.metadata.uid.unwrap_or_default());
-        post_status(client, api, name, runtime_version).await?;
+        post_status(client, api, name, runtime_version, &since).await?;
         renew_lease(client, name, uids.get(name).cloned().unwrap_or_default()).await?;
     }
     Ok(uids)
@@ -74,6 +90,7 @@ pub async fn heartbeat(
     runtime_version: String,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
+    let since = registered_at();
     let mut tick = tokio::time::interval(HEARTBEAT);
     tick.tick().await;
     loop {
@@ -82,7 +99,7 @@ pub async fn heartbeat(
             _ = stop.changed() => return,
         }
         for (name, uid) in &uids {
-            if let Err(e) = post_status(&client, &api, name, &runtime_version).await {
+            if let Err(e) = post_status(&client, &api, name, &runtime_version, &since).await {
                 tracing::warn!(node = %name, "{e}");
             }
             if let Err(e) = renew_lease(&client, name, uid.clone()).await {
@@ -92,12 +109,20 @@ pub async fn heartbeat(
     }
 }
 
+/// When this process registered its nodes: their conditions' transition time, which does not move while
+/// they stay as they are.
+fn registered_at() -> Time {
+    static AT: std::sync::OnceLock<Time> = std::sync::OnceLock::new();
+    AT.get_or_init(now).clone()
+}
+
 /// The node's status: Ready, its capacity, the runtime, and the volumes in use from the embedded Node.
 async fn post_status(
     client: &kube::Client,
     api: &Api,
     name: &str,
     runtime_version: &str,
+    since: &Time,
 ) -> Result<(), String> {
     let volumes_in_use = api
         .peek::<Node>("", name)
@@ -109,7 +134,7 @@ async fn post_status(
         reason: Some(reason.into()),
         message: Some(message.into()),
         last_heartbeat_time: Some(now()),
-        last_transition_time: Some(now()),
+        last_transition_time: Some(since.clone()),
     };
     let resources = BTreeMap::from([
         ("cpu".to_string(), Quantity("8".into())),

@@ -41,6 +41,7 @@ pub async fn run(
         nodes,
         pods: HashMap::new(),
         csinodes: HashMap::new(),
+        retry_finished: Vec::new(),
     };
     loop {
         sender.pass().await;
@@ -58,6 +59,8 @@ struct Sender {
     nodes: BTreeMap<String, String>,
     pods: HashMap<(String, String), Sent>,
     csinodes: HashMap<String, Value>,
+    /// Final deletes that failed, tried again at the next pass.
+    retry_finished: Vec<(String, String, String)>,
 }
 
 impl Sender {
@@ -102,6 +105,10 @@ impl Sender {
 
     async fn events(&mut self) {
         for ((namespace, pod), sent) in &mut self.pods {
+            let node = self
+                .api
+                .peek::<Pod>(namespace, pod)
+                .and_then(|p| p.spec.as_ref().and_then(|s| s.node_name.clone()));
             for event in self.api.events_for(&sent.uid) {
                 let name = event.metadata.name.clone().unwrap_or_default();
                 let count = event.count.unwrap_or(1);
@@ -110,31 +117,40 @@ impl Sender {
                     continue;
                 }
                 let events = kube::Api::<Event>::namespaced(self.client.clone(), namespace);
-                let result = match before {
-                    None => {
-                        let node = self
-                            .api
-                            .peek::<Pod>(namespace, pod)
-                            .and_then(|p| p.spec.as_ref().and_then(|s| s.node_name.clone()));
+                let patched = match before {
+                    None => None,
+                    Some(_) => {
+                        let patch = json!({"count": count, "lastTimestamp": event.last_timestamp});
+                        Some(
+                            events
+                                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                                .await,
+                        )
+                    }
+                };
+                // New, or expired by the API server (`--event-ttl`): created (again), as client-go's
+                // recorder does.
+                let create = match &patched {
+                    None => true,
+                    Some(Err(kube::Error::Api(s))) => s.code == 404,
+                    Some(_) => false,
+                };
+                let result = match patched {
+                    _ if create => {
                         let event = Event {
                             source: Some(EventSource {
                                 component: Some(COMPONENT.into()),
-                                host: node,
+                                host: node.clone(),
                             }),
                             ..event
                         };
-                        events
-                            .create(&PostParams::default(), &event)
-                            .await
-                            .map(drop)
+                        match events.create(&PostParams::default(), &event).await {
+                            Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+                            other => other.map(drop),
+                        }
                     }
-                    Some(_) => {
-                        let patch = json!({"count": count, "lastTimestamp": event.last_timestamp});
-                        events
-                            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                            .await
-                            .map(drop)
-                    }
+                    Some(result) => result.map(drop),
+                    None => Ok(()),
                 };
                 match result {
                     Ok(()) => drop(sent.events.insert(name, count)),
@@ -144,30 +160,29 @@ impl Sender {
         }
     }
 
-    /// Pods their node has finished with (gone from the embedded API): their objects go, with grace period
-    /// 0, if the API server still has the same pod and it is being deleted (a node removes a pod only
-    /// once it was asked to, but may finish before this saw the request).
+    /// Pods their nodes have finished with: their objects go, with grace period 0, if the API server
+    /// still has the same pod and it is being deleted (a node removes a pod only once it was asked to,
+    /// but may finish before this pass ever saw it). Pods gone from the embedded API are forgotten.
     async fn final_deletes(&mut self) {
-        let gone: Vec<(String, String)> = self
-            .pods
-            .keys()
-            .filter(|(namespace, name)| self.api.peek::<Pod>(namespace, name).is_none())
-            .cloned()
+        let api = &self.api;
+        self.pods
+            .retain(|(namespace, name), _| api.peek::<Pod>(namespace, name).is_some());
+        let mut retry = Vec::new();
+        let finished: Vec<_> = std::mem::take(&mut self.retry_finished)
+            .into_iter()
+            .chain(self.api.take_finished())
             .collect();
-        for key in gone {
-            let Some(sent) = self.pods.remove(&key) else {
-                continue;
-            };
-            let pods = kube::Api::<Pod>::namespaced(self.client.clone(), &key.0);
-            let deleting = match pods.get_opt(&key.1).await {
+        for (namespace, name, uid) in finished {
+            let pods = kube::Api::<Pod>::namespaced(self.client.clone(), &namespace);
+            let deleting = match pods.get_opt(&name).await {
                 Ok(Some(pod)) => {
-                    pod.metadata.uid.as_deref() == Some(&sent.uid)
+                    pod.metadata.uid.as_deref() == Some(&uid)
                         && pod.metadata.deletion_timestamp.is_some()
                 }
                 Ok(None) => false,
                 Err(e) => {
-                    tracing::warn!(pod = %key.1, "reading the pod before its final delete: {e}");
-                    self.pods.insert(key, sent);
+                    tracing::warn!(pod = %name, "reading the pod before its final delete: {e}");
+                    retry.push((namespace, name, uid));
                     continue;
                 }
             };
@@ -177,21 +192,22 @@ impl Sender {
             let params = DeleteParams {
                 grace_period_seconds: Some(0),
                 preconditions: Some(Preconditions {
-                    uid: Some(sent.uid.clone()),
+                    uid: Some(uid.clone()),
                     resource_version: None,
                 }),
                 ..Default::default()
             };
-            match pods.delete(&key.1, &params).await {
+            match pods.delete(&name, &params).await {
                 Ok(_) => {}
                 // Already gone, or another pod of that name now: not ours to delete.
                 Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
                 Err(e) => {
-                    tracing::warn!(pod = %key.1, "deleting the pod's object: {e}");
-                    self.pods.insert(key, sent);
+                    tracing::warn!(pod = %name, "deleting the pod's object: {e}");
+                    retry.push((namespace, name, uid));
                 }
             }
         }
+        self.retry_finished.extend(retry);
     }
 
     async fn csinodes(&mut self) {

@@ -13,13 +13,14 @@ use k8s_openapi::api::core::v1::{
 };
 
 use crate::api::Api;
+use crate::api::manifest::draft_fields;
 
 /// A Secret's namespace and name.
 pub type SecretKey = (String, String);
 
 /// The Secrets `pod` refers to: its image pull secrets, its `secret` volumes and its inline CSI volumes'
-/// `nodePublishSecretRef` (in its own namespace), and the secret references of the CSI PVs its claims are bound to (in the
-/// namespaces they name). Claims or PVs not known yet refer to nothing yet.
+/// `nodePublishSecretRef` (in its own namespace), and the node-side secret references of the CSI PVs its
+/// claims are bound to (in the namespaces they name). Claims or PVs not known yet refer to nothing yet.
 pub fn referenced(pod: &Pod, api: &Api) -> BTreeSet<SecretKey> {
     let namespace = pod.metadata.namespace.clone().unwrap_or_default();
     let mut keys = BTreeSet::new();
@@ -31,10 +32,13 @@ pub fn referenced(pod: &Pod, api: &Api) -> BTreeSet<SecretKey> {
         if let Some(name) = volume.secret.as_ref().and_then(|s| s.secret_name.clone()) {
             keys.insert((namespace.clone(), name));
         }
-        if let Some(csi) = &volume.csi
-            && let Some(name) = csi.node_publish_secret_ref.as_ref().map(|r| r.name.clone())
-        {
-            keys.insert((namespace.clone(), name));
+        if let Some(csi) = &volume.csi {
+            let publish = csi.node_publish_secret_ref.as_ref().map(|r| r.name.clone());
+            // The KEP draft's persistent inline `nodeStageSecretRef`, read by MountDevice.
+            let (_, _, stage) = draft_fields(pod, &volume.name);
+            for name in publish.into_iter().chain(stage) {
+                keys.insert((namespace.clone(), name));
+            }
         }
         let Some(claim) = &volume.persistent_volume_claim else {
             continue;
@@ -46,10 +50,10 @@ pub fn referenced(pod: &Pod, api: &Api) -> BTreeSet<SecretKey> {
         let Some(csi) = pv.as_ref().and_then(|pv| pv.spec.as_ref()?.csi.as_ref()) else {
             continue;
         };
-        let refs: [&Option<SecretReference>; 4] = [
+        // Not `controllerPublishSecretRef`: attaching is the control plane's, and a node may not read it.
+        let refs: [&Option<SecretReference>; 3] = [
             &csi.node_publish_secret_ref,
             &csi.node_stage_secret_ref,
-            &csi.controller_publish_secret_ref,
             &csi.node_expand_secret_ref,
         ];
         for r in refs.into_iter().flatten() {

@@ -271,16 +271,28 @@ impl Kubelet {
 
     /// `node.status.volumesInUse`: what the attach/detach controller must not detach. Written only when it
     /// changes, so the node does not wake itself.
+    ///
+    /// Only attachable volumes, as upstream's `GetVolumesInUse`: those the desired state wants attached,
+    /// and, until they are unmounted, those already reported that the actual state still holds.
     fn report_volumes_in_use(&self) {
-        let mut in_use: BTreeSet<String> = self.dsw.lock().volumes().keys().cloned().collect();
-        in_use.extend(self.asw.lock().volumes().keys().cloned());
-        let in_use: Vec<String> = in_use.into_iter().collect();
         let current = self
             .api
             .peek::<Node>("", &self.config.name)
             .and_then(|n| n.status.clone())
             .and_then(|s| s.volumes_in_use)
             .unwrap_or_default();
+        let mut in_use: BTreeSet<String> = self
+            .dsw
+            .lock()
+            .volumes()
+            .iter()
+            .filter(|(_, v)| v.attachable)
+            .map(|(unique, _)| unique.clone())
+            .collect();
+        let asw = self.asw.lock();
+        in_use.extend(current.iter().filter(|v| asw.volume(v).is_some()).cloned());
+        drop(asw);
+        let in_use: Vec<String> = in_use.into_iter().collect();
         if current != in_use {
             self.api.update::<Node>("", &self.config.name, |n| {
                 n.status

@@ -6,7 +6,8 @@
 //! Upstream feeds its desired state from fsnotify and acts on it in a reconciler that runs every second;
 //! this reads the directory on each of those ticks instead, which acts at the same moments and cannot miss
 //! an event when inotify's queue overflows. A socket is told apart from the one it replaced by its inode
-//! and change time (upstream: the time the watcher saw it created).
+//! and birth time (upstream: the time the watcher saw it created). A pass whose read of the directory
+//! fails changes nothing (upstream deregisters only on a removal it saw).
 
 use std::collections::HashMap;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
@@ -14,6 +15,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures::FutureExt;
 use inlet_plugin::registration::CSI_PLUGIN;
 use inlet_plugin::volume::csi::rpc_error;
 use inlet_proto::pluginregistration::registration_client::RegistrationClient;
@@ -33,11 +35,13 @@ const GET_INFO_TIMEOUT: Duration = Duration::from_secs(1);
 /// How long NotifyRegistrationStatus may take (`notifyTimeoutDuration`).
 const NOTIFY_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Which file a socket path holds: a socket removed and made again is another plugin.
+/// Which file a socket path holds: a socket removed and made again is another plugin (a chmod or a new
+/// link is not).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct SocketStamp {
+    device: u64,
     inode: u64,
-    changed: (i64, i64),
+    born: Option<std::time::SystemTime>,
 }
 
 /// A plugin in the actual state.
@@ -113,7 +117,9 @@ impl PluginWatcher {
     /// One pass: deregistrations first, then registrations of what is new (in the background, each
     /// socket at most once at a time). Returns whether a driver was deregistered.
     fn reconcile(&mut self) -> bool {
-        let desired = self.desired();
+        let Some(desired) = self.desired() else {
+            return false;
+        };
         let gone: Vec<PathBuf> = self
             .actual
             .iter()
@@ -137,7 +143,11 @@ impl PluginWatcher {
             self.pending.insert(socket.clone(), stamp);
             let registry = Arc::clone(&self.registry);
             self.running.spawn(async move {
-                let outcome = register(&registry, &socket).await;
+                // A registration that panics is a failed one, retried, not a socket ignored forever.
+                let outcome = std::panic::AssertUnwindSafe(register(&registry, &socket))
+                    .catch_unwind()
+                    .await
+                    .unwrap_or_else(|_| Registration::Failed("RegisterPlugin panicked".into()));
                 (socket, stamp, outcome)
             });
         }
@@ -173,23 +183,35 @@ impl PluginWatcher {
     }
 
     /// The sockets under the directory, walked without following symlinks (a symlink is not a socket of
-    /// this node's plugins); names starting with `.` are skipped, as upstream does.
-    fn desired(&self) -> HashMap<PathBuf, SocketStamp> {
-        walkdir::WalkDir::new(&self.dir)
+    /// this node's plugins); names starting with `.` are skipped, as upstream does. None when the walk
+    /// failed anywhere.
+    fn desired(&self) -> Option<HashMap<PathBuf, SocketStamp>> {
+        let mut sockets = HashMap::new();
+        let walk = walkdir::WalkDir::new(&self.dir)
             .follow_links(false)
             .into_iter()
-            .filter_entry(|e| e.depth() == 0 || !e.file_name().to_string_lossy().starts_with('.'))
-            .filter_map(Result::ok)
-            .filter(|e| e.file_type().is_socket())
-            .filter_map(|e| {
-                let meta = e.metadata().ok()?;
-                let stamp = SocketStamp {
-                    inode: meta.ino(),
-                    changed: (meta.ctime(), meta.ctime_nsec()),
-                };
-                Some((e.into_path(), stamp))
-            })
-            .collect()
+            .filter_entry(|e| e.depth() == 0 || !e.file_name().to_string_lossy().starts_with('.'));
+        for entry in walk {
+            let entry = match entry {
+                Ok(entry) => entry,
+                Err(e) => {
+                    tracing::warn!(dir = %self.dir.display(), "reading the plugins registry: {e}");
+                    return None;
+                }
+            };
+            if !entry.file_type().is_socket() {
+                continue;
+            }
+            // Gone between the listing and the stat: not there.
+            let Ok(meta) = entry.metadata() else { continue };
+            let stamp = SocketStamp {
+                device: meta.dev(),
+                inode: meta.ino(),
+                born: meta.created().ok(),
+            };
+            sockets.insert(entry.into_path(), stamp);
+        }
+        Some(sockets)
     }
 }
 

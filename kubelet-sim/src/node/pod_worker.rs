@@ -104,6 +104,8 @@ pub struct PodRuntime {
     pub sandbox_id: Option<String>,
     /// Its containers, once created.
     pub containers: Vec<ContainerReport>,
+    /// The pod object as last seen, to stop it if it leaves the API without a graceful deletion.
+    pub pod: Option<Arc<Pod>>,
 }
 
 impl PodRuntime {
@@ -115,11 +117,14 @@ impl PodRuntime {
 
 impl Kubelet {
     pub(super) async fn sync_pods(self: &Arc<Self>) {
-        for pod in self.my_pods() {
+        let pods = self.my_pods();
+        self.stop_removed_pods(&pods);
+        for pod in pods {
             let uid = pod.metadata.uid.clone().unwrap_or_default();
             let (state, volumes_added, seen_at, warned) = {
                 let mut pods = self.pods.lock();
                 let rt = pods.entry(uid.clone()).or_default();
+                rt.pod = Some(Arc::clone(&pod));
                 let seen = *rt.seen_at.get_or_insert_with(Instant::now);
                 (rt.state, rt.volumes_added, seen, rt.warned)
             };
@@ -155,6 +160,41 @@ impl Kubelet {
                 self.spawn_pod_op(key, &uid, PodState::Waiting, move |me| me.start(object));
             } else if !warned && seen_at.elapsed() >= self.config.volume_wait_timeout {
                 self.warn_volume_timeout(&pod, &uid);
+            }
+        }
+    }
+
+    /// Stops the pods that left the API without a graceful deletion (a force delete), as upstream's
+    /// `HandlePodRemoves`: their containers and sandbox are stopped, and their directory goes once their
+    /// volumes are torn down (the populator already dropped them). Only after the API's sources are ready:
+    /// before, a missing pod may just not be loaded yet.
+    fn stop_removed_pods(self: &Arc<Self>, present: &[Arc<Pod>]) {
+        if !self.api.sources_ready() {
+            return;
+        }
+        let present: std::collections::HashSet<&str> = present
+            .iter()
+            .filter_map(|p| p.metadata.uid.as_deref())
+            .collect();
+        let removed: Vec<(String, Arc<Pod>, PodState)> = self
+            .pods
+            .lock()
+            .iter()
+            .filter(|(uid, _)| !present.contains(uid.as_str()))
+            .filter_map(|(uid, rt)| Some((uid.clone(), rt.pod.clone()?, rt.state)))
+            .collect();
+        for (uid, pod, state) in removed {
+            let key = OpKey {
+                volume: format!("pod/{uid}"),
+                pod: None,
+            };
+            match state {
+                PodState::Waiting | PodState::Running => {
+                    self.set_state(&uid, PodState::Killing);
+                    self.spawn_pod_op(key, &uid, state, move |me| me.kill(pod));
+                }
+                PodState::Terminated => self.finish_termination(&pod, &uid),
+                PodState::Starting | PodState::Killing => {}
             }
         }
     }
@@ -723,12 +763,14 @@ impl Kubelet {
             )
             .chain(["PodScheduled"]);
         self.api.update::<Pod>(&namespace, &name, |p| {
+            // When the node first started working on the pod, kept from then on.
+            let start_time = p.status.as_ref().and_then(|s| s.start_time.clone());
             p.status = Some(PodStatus {
                 phase: Some(phase.into()),
                 conditions: Some(conditions.clone().map(condition).collect()),
                 container_statuses: Some(statuses),
                 host_ip: Some("127.0.0.1".into()),
-                start_time: Some(now()),
+                start_time: start_time.or_else(|| Some(now())),
                 ..Default::default()
             });
         });
@@ -810,9 +852,10 @@ impl Kubelet {
             meta.name.as_deref().unwrap_or_default()
         ));
         let _ = std::fs::remove_dir_all(log_dir);
-        self.api.remove::<Pod>(
+        self.api.remove_finished_pod(
             meta.namespace.as_deref().unwrap_or_default(),
             meta.name.as_deref().unwrap_or_default(),
+            uid,
         );
         self.pods.lock().remove(uid);
     }

@@ -9,8 +9,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use inlet_plugin::volume::csi::{CSI_TIMEOUT, CsiClient, CsiObserver, rpc_error};
+use inlet_proto::csi::v1::NodeGetInfoResponse;
 use inlet_proto::csi::v1::{GetPluginInfoRequest, identity_client::IdentityClient};
-use k8s_openapi::api::storage::v1::{CSINode, CSINodeDriver, CSINodeSpec};
+use k8s_openapi::api::storage::v1::{CSINode, CSINodeDriver, CSINodeSpec, VolumeNodeResources};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use parking_lot::RwLock;
 
@@ -163,8 +164,6 @@ impl DriverRegistry {
         version: CsiVersion,
         registration: Option<PathBuf>,
     ) -> Result<(), String> {
-        let span = tracing::info_span!("register", node = %self.node, driver = name);
-        let _enter = span.enter();
         let client = CsiClient::new(name, channel, Some(Arc::clone(&self.observer)));
         let mut registered = Registered {
             endpoint: endpoint.to_path_buf(),
@@ -176,16 +175,24 @@ impl DriverRegistry {
         self.drivers
             .write()
             .insert(name.to_string(), registered.clone());
-        match client.node_info().await {
-            Ok(info) => registered.node_id = info.node_id,
+        let info = match client.node_info().await {
+            Ok(info) if info.node_id.is_empty() => {
+                self.deregister(name);
+                // `nodeinfomanager.go` InstallCSIDriver.
+                return Err(
+                    "error adding CSI driver node info: driverNodeID must not be empty".into(),
+                );
+            }
+            Ok(info) => info,
             Err(e) => {
                 self.deregister(name);
                 return Err(rpc_error(&e));
             }
-        }
-        self.install_in_csinode(name, &registered.node_id);
+        };
+        registered.node_id = info.node_id.clone();
+        self.install_in_csinode(name, &info);
         self.drivers.write().insert(name.to_string(), registered);
-        tracing::info!("registered CSI driver");
+        tracing::info!(node = %self.node, driver = name, "registered CSI driver");
         Ok(())
     }
 
@@ -197,11 +204,22 @@ impl DriverRegistry {
         });
     }
 
-    fn install_in_csinode(&self, name: &str, node_id: &str) {
+    /// The driver's entry in CSINode: its node id, its topology keys and its volume limit
+    /// (`nodeinfomanager.go` `installDriverToCSINode`).
+    fn install_in_csinode(&self, name: &str, info: &NodeGetInfoResponse) {
+        let mut topology_keys: Vec<String> = info
+            .accessible_topology
+            .iter()
+            .flat_map(|t| t.segments.keys().cloned())
+            .collect();
+        topology_keys.sort();
         let driver = CSINodeDriver {
             name: name.to_string(),
-            node_id: node_id.to_string(),
-            ..Default::default()
+            node_id: info.node_id.clone(),
+            topology_keys: Some(topology_keys),
+            allocatable: (info.max_volumes_per_node > 0).then(|| VolumeNodeResources {
+                count: i32::try_from(info.max_volumes_per_node).ok(),
+            }),
         };
         let updated = self.api.update::<CSINode>("", &self.node, |n| {
             n.spec.drivers.retain(|d| d.name != name);

@@ -101,7 +101,11 @@ impl MountLayer for LinuxMounter {
     }
 
     fn tmpfs(&self, target: &Path, size_bytes: u64) -> io::Result<()> {
-        let options = format!("size={size_bytes},mode=0755");
+        // No size: the kernel's default, half the RAM (`size=0` would mean no limit at all).
+        let options = match size_bytes {
+            0 => "mode=0755".to_string(),
+            size => format!("size={size},mode=0755"),
+        };
         let fd = host_path::open_no_follow(target)?;
         mount(
             Some("tmpfs"),

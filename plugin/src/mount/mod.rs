@@ -67,7 +67,7 @@ pub struct Overlay {
 pub trait MountLayer: Send + Sync + std::fmt::Debug {
     /// Bind-mounts `source` (a directory or a device file) onto `target`, then applies `flags` by remounting.
     fn bind(&self, source: &Path, target: &Path, flags: MountFlags) -> io::Result<()>;
-    /// Mounts a tmpfs of `size_bytes` at `target`.
+    /// Mounts a tmpfs of `size_bytes` at `target` (0: the kernel's default size, half the RAM).
     fn tmpfs(&self, target: &Path, size_bytes: u64) -> io::Result<()>;
     /// Mounts an overlay at `target`.
     fn overlay(&self, overlay: &Overlay, target: &Path) -> io::Result<()>;

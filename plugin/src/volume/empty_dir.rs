@@ -138,11 +138,17 @@ impl DirVolume for EmptyDir {
         volume: &Volume,
         _pod: &PodInfo,
     ) -> Box<dyn Mounter> {
-        let medium = volume.empty_dir.as_ref().and_then(|s| s.medium.as_deref());
+        let source = volume.empty_dir.as_ref();
+        let memory = source.and_then(|s| s.medium.as_deref()) == Some("Memory");
+        // `sizeLimit` bounds a memory-backed emptyDir's tmpfs; without it, the kernel's default.
+        let size = source
+            .and_then(|s| s.size_limit.as_ref())
+            .and_then(|q| crate::quantity::parse_bytes(&q.0).ok())
+            .unwrap_or(0);
         Box::new(EmptyDirMounter {
             host,
             path,
-            memory: medium == Some("Memory"),
+            memory: memory.then_some(size),
         })
     }
 }
@@ -150,7 +156,8 @@ impl DirVolume for EmptyDir {
 struct EmptyDirMounter {
     host: Arc<dyn VolumeHost>,
     path: PathBuf,
-    memory: bool,
+    /// On a tmpfs of this size (0: the kernel's default).
+    memory: Option<u64>,
 }
 
 #[async_trait]
@@ -164,15 +171,15 @@ impl Mounter for EmptyDirMounter {
     }
 }
 
-/// Makes the volume's directory (mode 0777, as upstream: any container user may write), on a tmpfs when
-/// `memory`. Idempotent: a directory already set up is left as it is.
+/// Makes the volume's directory (mode 0777, as upstream: any container user may write), on a tmpfs of the
+/// given size when `memory` says one. Idempotent: a directory already set up is left as it is.
 pub(crate) fn set_up_dir(
     host: &dyn VolumeHost,
     dir: &Path,
-    memory: bool,
+    memory: Option<u64>,
 ) -> Result<(), VolumeError> {
     let mounter = host.mounter();
-    if memory && mounter.is_mount_point(dir).unwrap_or(false) {
+    if memory.is_some() && mounter.is_mount_point(dir).unwrap_or(false) {
         return Ok(());
     }
     let relative = dir.strip_prefix(host.root_dir()).map_err(|_| {
@@ -180,8 +187,8 @@ pub(crate) fn set_up_dir(
     })?;
     crate::host_path::create_dirs(host.root_dir(), relative, 0o750)
         .map_err(|e| VolumeError::transient(format!("mkdir {}: {e}", dir.display())))?;
-    if memory {
-        mounter.tmpfs(dir, 0).map_err(|e| {
+    if let Some(size) = memory {
+        mounter.tmpfs(dir, size).map_err(|e| {
             VolumeError::transient(format!("mount tmpfs on {}: {e}", dir.display()))
         })?;
     }
@@ -208,6 +215,13 @@ impl Unmounter for DirUnmounter {
                 .unmount(dir)
                 .map_err(|e| VolumeError::transient(format!("unmount {}: {e}", dir.display())))?;
         }
+        // Never delete through a mount someone made inside (it would empty what is mounted there).
+        if let Some(inner) = mount_below(mounter.as_ref(), dir) {
+            return Err(VolumeError::transient(format!(
+                "{} is still mounted inside the volume",
+                inner.display()
+            )));
+        }
         match std::fs::remove_dir_all(dir) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
@@ -217,4 +231,22 @@ impl Unmounter for DirUnmounter {
             ))),
         }
     }
+}
+
+/// A mount point below `dir` (not `dir` itself), if there is one; symlinks are not followed.
+fn mount_below(mounter: &dyn crate::mount::MountLayer, dir: &Path) -> Option<PathBuf> {
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(current) = stack.pop() {
+        for entry in std::fs::read_dir(&current).into_iter().flatten().flatten() {
+            if !entry.file_type().is_ok_and(|t| t.is_dir()) {
+                continue;
+            }
+            let path = entry.path();
+            if mounter.is_mount_point(&path).unwrap_or(false) {
+                return Some(path);
+            }
+            stack.push(path);
+        }
+    }
+    None
 }

@@ -80,7 +80,7 @@ impl Mounter for SecretMounter {
             // Upstream's text (the API server's NotFound).
             None => return Err(VolumeError::transient(format!("secret {name:?} not found"))),
         };
-        set_up_dir(self.host.as_ref(), dir, true)?;
+        set_up_dir(self.host.as_ref(), dir, Some(0))?;
         let default_mode = self.source.default_mode.unwrap_or(DEFAULT_MODE);
         let files: Vec<(String, i32, &[u8])> = match &self.source.items {
             Some(items) => {
@@ -108,15 +108,32 @@ impl Mounter for SecretMounter {
                 .map(|(key, value)| (key.clone(), default_mode, value.0.as_slice()))
                 .collect(),
         };
+        let mut written = std::collections::HashSet::new();
         for (path, mode, value) in files {
             write_file(dir, &path, mode, value)?;
+            written.insert(dir.join(&path));
         }
+        remove_stale_files(dir, &written);
         Ok(())
+    }
+}
+
+/// Removes the files a previous set-up wrote that the Secret no longer has (its keys changed).
+fn remove_stale_files(dir: &Path, written: &std::collections::HashSet<PathBuf>) {
+    let stale = walkdir::WalkDir::new(dir)
+        .follow_links(false)
+        .into_iter()
+        .filter_map(Result::ok)
+        .filter(|e| !e.file_type().is_dir() && !written.contains(e.path()));
+    for entry in stale {
+        let _ = std::fs::remove_file(entry.path());
     }
 }
 
 /// Writes one file below `dir` without following a symlink anywhere on its path (the path comes from the
 /// pod's spec; the API server refuses `..`, and this refuses it again), with `mode` whatever the umask.
+/// The content goes to a temporary file renamed over the old one, so a reader sees the old value or the
+/// new one, never a part (upstream's AtomicWriter swaps the whole set at once through a symlink).
 fn write_file(dir: &Path, path: &str, mode: i32, value: &[u8]) -> Result<(), VolumeError> {
     use nix::fcntl::{OFlag, openat};
     use nix::sys::stat::{Mode, fchmod};
@@ -134,11 +151,17 @@ fn write_file(dir: &Path, path: &str, mode: i32, value: &[u8]) -> Result<(), Vol
         .map_err(|e| refused(e.to_string()))?
         .ok_or_else(|| refused("its directory is gone".into()))?;
     let mode = Mode::from_bits_truncate((mode as u32) & 0o777);
+    let mut temporary = std::ffi::OsString::from("..");
+    temporary.push(name);
+    temporary.push(".tmp");
     let flags =
         OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_TRUNC | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
-    let fd = openat(&parent, name, flags, mode).map_err(|e| refused(e.to_string()))?;
+    let fd =
+        openat(&parent, temporary.as_os_str(), flags, mode).map_err(|e| refused(e.to_string()))?;
     fchmod(&fd, mode).map_err(|e| refused(e.to_string()))?;
     std::fs::File::from(fd)
         .write_all(value)
+        .map_err(|e| VolumeError::transient(format!("secret file {path:?}: {e}")))?;
+    nix::fcntl::renameat(&parent, temporary.as_os_str(), &parent, name)
         .map_err(|e| VolumeError::transient(format!("secret file {path:?}: {e}")))
 }
