@@ -4,6 +4,7 @@
 //!
 //! # Layout
 //! - [`api`]: the embedded API (objects, admission with the inline-driver policy, manifests, events, tokens).
+//! - [`bench`]: `kubelet-sim bench` (csi-ephemeral, pods): figures, JSON and an SVG chart.
 //! - [`cluster`]: `--kubeconfig`: the nodes as hollow nodes of a real cluster (Nodes, Leases, pods, status,
 //!   events, CSINode, only the referenced Secrets), with the `kube` crate.
 //! - [`node`]: one simulated kubelet: desired/actual state, populator, reconciler, operations with backoff,
@@ -15,6 +16,7 @@
 //! - `main.rs`: the `kubelet-sim run` CLI.
 
 pub mod api;
+pub mod bench;
 pub mod cluster;
 pub mod controllers;
 pub mod cri;

@@ -1,5 +1,6 @@
 //! `kubelet-sim`: runs pods' volumes through what a kubelet does, against real CSI drivers, without a
-//! cluster. See `kubelet-sim run --help` and the README.
+//! cluster (`run`), and measures drivers and the simulator (`bench`, in `bench_cmd.rs`). See `--help` and
+//! the README.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -13,6 +14,8 @@ use kubelet_sim::api::manifest;
 use kubelet_sim::drivers::DriverArg;
 use kubelet_sim::node::BackoffPolicy;
 use kubelet_sim::signals::{Interrupts, Signal};
+
+mod bench_cmd;
 use kubelet_sim::sim::{SimConfig, SimImages, Simulation};
 
 #[derive(Parser)]
@@ -37,6 +40,10 @@ enum Command {
         report, leaving its pods and mounts to the cluster (a restart on the same --root takes them up)."
     )]
     Run(RunArgs),
+    /// Measure: CSI round trips of inline ephemeral volumes against any drivers side by side, or pods at
+    /// scale over simulated nodes. Prints figures; never fails on slowness.
+    #[command(subcommand)]
+    Bench(bench_cmd::Bench),
 }
 
 #[derive(clap::Args)]
@@ -107,6 +114,23 @@ enum MounterKind {
     Recording,
 }
 
+impl MounterKind {
+    /// The mount layer, and whether its mounts are real. `auto` without root says so on stderr.
+    fn layer(self) -> (Arc<dyn MountLayer>, bool) {
+        match (self, can_mount()) {
+            (MounterKind::Linux, _) | (MounterKind::Auto, true) => (Arc::new(LinuxMounter), true),
+            (MounterKind::Recording, _) | (MounterKind::Auto, false) => {
+                if matches!(self, MounterKind::Auto) {
+                    eprintln!(
+                        "kubelet-sim: not root: using the recording mounter, nothing will really be mounted"
+                    );
+                }
+                (Arc::new(RecordingMounter::new()), false)
+            }
+        }
+    }
+}
+
 fn parse_gates(text: &str) -> Result<BTreeSet<String>, String> {
     let mut on = BTreeSet::new();
     for pair in text.split(',').filter(|p| !p.is_empty()) {
@@ -128,7 +152,7 @@ fn parse_gates(text: &str) -> Result<BTreeSet<String>, String> {
 }
 
 fn main() -> ExitCode {
-    let Command::Run(args) = Cli::parse().command;
+    let command = Cli::parse().command;
     // kube's TLS: the one process-wide rustls provider, chosen before any client exists.
     let _ = rustls::crypto::ring::default_provider().install_default();
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
@@ -144,6 +168,18 @@ fn main() -> ExitCode {
         Err(e) => {
             eprintln!("kubelet-sim: cannot start the async runtime: {e}");
             return ExitCode::FAILURE;
+        }
+    };
+    let args = match command {
+        Command::Run(args) => args,
+        Command::Bench(bench) => {
+            return match runtime.block_on(bench_cmd::run(bench)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("kubelet-sim bench: {e}");
+                    ExitCode::FAILURE
+                }
+            };
         }
     };
     match runtime.block_on(run(args)) {
@@ -183,17 +219,7 @@ async fn run(args: RunArgs) -> Result<Outcome, String> {
         }
         .to_string()
     });
-    let mounter: Arc<dyn MountLayer> = match (args.mounter, can_mount()) {
-        (MounterKind::Linux, _) | (MounterKind::Auto, true) => Arc::new(LinuxMounter),
-        (MounterKind::Recording, _) | (MounterKind::Auto, false) => {
-            if matches!(args.mounter, MounterKind::Auto) {
-                eprintln!(
-                    "kubelet-sim: not root: using the recording mounter, nothing will really be mounted"
-                );
-            }
-            Arc::new(RecordingMounter::new())
-        }
-    };
+    let (mounter, _) = args.mounter.layer();
     let temp_root = args.root.is_none();
     let root = match args.root {
         Some(root) => root,

@@ -540,3 +540,72 @@ fn the_timeout_is_a_deadline_for_the_whole_settle_phase() {
     );
     assert!(mounted_under(&dir.path().join("root")).is_empty());
 }
+
+/// `kubelet-sim bench`: both workloads run small, print their table, and write JSON (the contract's field
+/// names) and an SVG chart. Figures are not judged: a slow machine fails nothing.
+#[test]
+fn bench_writes_its_figures_as_json_and_svg() {
+    let dir = tempfile::tempdir().unwrap();
+    let (json, svg) = (dir.path().join("e.json"), dir.path().join("e.svg"));
+    let (code, stdout, stderr) = run(&[
+        "bench",
+        "csi-ephemeral",
+        "--driver",
+        "a.inlet.dev=local",
+        "--driver",
+        "b.inlet.dev=local",
+        "--cycles",
+        "20",
+        "--concurrency",
+        "1,4",
+        "--published",
+        "0,5",
+        "--json",
+        json.to_str().unwrap(),
+        "--svg",
+        svg.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(stdout.contains("CYCLES/S"), "{stdout}");
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let figures = report["figures"].as_array().unwrap();
+    assert_eq!(
+        figures.len(),
+        8,
+        "2 drivers x 2 concurrencies x 2 published"
+    );
+    for field in [
+        "driver",
+        "concurrency",
+        "published",
+        "samples",
+        "per_second",
+        "p50_us",
+        "p90_us",
+        "p99_us",
+        "max_us",
+    ] {
+        assert!(figures[0].get(field).is_some(), "{field} in {}", figures[0]);
+    }
+    assert!(report["machine"]["cpus"].as_u64().unwrap() >= 1);
+    assert!(std::fs::read_to_string(&svg).unwrap().starts_with("<svg"));
+
+    let json = dir.path().join("p.json");
+    let (code, stdout, stderr) = run(&[
+        "bench",
+        "pods",
+        "--pods",
+        "20",
+        "--nodes",
+        "2",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let figures = &report["figures"];
+    assert_eq!(figures["settled"], true, "{stdout}");
+    assert_eq!(figures["teardown_clean"], true, "{stdout}");
+    assert_eq!(figures["pod_start"]["samples"], 20);
+    assert!(figures["peak_rss_mib"].as_u64().unwrap() > 0);
+}

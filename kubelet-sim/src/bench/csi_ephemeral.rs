@@ -1,0 +1,287 @@
+//! `kubelet-sim bench csi-ephemeral`: what an inline ephemeral volume costs a driver, call for call as the
+//! kubelet makes them: NodePublishVolume with the ephemeral flag and pod info, then NodeUnpublishVolume,
+//! over the driver's unix socket, at each concurrency, with N other volumes already published on the node
+//! (to show whether the cost grows with the node's mounts). Several drivers are measured side by side:
+//! each round runs a batch on every driver in turn, so a machine's drift hits them all alike.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use inlet_plugin::mount::MountLayer;
+use inlet_proto::csi::v1::{self as csi, node_client::NodeClient};
+use serde::Serialize;
+use tonic::transport::Channel;
+
+use super::stats::Summary;
+use crate::drivers::{DriverArg, DriverHandle, DriverSource};
+
+/// Rounds each figure's cycles are split into, drivers taking turns.
+const ROUNDS: usize = 5;
+
+/// What to measure.
+pub struct EphemeralConfig {
+    /// The drivers: `NAME=local` (inlet's, started here) or `NAME=unix:///PATH`.
+    pub drivers: Vec<DriverArg>,
+    /// Publish + unpublish cycles per figure.
+    pub cycles: usize,
+    /// The concurrencies.
+    pub concurrency: Vec<usize>,
+    /// How many other volumes are published on the node meanwhile.
+    pub published: Vec<usize>,
+    /// Where target paths go: `<root>/<driver>/pods/...` (a driver started elsewhere must accept them).
+    pub root: PathBuf,
+    /// The mount layer of drivers started here.
+    pub mounter: Arc<dyn MountLayer>,
+}
+
+/// One figure: a driver at a concurrency with a number of other volumes published.
+#[derive(Debug, Clone, Serialize)]
+pub struct EphemeralFigure {
+    /// The driver.
+    pub driver: String,
+    /// Cycles in flight at once.
+    pub concurrency: usize,
+    /// Other volumes published on the node meanwhile.
+    pub published: usize,
+    /// The round trips' figures (`per_second`: cycles per second).
+    #[serde(flatten)]
+    pub summary: Summary,
+    /// Every round trip, for the chart.
+    #[serde(skip)]
+    pub samples: Vec<Duration>,
+}
+
+/// A driver under test.
+struct Target {
+    name: String,
+    node: NodeClient<Channel>,
+    /// The kubelet dir its target paths are under.
+    kubelet_dir: PathBuf,
+    /// Volumes published besides the measured ones.
+    background: usize,
+    handle: Option<DriverHandle>,
+}
+
+/// Runs every figure; the drivers started here are stopped, and every volume published is unpublished.
+pub async fn run(config: &EphemeralConfig) -> Result<Vec<EphemeralFigure>, String> {
+    let mut targets = Vec::new();
+    for driver in &config.drivers {
+        targets.push(connect(driver, config).await?);
+    }
+    let mut figures = Vec::new();
+    let result = measure(config, &mut targets, &mut figures).await;
+    for target in &mut targets {
+        let _ = set_background(target, 0).await;
+        if let Some(handle) = target.handle.take() {
+            handle.stop().await;
+        }
+    }
+    result.map(|()| figures)
+}
+
+async fn measure(
+    config: &EphemeralConfig,
+    targets: &mut [Target],
+    figures: &mut Vec<EphemeralFigure>,
+) -> Result<(), String> {
+    let mut next_id = 0u64;
+    for &published in &config.published {
+        for target in targets.iter_mut() {
+            set_background(target, published).await?;
+        }
+        for &concurrency in &config.concurrency {
+            let mut samples: Vec<Vec<Duration>> = vec![Vec::new(); targets.len()];
+            let mut walls = vec![Duration::ZERO; targets.len()];
+            let per_round = config.cycles.div_ceil(ROUNDS).max(concurrency);
+            for _ in 0..ROUNDS {
+                for (i, target) in targets.iter().enumerate() {
+                    let started = Instant::now();
+                    let batch = batch(target, concurrency, per_round, &mut next_id).await?;
+                    walls[i] += started.elapsed();
+                    samples[i].extend(batch);
+                }
+            }
+            for (i, target) in targets.iter().enumerate() {
+                let mut taken = std::mem::take(&mut samples[i]);
+                let summary = Summary::of(&mut taken, walls[i]);
+                figures.push(EphemeralFigure {
+                    driver: target.name.clone(),
+                    concurrency,
+                    published,
+                    summary,
+                    samples: taken,
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn connect(driver: &DriverArg, config: &EphemeralConfig) -> Result<Target, String> {
+    let kubelet_dir = config.root.join(&driver.name);
+    let (socket, handle) = match &driver.source {
+        DriverSource::Local {
+            attach,
+            mount_group,
+        } => {
+            let handle = DriverHandle::start_local(
+                &driver.name,
+                "bench",
+                &kubelet_dir,
+                (*attach, *mount_group),
+                Arc::clone(&config.mounter),
+            )
+            .await?;
+            (handle.socket.clone(), Some(handle))
+        }
+        DriverSource::Socket(path) => (path.clone(), None),
+        DriverSource::Image => {
+            return Err(format!(
+                "--driver {}=image: csi-ephemeral measures volume drivers (NAME=local or NAME=unix:///PATH)",
+                driver.name
+            ));
+        }
+    };
+    let channel = inlet_proto::uds::connect(&socket)
+        .await
+        .map_err(|e| format!("--driver {}: {e}", driver.name))?;
+    Ok(Target {
+        name: driver.name.clone(),
+        node: NodeClient::new(channel),
+        kubelet_dir,
+        background: 0,
+        handle,
+    })
+}
+
+/// `count` cycles, `concurrency` at a time; the round trip of each.
+async fn batch(
+    target: &Target,
+    concurrency: usize,
+    count: usize,
+    next_id: &mut u64,
+) -> Result<Vec<Duration>, String> {
+    let mut workers = tokio::task::JoinSet::new();
+    for worker in 0..concurrency {
+        let cycles = count / concurrency + usize::from(worker < count % concurrency);
+        let first = *next_id;
+        *next_id += cycles as u64;
+        let mut node = target.node.clone();
+        let name = target.name.clone();
+        let dir = target.kubelet_dir.join(format!(
+            "pods/bench-{worker}/volumes/kubernetes.io~csi/data"
+        ));
+        workers.spawn(async move {
+            // The kubelet makes the target's parent before NodePublishVolume (csi_mounter.go SetUpAt):
+            // not part of the driver's round trip.
+            std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+            let target = dir.join("mount").display().to_string();
+            let mut samples = Vec::with_capacity(cycles);
+            for n in first..first + cycles as u64 {
+                let started = Instant::now();
+                let id = format!("csi-{n:064x}");
+                publish(&mut node, &id, &target, &format!("bench-{worker}"))
+                    .await
+                    .map_err(|e| format!("{name}: NodePublishVolume: {e}"))?;
+                unpublish(&mut node, &id, &target)
+                    .await
+                    .map_err(|e| format!("{name}: NodeUnpublishVolume: {e}"))?;
+                samples.push(started.elapsed());
+            }
+            Ok::<_, String>(samples)
+        });
+    }
+    let mut all = Vec::with_capacity(count);
+    while let Some(done) = workers.join_next().await {
+        all.extend(done.map_err(|e| e.to_string())??);
+    }
+    Ok(all)
+}
+
+/// Publishes or unpublishes background volumes until `count` are published, 16 at a time.
+async fn set_background(target: &mut Target, count: usize) -> Result<(), String> {
+    let range: Vec<usize> = if count > target.background {
+        (target.background..count).collect()
+    } else {
+        (count..target.background).collect()
+    };
+    let publishing = count > target.background;
+    for chunk in range.chunks(16) {
+        let mut calls = tokio::task::JoinSet::new();
+        for &i in chunk {
+            let mut node = target.node.clone();
+            let (id, path) = background_volume(&target.kubelet_dir, i);
+            calls.spawn(async move {
+                let target = path.join("mount").display().to_string();
+                if publishing {
+                    std::fs::create_dir_all(&path).map_err(|e| e.to_string())?;
+                    publish(&mut node, &id, &target, "bench-background").await
+                } else {
+                    unpublish(&mut node, &id, &target).await
+                }
+            });
+        }
+        while let Some(done) = calls.join_next().await {
+            done.map_err(|e| e.to_string())?
+                .map_err(|e| format!("{}: background volume: {e}", target.name))?;
+        }
+    }
+    target.background = count;
+    Ok(())
+}
+
+fn background_volume(kubelet_dir: &Path, i: usize) -> (String, PathBuf) {
+    let id = format!("csi-bg{i:062x}");
+    let dir = kubelet_dir.join(format!(
+        "pods/bench-background/volumes/kubernetes.io~csi/v{i}"
+    ));
+    (id, dir)
+}
+
+/// NodePublishVolume as the kubelet sends it for an inline ephemeral volume with podInfoOnMount.
+async fn publish(
+    node: &mut NodeClient<Channel>,
+    id: &str,
+    target: &str,
+    pod: &str,
+) -> Result<(), String> {
+    let context: HashMap<String, String> = [
+        ("csi.storage.k8s.io/ephemeral", "true"),
+        ("csi.storage.k8s.io/pod.name", pod),
+        ("csi.storage.k8s.io/pod.namespace", "default"),
+        ("csi.storage.k8s.io/pod.uid", pod),
+        ("csi.storage.k8s.io/serviceAccount.name", "default"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    let request = csi::NodePublishVolumeRequest {
+        volume_id: id.to_string(),
+        target_path: target.to_string(),
+        volume_capability: Some(csi::VolumeCapability {
+            access_mode: Some(csi::volume_capability::AccessMode {
+                mode: csi::volume_capability::access_mode::Mode::SingleNodeWriter as i32,
+            }),
+            access_type: Some(csi::volume_capability::AccessType::Mount(Default::default())),
+        }),
+        volume_context: context,
+        ..Default::default()
+    };
+    node.node_publish_volume(request)
+        .await
+        .map(drop)
+        .map_err(|s| inlet_plugin::volume::csi::rpc_error(&s))
+}
+
+async fn unpublish(node: &mut NodeClient<Channel>, id: &str, target: &str) -> Result<(), String> {
+    let request = csi::NodeUnpublishVolumeRequest {
+        volume_id: id.to_string(),
+        target_path: target.to_string(),
+    };
+    node.node_unpublish_volume(request)
+        .await
+        .map(drop)
+        .map_err(|s| inlet_plugin::volume::csi::rpc_error(&s))
+}

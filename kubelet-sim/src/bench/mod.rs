@@ -1,0 +1,144 @@
+//! `kubelet-sim bench`: figures any driver author can reproduce, printed as a table and written as JSON
+//! (with the machine and the command) and as an SVG chart of the latency distributions.
+//!
+//! # Layout
+//! - [`csi_ephemeral`]: NodePublish + NodeUnpublish round trips of inline ephemeral volumes against any
+//!   CSI endpoints side by side, at each concurrency, with N other volumes published.
+//! - [`pods`]: N pods with K inline volumes over M simulated nodes: settle, start latency, teardown, memory.
+//! - `stats.rs`: percentiles; `chart.rs`: the SVG.
+
+mod chart;
+pub mod csi_ephemeral;
+pub mod pods;
+mod stats;
+
+use std::io::Write;
+use std::time::Duration;
+
+use serde::Serialize;
+
+pub use chart::cdf_svg;
+pub use stats::{Summary, peak_rss_mib};
+
+/// Where figures were taken.
+#[derive(Debug, Clone, Serialize)]
+pub struct Machine {
+    /// CPUs the process may use.
+    pub cpus: usize,
+    /// The kernel (`uname -r`).
+    pub kernel: String,
+    /// When (RFC 3339, UTC).
+    pub date: String,
+    /// Whether mounts were real.
+    pub real_mounts: bool,
+}
+
+impl Machine {
+    /// This machine, now.
+    pub fn here(real_mounts: bool) -> Self {
+        Self {
+            cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            kernel: nix::sys::utsname::uname()
+                .map(|u| u.release().to_string_lossy().into_owned())
+                .unwrap_or_default(),
+            date: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+            real_mounts,
+        }
+    }
+}
+
+/// A bench's JSON: the machine, the command, the figures.
+#[derive(Debug, Serialize)]
+pub struct Results<T: Serialize> {
+    /// Where.
+    pub machine: Machine,
+    /// The command line.
+    pub command: String,
+    /// The figures.
+    pub figures: T,
+}
+
+/// Prints csi-ephemeral figures as a table.
+pub fn print_ephemeral(
+    out: &mut impl Write,
+    figures: &[csi_ephemeral::EphemeralFigure],
+) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "{:<24} {:>5} {:>9} {:>8} {:>10} {:>9} {:>9} {:>9} {:>9}",
+        "DRIVER", "CONC", "PUBLISHED", "CYCLES", "CYCLES/S", "P50", "P90", "P99", "MAX"
+    )?;
+    for f in figures {
+        let s = &f.summary;
+        writeln!(
+            out,
+            "{:<24} {:>5} {:>9} {:>8} {:>10.0} {:>9} {:>9} {:>9} {:>9}",
+            f.driver,
+            f.concurrency,
+            f.published,
+            s.samples,
+            s.per_second,
+            show(s.p50_us),
+            show(s.p90_us),
+            show(s.p99_us),
+            show(s.max_us)
+        )?;
+    }
+    Ok(())
+}
+
+/// Prints a pods run's figures.
+pub fn print_pods(out: &mut impl Write, f: &pods::PodsFigures) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "{} pods x {} inline volumes over {} nodes ({}): {} in {:.2} s; pod start p50 {} p99 {}; torn down in {:.2} s ({}); peak RSS {} MiB; {} CSI calls",
+        f.pods,
+        f.volumes,
+        f.nodes,
+        f.driver,
+        if f.settled {
+            "all running"
+        } else {
+            "NOT all running"
+        },
+        f.settle_seconds,
+        show(f.pod_start.p50_us),
+        show(f.pod_start.p99_us),
+        f.teardown_seconds,
+        if f.teardown_clean {
+            "nothing left"
+        } else {
+            "something left"
+        },
+        f.peak_rss_mib,
+        f.csi_calls
+    )
+}
+
+/// A latency in the unit that reads best.
+fn show(us: f64) -> String {
+    match us {
+        us if us < 1000.0 => format!("{us:.0}µs"),
+        us if us < 1e6 => format!("{:.2}ms", us / 1e3),
+        us => format!("{:.2}s", us / 1e6),
+    }
+}
+
+/// Writes `results` as JSON to `path`.
+pub fn write_json<T: Serialize>(
+    path: &std::path::Path,
+    results: &Results<T>,
+) -> Result<(), String> {
+    let json = serde_json::to_string_pretty(results).map_err(|e| e.to_string())?;
+    std::fs::write(path, json).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// Writes the chart of `series` to `path`.
+pub fn write_svg(
+    path: &std::path::Path,
+    title: &str,
+    series: &[(String, Vec<Duration>)],
+) -> Result<(), String> {
+    let svg = cdf_svg(title, series)?;
+    std::fs::write(path, svg).map_err(|e| format!("{}: {e}", path.display()))
+}
