@@ -1,6 +1,12 @@
 //! Durable JSON records, one file per object: written to a temporary file, flushed, then renamed over the
 //! old one, so a crash leaves either the old or the new record, never half of one. The local driver's store
 //! and the image volumes' state both keep their objects this way.
+//!
+//! A record of something that does not outlive the node's boot (an ephemeral volume: its mounts and its
+//! pod end with the boot) is written [`Durability::UntilReboot`]: renamed whole but not flushed, which
+//! survives any crash of the process (the page cache keeps it) and saves the flush, the largest cost of a
+//! publish. After a power loss such a record may be gone or empty; an empty one is dropped when the
+//! records are loaded, and the content nothing records is removed when the driver starts.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -21,6 +27,12 @@ pub(crate) fn load_records<T: DeserializeOwned>(dir: &Path) -> Result<BTreeMap<S
         match path.extension().and_then(|e| e.to_str()) {
             Some("json") => {
                 let text = fs::read(&path).context(|| format!("reading {}", path.display()))?;
+                // What a power loss can leave of a record written `UntilReboot`.
+                if text.is_empty() {
+                    tracing::warn!(record = %path.display(), "dropping an empty record");
+                    fs::remove_file(&path).context(|| format!("removing {}", path.display()))?;
+                    continue;
+                }
                 let record = serde_json::from_slice(&text).map_err(std::io::Error::from);
                 let record = record.context(|| format!("parsing {}", path.display()))?;
                 let id = path
@@ -41,8 +53,22 @@ pub(crate) fn load_records<T: DeserializeOwned>(dir: &Path) -> Result<BTreeMap<S
     Ok(records)
 }
 
-/// Writes `dir/<id>.json` durably.
-pub(crate) fn write_record<T: Serialize>(dir: &Path, id: &str, record: &T) -> Result<()> {
+/// How long a record must last.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Durability {
+    /// Across a power loss: flushed before it replaces the old one.
+    PowerLoss,
+    /// Across any crash of the process, not a power loss: what it records ends with the boot anyway.
+    UntilReboot,
+}
+
+/// Writes `dir/<id>.json`, whole, as durable as asked.
+pub(crate) fn write_record<T: Serialize>(
+    dir: &Path,
+    id: &str,
+    record: &T,
+    durability: Durability,
+) -> Result<()> {
     let path = dir.join(format!("{id}.json"));
     let tmp = dir.join(format!("{id}.json.tmp"));
     let what = || format!("writing {}", path.display());
@@ -52,7 +78,9 @@ pub(crate) fn write_record<T: Serialize>(dir: &Path, id: &str, record: &T) -> Re
     let mut file = fs::File::create(&tmp).context(what)?;
     file.write_all(&body).context(what)?;
     // Flush the data before the rename makes it visible, so a power loss cannot leave an empty record.
-    file.sync_data().context(what)?;
+    if durability == Durability::PowerLoss {
+        file.sync_data().context(what)?;
+    }
     fs::rename(&tmp, &path).context(what)
 }
 

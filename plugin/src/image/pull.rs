@@ -27,7 +27,7 @@ use tonic::transport::Channel;
 use super::auth::Credentials;
 use super::store::ImageStore;
 use crate::Error;
-use crate::records::{load_records, write_record};
+use crate::records::{Durability, load_records, write_record};
 
 /// When to pull (the container image pull policy, reused by image volumes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -314,7 +314,7 @@ impl Puller {
             }
             None => record.anonymous = true,
         }
-        if let Err(e) = write_record(&self.state_dir, RECORDS, &*records) {
+        if let Err(e) = write_record(&self.state_dir, RECORDS, &*records, Durability::PowerLoss) {
             tracing::warn!(error = %e, "could not save pull records");
         }
     }

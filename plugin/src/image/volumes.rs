@@ -24,7 +24,7 @@ use tokio::sync::Mutex;
 use super::store::{ImageStore, Mountable};
 use crate::error::{Error, IoContext, Result};
 use crate::mount::{MountFlags, MountLayer, Overlay};
-use crate::records::{load_records, remove_record, write_record};
+use crate::records::{Durability, load_records, remove_record, write_record};
 
 /// The directory the metadata files are presented in, at the volume's root.
 pub const METADATA_DIR: &str = ".image-metadata";
@@ -138,7 +138,7 @@ impl ImageVolumes {
                 return Ok(());
             }
         }
-        write_record(&self.records_dir(), &id, volume)?;
+        write_record(&self.records_dir(), &id, volume, Durability::PowerLoss)?;
         crate::crash::point("image.recorded");
         records.insert(id.clone(), volume.clone());
         if let Err(err) = self.mount(volume).await {

@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{IoContext, Result};
 use crate::mount::MountFlags;
-use crate::records::{load_records, remove_record, write_record};
+use crate::records::{Durability, load_records, remove_record, write_record};
 
 /// How a volume is consumed: a directory tree, or a raw block device (a loop device over a file).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -131,9 +131,19 @@ impl Store {
         self.volumes.get(id)
     }
 
-    /// Writes a volume record durably, then updates memory.
+    /// Writes a volume record, then updates memory: flushed, unless the volume is ephemeral (it ends with
+    /// the node's boot, see [`Durability::UntilReboot`]).
     pub fn put_volume(&mut self, volume: VolumeRecord) -> Result<()> {
-        write_record(&self.root.join("records/volumes"), &volume.id, &volume)?;
+        let durability = match volume.ephemeral {
+            true => Durability::UntilReboot,
+            false => Durability::PowerLoss,
+        };
+        write_record(
+            &self.root.join("records/volumes"),
+            &volume.id,
+            &volume,
+            durability,
+        )?;
         self.volumes.insert(volume.id.clone(), volume);
         Ok(())
     }
@@ -156,6 +166,7 @@ impl Store {
             &self.root.join("records/snapshots"),
             &snapshot.id,
             &snapshot,
+            Durability::PowerLoss,
         )?;
         self.snapshots.insert(snapshot.id.clone(), snapshot);
         Ok(())
@@ -215,8 +226,12 @@ mod tests {
         // A crash between create and rename leaves a .tmp file behind.
         fs::write(dir.path().join("records/volumes/c.json.tmp"), "{ half").unwrap();
 
+        // What a power loss may leave of a record written until reboot: an empty file, dropped.
+        fs::write(dir.path().join("records/volumes/d.json"), "").unwrap();
+
         let reopened = Store::open(dir.path()).unwrap();
         assert_eq!(reopened.volumes().keys().collect::<Vec<_>>(), ["a"]);
+        assert!(!dir.path().join("records/volumes/d.json").exists());
         assert_eq!(reopened.volume("a"), Some(&volume("a")));
         assert!(!dir.path().join("records/volumes/c.json.tmp").exists());
     }
