@@ -128,11 +128,7 @@ impl LocalDriver {
 
     /// Bytes allocated to all volumes, ephemeral ones included.
     fn allocated_bytes(&self) -> u64 {
-        self.store
-            .volumes()
-            .values()
-            .map(|v| v.capacity_bytes)
-            .sum()
+        self.store.allocated_bytes()
     }
 
     /// Bytes still free to allocate.

@@ -95,6 +95,9 @@ pub struct Store {
     root: PathBuf,
     volumes: BTreeMap<String, VolumeRecord>,
     snapshots: BTreeMap<String, SnapshotRecord>,
+    /// The sum of the volumes' capacities, kept with them: a check of free capacity costs the same
+    /// however many volumes the node has.
+    allocated: u64,
 }
 
 impl Store {
@@ -109,8 +112,10 @@ impl Store {
             let dir = root.join(dir);
             fs::create_dir_all(&dir).context(|| format!("creating state dir {}", dir.display()))?;
         }
+        let volumes: BTreeMap<String, VolumeRecord> = load_records(&root.join("records/volumes"))?;
         Ok(Self {
-            volumes: load_records(&root.join("records/volumes"))?,
+            allocated: volumes.values().map(|v| v.capacity_bytes).sum(),
+            volumes,
             snapshots: load_records(&root.join("records/snapshots"))?,
             root: root.to_path_buf(),
         })
@@ -124,6 +129,11 @@ impl Store {
     /// All volumes, ordered by id.
     pub fn volumes(&self) -> &BTreeMap<String, VolumeRecord> {
         &self.volumes
+    }
+
+    /// The sum of every volume's capacity.
+    pub fn allocated_bytes(&self) -> u64 {
+        self.allocated
     }
 
     /// One volume.
@@ -144,14 +154,19 @@ impl Store {
             &volume,
             durability,
         )?;
-        self.volumes.insert(volume.id.clone(), volume);
+        self.allocated = self.allocated.saturating_add(volume.capacity_bytes);
+        if let Some(old) = self.volumes.insert(volume.id.clone(), volume) {
+            self.allocated = self.allocated.saturating_sub(old.capacity_bytes);
+        }
         Ok(())
     }
 
     /// Removes a volume record (its content is the caller's to delete first).
     pub fn remove_volume(&mut self, id: &str) -> Result<()> {
         remove_record(&self.root.join("records/volumes"), id)?;
-        self.volumes.remove(id);
+        if let Some(old) = self.volumes.remove(id) {
+            self.allocated = self.allocated.saturating_sub(old.capacity_bytes);
+        }
         Ok(())
     }
 
