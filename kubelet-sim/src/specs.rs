@@ -49,7 +49,7 @@ pub fn volume_spec(
         };
         return Ok((
             Spec::Inline {
-                volume: Box::new(volume),
+                volume: std::sync::Arc::new(volume),
                 csi: Some(csi),
             },
             read_only,
@@ -79,7 +79,7 @@ pub fn volume_spec(
         let read_only = claim.read_only.unwrap_or(false);
         return Ok((
             Spec::Persistent {
-                pv: Box::new(std::sync::Arc::unwrap_or_clone(pv)),
+                pv,
                 read_only,
             },
             read_only,
@@ -89,7 +89,7 @@ pub fn volume_spec(
     let read_only = volume.image.is_some();
     Ok((
         Spec::Inline {
-            volume: Box::new(volume),
+            volume: std::sync::Arc::new(volume),
             csi: None,
         },
         read_only,

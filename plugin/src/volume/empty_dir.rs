@@ -92,7 +92,7 @@ impl<K: DirVolume> VolumePlugin for DirPlugin<K> {
 
     fn construct_volume_spec(&self, spec_name: &str, _pod_uid: &str) -> Result<Spec, VolumeError> {
         Ok(Spec::Inline {
-            volume: Box::new(K::reconstructed(spec_name)),
+            volume: Arc::new(K::reconstructed(spec_name)),
             csi: None,
         })
     }

@@ -110,7 +110,7 @@ impl VolumePlugin for ImagePlugin {
                 VolumeError::final_(format!("no record of image volume {spec_name:?}"))
             })?;
         Ok(Spec::Inline {
-            volume: Box::new(Volume {
+            volume: Arc::new(Volume {
                 name: spec_name.to_string(),
                 image: Some(ImageVolumeSource {
                     reference: Some(record.image),

@@ -1,6 +1,8 @@
 //! What a volume is, as the volume manager hands it to plugins (`volume.Spec` upstream): a pod's inline
 //! volume, or a PersistentVolume.
 
+use std::sync::Arc;
+
 use k8s_openapi::api::core::v1::{CSIVolumeSource, PersistentVolume, Pod, SecretReference, Volume};
 
 /// The inline CSI source as the early KEP-596 draft had it: the shipped `CSIVolumeSource` plus the draft's
@@ -18,20 +20,21 @@ pub struct InlineCsi {
     pub node_stage_secret: Option<String>,
 }
 
-/// One volume, with what plugins need to act on it.
+/// One volume, with what plugins need to act on it. Cheap to clone (the objects are shared): the volume
+/// manager hands specs around on every pass.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Spec {
     /// A volume written in the pod: `spec.volumes[i]`.
     Inline {
         /// The pod's volume (name and source).
-        volume: Box<Volume>,
+        volume: Arc<Volume>,
         /// The inline CSI source with the draft fields, when the volume is `csi`.
         csi: Option<InlineCsi>,
     },
     /// A PersistentVolume the pod reaches through a bound claim.
     Persistent {
         /// The PV.
-        pv: Box<PersistentVolume>,
+        pv: Arc<PersistentVolume>,
         /// The claim's `readOnly` in the pod.
         read_only: bool,
     },

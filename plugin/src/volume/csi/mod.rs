@@ -175,7 +175,7 @@ pub fn spec_from_vol_data(data: &VolData) -> Spec {
     };
     match data.lifecycle_mode.as_str() {
         "Ephemeral" => Spec::Inline {
-            volume: Box::new(Volume {
+            volume: Arc::new(Volume {
                 name,
                 csi: Some(source.clone()),
                 ..Default::default()
@@ -186,7 +186,7 @@ pub fn spec_from_vol_data(data: &VolData) -> Spec {
             }),
         },
         _ => Spec::Persistent {
-            pv: Box::new(PersistentVolume {
+            pv: Arc::new(PersistentVolume {
                 metadata: ObjectMeta {
                     name: Some(name),
                     ..Default::default()
