@@ -80,7 +80,6 @@ pub struct PodsArgs {
 
 /// Runs a workload, prints its figures, writes JSON and SVG as asked.
 pub async fn run(bench: Bench) -> Result<(), String> {
-    let command = std::env::args().collect::<Vec<_>>().join(" ");
     match bench {
         Bench::CsiEphemeral(args) => {
             let (root, _temp) = root(&args.output)?;
@@ -95,29 +94,16 @@ pub async fn run(bench: Bench) -> Result<(), String> {
             };
             let figures = csi_ephemeral::run(&config).await?;
             bench::print_ephemeral(&mut std::io::stdout(), &figures).map_err(|e| e.to_string())?;
-            if let Some(path) = &args.output.svg {
-                let series: Vec<_> = figures
-                    .iter()
-                    .map(|f| {
-                        let name =
-                            format!("{} c={} published={}", f.driver, f.concurrency, f.published);
-                        (name, f.samples.clone())
-                    })
-                    .collect();
-                let title = "Ephemeral NodePublish + NodeUnpublish round trip";
-                bench::write_svg(path, title, &series)?;
-            }
-            if let Some(path) = &args.output.json {
-                let machine = Machine::here(real);
-                bench::write_json(
-                    path,
-                    &Results {
-                        machine,
-                        command,
-                        figures,
-                    },
-                )?;
-            }
+            let series: Vec<_> = figures
+                .iter()
+                .map(|f| {
+                    let name =
+                        format!("{} c={} published={}", f.driver, f.concurrency, f.published);
+                    (name, f.samples.clone())
+                })
+                .collect();
+            let title = "Ephemeral NodePublish + NodeUnpublish round trip";
+            write(&args.output, real, figures, title, &series)
         }
         Bench::Pods(args) => {
             let (root, _temp) = root(&args.output)?;
@@ -133,26 +119,31 @@ pub async fn run(bench: Bench) -> Result<(), String> {
             };
             let figures = pods::run(&config).await?;
             bench::print_pods(&mut std::io::stdout(), &figures).map_err(|e| e.to_string())?;
-            if let Some(path) = &args.output.svg {
-                let name = format!("{} pods over {} nodes", figures.pods, figures.nodes);
-                bench::write_svg(
-                    path,
-                    "Pod start latency",
-                    &[(name, figures.samples.clone())],
-                )?;
-            }
-            if let Some(path) = &args.output.json {
-                let machine = Machine::here(real);
-                bench::write_json(
-                    path,
-                    &Results {
-                        machine,
-                        command,
-                        figures,
-                    },
-                )?;
-            }
+            let name = format!("{} pods over {} nodes", figures.pods, figures.nodes);
+            let series = [(name, figures.samples.clone())];
+            write(&args.output, real, figures, "Pod start latency", &series)
         }
+    }
+}
+
+/// Writes the chart of `series` and the JSON of `figures`, as `output` asks.
+fn write<T: serde::Serialize>(
+    output: &Output,
+    real_mounts: bool,
+    figures: T,
+    title: &str,
+    series: &[(String, Vec<Duration>)],
+) -> Result<(), String> {
+    if let Some(path) = &output.svg {
+        bench::write_svg(path, title, series)?;
+    }
+    if let Some(path) = &output.json {
+        let results = Results {
+            machine: Machine::here(real_mounts),
+            command: std::env::args().collect::<Vec<_>>().join(" "),
+            figures,
+        };
+        bench::write_json(path, &results)?;
     }
     Ok(())
 }

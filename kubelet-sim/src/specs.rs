@@ -77,13 +77,7 @@ pub fn volume_spec(
         let pv = read::<PersistentVolume>(api, reads, "", &pv_name)
             .ok_or_else(|| format!("persistentvolume {pv_name:?} not found"))?;
         let read_only = claim.read_only.unwrap_or(false);
-        return Ok((
-            Spec::Persistent {
-                pv,
-                read_only,
-            },
-            read_only,
-        ));
+        return Ok((Spec::Persistent { pv, read_only }, read_only));
     }
     // Image volumes are read-only by definition (KEP-4639), whatever the volumeMount says.
     let read_only = volume.image.is_some();

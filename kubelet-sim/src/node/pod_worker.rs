@@ -281,7 +281,11 @@ impl Kubelet {
     /// of pods starting at once.
     async fn start(self: Arc<Self>, pod: Arc<Pod>) -> bool {
         let uid = pod.metadata.uid.clone().unwrap_or_default();
-        let containers = pod.spec.as_ref().map(|s| s.containers.as_slice()).unwrap_or_default();
+        let containers = pod
+            .spec
+            .as_ref()
+            .map(|s| s.containers.as_slice())
+            .unwrap_or_default();
         for container in containers {
             if !Box::pin(self.ensure_image(&pod, container)).await {
                 return false;
