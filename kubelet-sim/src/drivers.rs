@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use inlet_plugin::image::{Engine, EngineConfig, ImageDriverConfig, ImageService};
+use inlet_plugin::local::content_mount::ContentMount;
 use inlet_plugin::local::{LocalConfig, LocalDriver, LocalService};
 
 use crate::sim::SimImages;
@@ -102,6 +103,8 @@ pub struct DriverHandle {
     pub image_state: Option<PathBuf>,
     stop: tokio::sync::watch::Sender<bool>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// A local driver's content dir bound onto itself, undone when the driver stops.
+    content: Option<ContentMount>,
 }
 
 impl DriverHandle {
@@ -130,9 +133,14 @@ impl DriverHandle {
             ephemeral_default: true,
             volume_mount_group: mount_group,
         };
-        let driver = LocalDriver::open(config, mounter)
+        let state_dir = config.state_dir.clone();
+        let driver = LocalDriver::open(config, Arc::clone(&mounter))
             .map_err(|e| format!("local driver {name} on {node}: {e}"))?;
-        Self::serve(name, node, &dir, LocalService::new(driver), None).await
+        let content = ContentMount::bind(&state_dir, mounter)
+            .map_err(|e| format!("local driver {name} on {node}: {e}"))?;
+        let mut handle = Self::serve(name, node, &dir, LocalService::new(driver), None).await?;
+        handle.content = Some(content);
+        Ok(handle)
     }
 
     /// Starts the image driver `name` for `node`, pulling through the runtime at `cri_socket`: socket and
@@ -198,6 +206,7 @@ impl DriverHandle {
             image_state,
             stop,
             tasks: vec![task],
+            content: None,
         })
     }
 
@@ -215,12 +224,13 @@ impl DriverHandle {
         }));
     }
 
-    /// Stops the driver and waits for it.
+    /// Stops the driver and waits for it (then its content dir's self-bind is undone).
     pub async fn stop(self) {
         let _ = self.stop.send(true);
         for task in self.tasks {
             let _ = task.await;
         }
+        drop(self.content);
     }
 }
 

@@ -878,7 +878,10 @@ impl Simulation {
             let mut stack = vec![node.config.root.clone()];
             while let Some(dir) = stack.pop() {
                 if self.config.mounter.is_mount_point(&dir).unwrap_or(false) {
-                    leftover_mounts.push(dir.display().to_string());
+                    // A running local driver's own mount of its content dir is not a leftover.
+                    if !inlet_plugin::local::content_mount::is_own(&dir) {
+                        leftover_mounts.push(dir.display().to_string());
+                    }
                     continue;
                 }
                 for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {

@@ -9,6 +9,7 @@ use inlet_plugin::call_log::CallLog;
 use inlet_plugin::image::{
     Engine, EngineConfig, ImageDriverConfig, ImageService, StorageKind, VerificationPolicy,
 };
+use inlet_plugin::local::content_mount::ContentMount;
 use inlet_plugin::local::{LocalConfig, LocalDriver, LocalService};
 use inlet_plugin::mount::{LinuxMounter, MountLayer, RecordingMounter, can_mount};
 use inlet_plugin::quantity::parse_bytes;
@@ -266,7 +267,10 @@ async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
         volume_mount_group: args.volume_mount_group,
     };
     tracing::info!(driver = %config.name, node_id = %config.node_id, state_dir = %config.state_dir.display(), "starting local driver");
-    let driver = LocalDriver::open(config, mounter)?;
+    let state_dir = config.state_dir.clone();
+    let driver = LocalDriver::open(config, Arc::clone(&mounter))?;
+    // Held while serving; undone at exit.
+    let _content = ContentMount::bind(&state_dir, mounter)?;
     serving.serve(&socket, LocalService::new(driver)).await
 }
 

@@ -15,6 +15,9 @@ use inlet_plugin::mount::{LinuxMounter, MountLayer, can_mount};
 use inlet_proto::csi::v1 as csi;
 use tonic::transport::Channel;
 
+#[path = "kit/mod.rs"]
+mod kit;
+
 const BIN: &str = env!("CARGO_BIN_EXE_inlet-plugin");
 
 /// Which driver a life runs against.
@@ -98,8 +101,7 @@ impl Driver {
 
 impl Drop for Driver {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        kit::terminate(&mut self.child);
     }
 }
 

@@ -34,8 +34,7 @@ struct Driver(Child);
 
 impl Drop for Driver {
     fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+        kit::terminate(&mut self.0);
     }
 }
 

@@ -7,6 +7,9 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+#[path = "kit/mod.rs"]
+mod kit;
+
 const BIN: &str = env!("CARGO_BIN_EXE_inlet-plugin");
 const PYTHON: &str = "/usr/bin/python3";
 
@@ -29,8 +32,7 @@ struct Driver(Child);
 
 impl Drop for Driver {
     fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+        kit::terminate(&mut self.0);
     }
 }
 

@@ -7,7 +7,10 @@
 //! - `controller.rs`, `node.rs`: the CSI Controller and Node calls, as methods of [`LocalDriver`].
 //! - `service.rs`: the tonic Identity/Controller/Node services that run those methods off the async runtime.
 //! - `store.rs`: durable records; `validate.rs`: request checks that name the field at fault.
+//! - `content_mount.rs`: the content dir bound onto itself while the driver serves, so a publish costs the
+//!   same however many volumes the node has.
 
+pub mod content_mount;
 mod controller;
 mod node;
 mod service;

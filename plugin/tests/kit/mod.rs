@@ -241,3 +241,18 @@ pub async fn create_volume(socket: &Path, name: &str) {
         .await
         .expect("CreateVolume");
 }
+
+/// Stops a driver process as its pod's deletion would: SIGTERM, so it undoes what it set up (its content
+/// dir's self-bind), then SIGKILL if it has not exited within 10 s. A process already gone is reaped.
+pub fn terminate(child: &mut Child) {
+    if matches!(child.try_wait(), Ok(None)) {
+        let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while matches!(child.try_wait(), Ok(None)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = child.kill();
+    }
+    let _ = child.wait();
+}
