@@ -51,7 +51,14 @@ fn documents(text: &str) -> Vec<Value> {
 /// Every Kubernetes manifest under deploy/ (not kustomize's own files, JSON patches or kind's config).
 fn manifests() -> Vec<(PathBuf, Value)> {
     let mut found = Vec::new();
-    for entry in walk(&deploy()) {
+    let files = walkdir::WalkDir::new(deploy())
+        .sort_by_file_name()
+        .into_iter();
+    for entry in files
+        .filter_map(Result::ok)
+        .filter(|e| e.file_type().is_file())
+    {
+        let entry = entry.into_path();
         let name = entry.file_name().unwrap().to_string_lossy().to_string();
         if !name.ends_with(".yaml") || name == "kustomization.yaml" {
             continue;
@@ -67,20 +74,6 @@ fn manifests() -> Vec<(PathBuf, Value)> {
         }
     }
     found
-}
-
-fn walk(dir: &Path) -> Vec<PathBuf> {
-    let mut files = Vec::new();
-    for entry in std::fs::read_dir(dir).unwrap() {
-        let path = entry.unwrap().path();
-        if path.is_dir() {
-            files.extend(walk(&path));
-        } else {
-            files.push(path);
-        }
-    }
-    files.sort();
-    files
 }
 
 /// The fields of `original` that `typed` (the same object through a k8s-openapi type) lost: unknown ones.
