@@ -15,10 +15,12 @@
 //!   pulled from configured registries or imported from OCI layouts ([`pull`]).
 //! - [`layout`]: building small images (OCI layouts) and pushing them to a registry, for tests and demos.
 //! - [`registry`]: a private `docker-registry` on a local port, optionally with basic auth.
+//! - [`containerd`]: a private `containerd` in a directory of its own.
 //! - [`program`]: how a container's command ends.
 //! - [`faults`]: fault configuration from a file, flags or tests.
 //! - [`serve`]: serving both services on a socket until shutdown; the `cri-fake` binary wraps it.
 
+pub mod containerd;
 pub mod faults;
 pub mod images;
 pub mod layout;

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use kubelet_sim::bench::{self, Machine, Results, csi_ephemeral, pods};
+use kubelet_sim::bench::{self, Machine, Results, csi_ephemeral, image, pods};
 use kubelet_sim::drivers::DriverArg;
 
 use crate::MounterKind;
@@ -17,6 +17,9 @@ pub enum Bench {
     /// N pods with K inline volumes over M simulated nodes: time to all Running, pod start latency,
     /// teardown time, peak memory.
     Pods(PodsArgs),
+    /// Image volumes on a real runtime (containerd when installed): the cold pull through CRI, warm
+    /// read-only and writable publishes, the disk each volume uses, beside copying the image's files.
+    Image(ImageArgs),
 }
 
 /// Where figures go.
@@ -78,6 +81,39 @@ pub struct PodsArgs {
     output: Output,
 }
 
+/// `bench image`.
+#[derive(clap::Args)]
+pub struct ImageArgs {
+    /// A driver: NAME=image (inlet's image driver, started here) or NAME=unix:///PATH (any image driver
+    /// taking the `image` volume attribute, pulling through the same runtime). Repeatable.
+    #[arg(long = "driver", default_value = "image.inlet.dev=image")]
+    drivers: Vec<DriverArg>,
+    /// The runtime's CRI socket (unix:///PATH). Default: a private containerd started here when it is
+    /// installed and we are root, else the in-process cri-fake.
+    #[arg(long, value_name = "ENDPOINT")]
+    cri: Option<String>,
+    /// The image's total file size (a Kubernetes quantity).
+    #[arg(long, default_value = "200Mi", value_parser = inlet_plugin::quantity::parse_bytes)]
+    size: u64,
+    /// The image's layers.
+    #[arg(long, default_value_t = 10)]
+    layers: usize,
+    /// Further read-only volumes per driver, all kept published while measured.
+    #[arg(long, default_value_t = 1000)]
+    volumes: usize,
+    /// Writable volume publish + unpublish cycles per driver.
+    #[arg(long, default_value_t = 200)]
+    cycles: usize,
+    /// Bytes written into a writable volume before its disk use is measured (a quantity).
+    #[arg(long, default_value = "64Mi", value_parser = inlet_plugin::quantity::parse_bytes)]
+    write: u64,
+    /// Copies of the image's files for the baseline (0: none).
+    #[arg(long, default_value_t = 5)]
+    copies: usize,
+    #[command(flatten)]
+    output: Output,
+}
+
 /// Runs a workload, prints its figures, writes JSON and SVG as asked.
 pub async fn run(bench: Bench) -> Result<(), String> {
     match bench {
@@ -122,6 +158,46 @@ pub async fn run(bench: Bench) -> Result<(), String> {
             let name = format!("{} pods over {} nodes", figures.pods, figures.nodes);
             let series = [(name, figures.samples.clone())];
             write(&args.output, real, figures, "Pod start latency", &series)
+        }
+        Bench::Image(args) => {
+            let (root, _temp) = root(&args.output)?;
+            let (mounter, real) = args.output.mounter.layer();
+            let cri = args
+                .cri
+                .as_deref()
+                .map(inlet_proto::uds::socket_path)
+                .transpose()
+                .map_err(|e| format!("--cri: {e}"))?;
+            let config = image::ImageConfig {
+                drivers: args.drivers,
+                cri,
+                size: args.size,
+                layers: args.layers,
+                volumes: args.volumes,
+                cycles: args.cycles,
+                write: args.write,
+                copies: args.copies,
+                root,
+                mounter,
+            };
+            let figures = image::run(&config).await?;
+            bench::print_image(&mut std::io::stdout(), &figures).map_err(|e| e.to_string())?;
+            let mut series = Vec::new();
+            for d in &figures.drivers {
+                series.push((
+                    format!("{} further read-only", d.driver),
+                    d.readonly_samples.clone(),
+                ));
+                series.push((format!("{} writable", d.driver), d.writable_samples.clone()));
+            }
+            if let Some(copy) = &figures.copy {
+                series.push((
+                    "copy of the image's files".to_string(),
+                    copy.samples.clone(),
+                ));
+            }
+            let title = "Image volume NodePublish, beside a copy of the image";
+            write(&args.output, real, figures, title, &series)
         }
     }
 }

@@ -609,3 +609,76 @@ fn bench_writes_its_figures_as_json_and_svg() {
     assert_eq!(figures["pod_start"]["samples"], 20);
     assert!(figures["peak_rss_mib"].as_u64().unwrap() > 0);
 }
+
+#[test]
+fn bench_image_weighs_volumes_beside_copies_and_leaves_nothing() {
+    if !cri_fake::registry::LocalRegistry::available() {
+        eprintln!(
+            "SKIPPED bench_image_weighs_volumes_beside_copies_and_leaves_nothing: docker-registry is not installed"
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (json, svg, root) = (
+        dir.path().join("i.json"),
+        dir.path().join("i.svg"),
+        dir.path().join("root"),
+    );
+    let (code, stdout, stderr) = run(&[
+        "bench",
+        "image",
+        "--size",
+        "2Mi",
+        "--layers",
+        "3",
+        "--volumes",
+        "20",
+        "--cycles",
+        "5",
+        "--write",
+        "1Mi",
+        "--copies",
+        "2",
+        "--root",
+        root.to_str().unwrap(),
+        "--json",
+        json.to_str().unwrap(),
+        "--svg",
+        svg.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(stderr.contains("pulling "), "progress on stderr: {stderr}");
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let figures = &report["figures"];
+    assert_eq!(figures["clean"], true, "{stdout}");
+    assert_eq!(
+        (figures["layers"].as_u64(), figures["files"].as_u64()),
+        (Some(3), Some(9))
+    );
+    let driver = &figures["drivers"][0];
+    assert_eq!(driver["driver"], "image.inlet.dev");
+    assert_eq!(driver["readonly_publish"]["samples"], 20);
+    assert_eq!(driver["writable_publish"]["samples"], 5);
+    assert!(
+        driver["disk_writable_bytes"].as_i64().unwrap() >= 1 << 20,
+        "{driver}"
+    );
+    if report["machine"]["real_mounts"] == true {
+        // The copies hold the image's files; the read-only volumes share them.
+        let copy = figures["copy"]["disk_bytes_each"].as_i64().unwrap();
+        assert!(copy >= 2 << 20, "{figures}");
+        let further = driver["disk_readonly_bytes"]["tenth"].as_i64().unwrap()
+            - driver["disk_readonly_bytes"]["first"].as_i64().unwrap();
+        assert!(
+            further < copy / 4,
+            "9 further read-only volumes used {further} bytes"
+        );
+    }
+    assert!(std::fs::read_to_string(&svg).unwrap().starts_with("<svg"));
+    let left: Vec<_> = std::fs::read_dir(&root)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert!(left.is_empty(), "left under the root: {left:?}");
+}

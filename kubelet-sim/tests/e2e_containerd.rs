@@ -15,9 +15,10 @@
 //! them); otherwise it says SKIPPED and passes. Every daemon it starts is stopped when it ends.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
+use cri_fake::containerd::{ContainerdOptions, PrivateContainerd};
 use cri_fake::layout::{ImageBuilder, push};
 use cri_fake::registry::LocalRegistry;
 use inlet_plugin::mount::can_mount;
@@ -39,99 +40,6 @@ fn missing_prerequisite() -> Option<String> {
         return Some(format!("{BUSYBOX} (busybox-static) is not installed"));
     }
     None
-}
-
-/// A containerd of the test's own, stopped on drop.
-struct Containerd {
-    child: Child,
-    socket: PathBuf,
-}
-
-impl Containerd {
-    fn start(dir: &Path, open_registry: &str, private_registry: &str) -> Self {
-        let socket = dir.join("containerd.sock");
-        let mirror = |host: &str| {
-            format!(
-                "[plugins.\"io.containerd.grpc.v1.cri\".registry.mirrors.\"{host}\"]\n  endpoint = [\"http://{host}\"]\n"
-            )
-        };
-        // restrict_oom_score_adj: this machine refuses the pause container's oom_score_adj; the sandbox
-        // image is ours (busybox sleeping), and sandboxes use the node's network (no CNI here).
-        let config = format!(
-            r#"version = 2
-root = "{root}"
-state = "{state}"
-[grpc]
-  address = "{socket}"
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "{open_registry}/pause:1"
-  restrict_oom_score_adj = true
-[plugins."io.containerd.grpc.v1.cri".containerd]
-  snapshotter = "overlayfs"
-{open}{private}"#,
-            root = dir.join("root").display(),
-            state = dir.join("state").display(),
-            socket = socket.display(),
-            open = mirror(open_registry),
-            private = mirror(private_registry),
-        );
-        std::fs::write(dir.join("config.toml"), config).unwrap();
-        let log = std::fs::File::create(dir.join("containerd.log")).unwrap();
-        let child = Command::new("containerd")
-            .arg("--config")
-            .arg(dir.join("config.toml"))
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .stdin(Stdio::null())
-            .spawn()
-            .expect("containerd starts");
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !socket.exists() {
-            assert!(
-                Instant::now() < deadline,
-                "containerd did not listen: {}",
-                std::fs::read_to_string(dir.join("containerd.log")).unwrap_or_default()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        Self { child, socket }
-    }
-
-    fn ctr(&self, args: &[&str]) -> String {
-        let out = Command::new("ctr")
-            .arg("--address")
-            .arg(&self.socket)
-            .args(["--namespace", "k8s.io"])
-            .args(args)
-            .output()
-            .expect("ctr runs");
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-}
-
-impl Drop for Containerd {
-    fn drop(&mut self) {
-        // Containers first (their shims outlive containerd), then containerd. After a clean run there are
-        // none: the teardown removed every sandbox.
-        for id in self.ctr(&["tasks", "ls", "-q"]).lines() {
-            self.ctr(&["tasks", "kill", "-s", "SIGKILL", id]);
-            std::thread::sleep(Duration::from_millis(200));
-            self.ctr(&["tasks", "delete", "--force", id]);
-        }
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(self.child.id() as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        );
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// busybox with the applets the pods use, and a command.
@@ -224,7 +132,14 @@ async fn image_volumes_on_containerd() {
 
     let containerd_dir = dir.path().join("containerd");
     std::fs::create_dir_all(&containerd_dir).unwrap();
-    let containerd = Containerd::start(&containerd_dir, &open.address, &private.address);
+    let containerd = PrivateContainerd::start(
+        &containerd_dir,
+        &ContainerdOptions {
+            sandbox_image: Some(format!("{}/pause:1", open.address)),
+            plain_http_registries: vec![open.address.clone(), private.address.clone()],
+        },
+    )
+    .unwrap();
 
     let auth = base64_encode("bob:hunter22");
     let docker_config = base64_encode(&format!(
@@ -338,8 +253,7 @@ spec:
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     eprintln!("kubelet-sim took {:?}\n{stdout}", started.elapsed());
-    let containerd_log =
-        || std::fs::read_to_string(containerd_dir.join("containerd.log")).unwrap_or_default();
+    let containerd_log = || containerd.log();
     assert!(
         out.status.success(),
         "stdout:\n{stdout}\nstderr:\n{stderr}\ncontainerd:\n{}",

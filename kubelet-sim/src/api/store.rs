@@ -1,6 +1,11 @@
 //! The embedded, in-memory API: Kubernetes objects (k8s-openapi types) by kind, namespace and name, with
 //! a revision that every change bumps, so controllers wake on change as they would on a watch.
 //!
+//! A kubelet watches less, as a real one does (its pods by `spec.nodeName`, informers for the rest): a
+//! node's watch ([`Api::watch_node`]) sees changes to its own Pods, Node, CSINode and VolumeAttachments,
+//! and the cluster watch ([`Api::watch_cluster`]) changes to every other kind. So one node's pod status
+//! does not wake the other nodes, and a node's work per change does not grow with the cluster.
+//!
 //! Every read a node makes of a Secret, CSIDriver, PV, PVC or VolumeAttachment is recorded
 //! ([`Api::reads`]), so scenarios can check the kubelet read only what it had to.
 //!
@@ -12,10 +17,38 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use k8s_openapi::Metadata;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::storage::v1::{CSINode, VolumeAttachment};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use parking_lot::{Mutex, RwLock};
 use serde::Serialize;
+
+/// True for the kinds that belong to one node (see [`node_of`]).
+fn is_node_scoped<T: Kind>() -> bool {
+    [
+        TypeId::of::<Pod>(),
+        TypeId::of::<Node>(),
+        TypeId::of::<CSINode>(),
+        TypeId::of::<VolumeAttachment>(),
+    ]
+    .contains(&TypeId::of::<T>())
+}
+
+/// The node an object belongs to: a Pod's and a VolumeAttachment's `spec.nodeName`, a Node's and a
+/// CSINode's name; none for other kinds, or a pod not yet scheduled.
+fn node_of<T: Kind>(object: Option<&T>) -> Option<String> {
+    let object = object?;
+    let kind = TypeId::of::<T>();
+    if kind == TypeId::of::<Node>() || kind == TypeId::of::<CSINode>() {
+        return object.metadata().name.clone();
+    }
+    let any = object as &dyn Any;
+    if let Some(pod) = any.downcast_ref::<Pod>() {
+        return pod.spec.as_ref()?.node_name.clone();
+    }
+    any.downcast_ref::<VolumeAttachment>()
+        .map(|attachment| attachment.spec.node_name.clone())
+}
 
 /// `namespace/name`, or `name` for cluster-scoped objects (namespace empty).
 pub type Key = (String, String);
@@ -49,10 +82,14 @@ pub struct Api {
     objects: RwLock<HashMap<TypeId, Box<dyn Any + Send + Sync>>>,
     reads: Mutex<Vec<ApiRead>>,
     /// Pod keys by node name, maintained on every Pod change.
-    pods_by_node: RwLock<HashMap<String, std::collections::BTreeSet<Key>>>,
+    pods_by_node: RwLock<HashMap<String, BTreeMap<Key, Arc<Pod>>>>,
     /// Events by pod UID (see `Api::record_event`).
     pub(crate) events: Mutex<HashMap<String, Vec<k8s_openapi::api::core::v1::Event>>>,
     revision: Arc<tokio::sync::watch::Sender<u64>>,
+    /// Bumped by changes to objects of no node (see the module's doc).
+    cluster_revision: tokio::sync::watch::Sender<u64>,
+    /// Per node, bumped by changes to that node's objects.
+    node_revisions: RwLock<HashMap<String, tokio::sync::watch::Sender<u64>>>,
     /// Pods their node has finished with (namespace, name, UID), kept while someone takes them (see
     /// [`Api::track_finished`]).
     finished: Mutex<Option<Vec<(String, String, String)>>>,
@@ -104,11 +141,29 @@ impl Api {
         self.revision.subscribe()
     }
 
+    /// A receiver that sees changes to `node`'s own objects: its Pods, Node, CSINode, VolumeAttachments.
+    pub fn watch_node(&self, node: &str) -> tokio::sync::watch::Receiver<u64> {
+        if let Some(sender) = self.node_revisions.read().get(node) {
+            return sender.subscribe();
+        }
+        let mut revisions = self.node_revisions.write();
+        revisions
+            .entry(node.to_string())
+            .or_insert_with(|| tokio::sync::watch::channel(0).0)
+            .subscribe()
+    }
+
+    /// A receiver that sees changes to objects of no node (PVs, PVCs, CSIDrivers, Secrets, ...).
+    pub fn watch_cluster(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.cluster_revision.subscribe()
+    }
+
     /// Marks the API's content complete: nodes may now act on what is *not* in it (see
     /// [`Api::sources_ready`]). Wakes every watcher.
     pub fn mark_sources_ready(&self) {
         self.sources_ready
             .store(true, std::sync::atomic::Ordering::Release);
+        self.cluster_revision.send_modify(|r| *r += 1);
         self.changed();
     }
 
@@ -175,7 +230,7 @@ impl Api {
         let key = key_of(object.metadata());
         self.with_map_mut::<T, _>(|m| {
             let old = m.insert(key.clone(), Arc::new(object));
-            self.reindex(&key, old.as_deref(), m.get(&key).map(Arc::as_ref));
+            self.after_change(&key, old.as_deref(), m.get(&key));
         });
     }
 
@@ -186,7 +241,7 @@ impl Api {
         self.with_map_mut::<T, _>(|m| {
             let merged = merge(m.get(&key).map(Arc::as_ref), object);
             let old = m.insert(key.clone(), Arc::new(merged));
-            self.reindex(&key, old.as_deref(), m.get(&key).map(Arc::as_ref));
+            self.after_change(&key, old.as_deref(), m.get(&key));
         });
     }
 
@@ -197,7 +252,7 @@ impl Api {
             Some(object) => {
                 let old = Arc::clone(object);
                 f(Arc::make_mut(object));
-                self.reindex(&key, Some(old.as_ref()), Some(object.as_ref()));
+                self.after_change(&key, Some(old.as_ref()), Some(&*object));
                 true
             }
             None => false,
@@ -209,39 +264,55 @@ impl Api {
         let key = (namespace.to_string(), name.to_string());
         self.with_map_mut::<T, _>(|m| {
             let old = m.remove(&key);
-            self.reindex::<T>(&key, old.as_deref(), None);
+            self.after_change::<T>(&key, old.as_deref(), None);
             old
         })
     }
 
-    /// The pods bound to a node (`spec.nodeName`), from the index: a node's work does not grow with the
-    /// number of pods elsewhere.
+    /// The pods bound to a node (`spec.nodeName`), from the index (which holds them): a node's work does
+    /// not grow with the number of pods elsewhere.
     pub fn pods_on(&self, node: &str) -> Vec<Arc<Pod>> {
-        let keys: Vec<Key> = self
-            .pods_by_node
+        self.pods_by_node
             .read()
             .get(node)
-            .map(|k| k.iter().cloned().collect())
-            .unwrap_or_default();
-        self.with_map::<Pod, _>(|m| keys.iter().filter_map(|k| m.get(k).cloned()).collect())
+            .map(|pods| pods.values().cloned().collect())
+            .unwrap_or_default()
     }
 
-    /// Keeps the pods-by-node index in step with a change of a Pod (other kinds are not indexed).
-    fn reindex<T: Kind>(&self, key: &Key, old: Option<&T>, new: Option<&T>) {
-        let node_of = |object: Option<&T>| {
-            let pod = (object? as &dyn Any).downcast_ref::<Pod>()?;
-            pod.spec.as_ref()?.node_name.clone()
-        };
-        let (before, after) = (node_of(old), node_of(new));
-        if before == after {
+    /// After a change: wakes the watchers of the nodes the object belongs to (before and after), or the
+    /// cluster's, and keeps the pods-by-node index in step with a change of a Pod.
+    fn after_change<T: Kind>(&self, key: &Key, old: Option<&T>, new: Option<&Arc<T>>) {
+        let (before, after) = (node_of(old), node_of(new.map(Arc::as_ref)));
+        match (&before, &after) {
+            (None, None) if !is_node_scoped::<T>() => {
+                self.cluster_revision.send_modify(|r| *r += 1);
+            }
+            _ => {
+                let revisions = self.node_revisions.read();
+                for node in before
+                    .iter()
+                    .chain(after.iter().filter(|a| Some(*a) != before.as_ref()))
+                {
+                    if let Some(sender) = revisions.get(node) {
+                        sender.send_modify(|r| *r += 1);
+                    }
+                }
+            }
+        }
+        if TypeId::of::<T>() != TypeId::of::<Pod>() {
             return;
         }
         let mut index = self.pods_by_node.write();
-        if let Some(node) = before {
-            index.entry(node).or_default().remove(key);
+        if let Some(node) = before.filter(|b| Some(b) != after.as_ref()) {
+            if let Some(pods) = index.get_mut(&node) {
+                pods.remove(key);
+            }
         }
-        if let Some(node) = after {
-            index.entry(node).or_default().insert(key.clone());
+        if let (Some(node), Some(new)) = (after, new) {
+            let pod = (Arc::clone(new) as Arc<dyn Any + Send + Sync>)
+                .downcast::<Pod>()
+                .expect("T is Pod");
+            index.entry(node).or_default().insert(key.clone(), pod);
         }
     }
 

@@ -5,10 +5,13 @@
 //! - [`csi_ephemeral`]: NodePublish + NodeUnpublish round trips of inline ephemeral volumes against any
 //!   CSI endpoints side by side, at each concurrency, with N other volumes published.
 //! - [`pods`]: N pods with K inline volumes over M simulated nodes: settle, start latency, teardown, memory.
+//! - [`image`]: image volumes on a real runtime: cold pull, warm read-only and writable publishes, disk
+//!   per volume, beside copying the image's files.
 //! - `stats.rs`: percentiles; `chart.rs`: the SVG.
 
 mod chart;
 pub mod csi_ephemeral;
+pub mod image;
 pub mod pods;
 mod stats;
 
@@ -112,6 +115,81 @@ pub fn print_pods(out: &mut impl Write, f: &pods::PodsFigures) -> std::io::Resul
         },
         f.peak_rss_mib,
         f.csi_calls
+    )
+}
+
+/// Prints an image run's figures.
+pub fn print_image(out: &mut impl Write, f: &image::ImageFigures) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "{} ({} files, {} layers, {:.1} MiB compressed) on {}: cold pull through CRI {:.2} s; ImageStatus p50 {}",
+        f.image,
+        f.files,
+        f.layers,
+        f.compressed_bytes as f64 / (1 << 20) as f64,
+        f.runtime,
+        f.cold_pull_seconds,
+        show(f.image_status.p50_us)
+    )?;
+    writeln!(
+        out,
+        "{:<20} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>10} {:>10} {:>12}",
+        "DRIVER",
+        "FIRST RO",
+        "RO P50",
+        "RO P99",
+        "RO 1/10",
+        "RO 10/10",
+        "RW P50",
+        "DISK 1ST",
+        "DISK 2ND",
+        "DISK 10TH",
+        "RW DISK"
+    )?;
+    for d in &f.drivers {
+        writeln!(
+            out,
+            "{:<20} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>10} {:>10} {:>12}",
+            d.driver,
+            show(d.first_readonly_us),
+            show(d.readonly_publish.p50_us),
+            show(d.readonly_publish.p99_us),
+            show(d.readonly_publish_p50_first_tenth_us),
+            show(d.readonly_publish_p50_last_tenth_us),
+            show(d.writable_publish.p50_us),
+            d.disk_readonly_bytes.first,
+            d.disk_readonly_bytes.second,
+            d.disk_readonly_bytes.tenth,
+            d.disk_writable_bytes
+        )?;
+    }
+    if let Some(copy) = &f.copy {
+        writeln!(
+            out,
+            "copy baseline: p50 {} per copy, {} bytes of disk each",
+            show(copy.copy.p50_us),
+            copy.disk_bytes_each
+        )?;
+        for d in &f.drivers {
+            if let Some(speedup) = d.speedup_over_copy {
+                writeln!(
+                    out,
+                    "  {}: a further read-only volume {speedup:.0}x faster than a copy",
+                    d.driver
+                )?;
+            }
+        }
+    }
+    writeln!(
+        out,
+        "RO: further read-only NodePublish ({} volumes, 1/10 and 10/10: p50 of the first and last tenth); RW: writable NodePublish; DISK: bytes used after the 1st, 2nd, 10th read-only volume, and by a writable volume after {} written; {}",
+        f.drivers.first().map_or(0, |d| d.readonly_publish.samples),
+        f.drivers.first().map_or(0, |d| d.writable_written_bytes),
+        if f.clean {
+            "nothing left"
+        } else {
+            "SOMETHING LEFT"
+        }
     )
 }
 

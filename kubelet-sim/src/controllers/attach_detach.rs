@@ -54,6 +54,9 @@ pub struct AttachmentReport {
     pub deleted: bool,
 }
 
+/// The shortest time between two passes.
+const RECONCILER_PERIOD: Duration = Duration::from_millis(100);
+
 /// The controller. One per simulation.
 pub struct AttachDetach {
     api: Arc<Api>,
@@ -81,7 +84,8 @@ impl AttachDetach {
         })
     }
 
-    /// Runs until `stop`: one pass on every API change, and when a backoff expires.
+    /// Runs until `stop`: one pass after API changes (at most one per [`RECONCILER_PERIOD`]), and when a
+    /// backoff expires.
     pub async fn run(self: Arc<Self>, stop: impl std::future::Future<Output = ()>) {
         tokio::pin!(stop);
         let mut watch = self.api.watch();
@@ -92,11 +96,15 @@ impl AttachDetach {
                 .lock()
                 .next_retry()
                 .unwrap_or_else(|| Instant::now() + Duration::from_secs(1));
+            let passed = Instant::now();
             tokio::select! {
                 _ = watch.changed() => {}
                 _ = tokio::time::sleep_until(next.into()) => {}
                 _ = &mut stop => return,
             }
+            // At most one pass per reconciler period (upstream's `reconcilerLoopPeriod`, 100 ms,
+            // attach_detach_controller.go): a pass looks at every pod, and changes come by the thousand.
+            tokio::time::sleep_until((passed + RECONCILER_PERIOD).into()).await;
         }
     }
 

@@ -215,7 +215,11 @@ impl Kubelet {
             );
             AbortOnDrop(tokio::spawn(watcher.run(move || node.wake())))
         });
-        let mut watch = self.api.watch();
+        // Only this node's objects and the cluster's, as a kubelet's pod watch and informers see them.
+        let (mut own, mut cluster) = (
+            self.api.watch_node(&self.config.name),
+            self.api.watch_cluster(),
+        );
         loop {
             self.sync().await;
             let mut next = self
@@ -228,7 +232,8 @@ impl Kubelet {
                 next = next.min(Instant::now() + self.config.containers.relist_period);
             }
             tokio::select! {
-                _ = watch.changed() => {}
+                _ = own.changed() => {}
+                _ = cluster.changed() => {}
                 _ = self.kick.notified() => {}
                 _ = tokio::time::sleep_until(next.into()) => {}
                 _ = &mut stop => return,

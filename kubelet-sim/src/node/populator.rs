@@ -16,7 +16,10 @@ impl Kubelet {
         let sources_ready = self.api.sources_ready();
         let pods = self.my_pods();
         // Remove pods deleted from the API, or whose containers are gone while they terminate.
-        let known: Vec<String> = pods.iter().filter_map(|p| p.metadata.uid.clone()).collect();
+        let known: std::collections::HashSet<&str> = pods
+            .iter()
+            .filter_map(|p| p.metadata.uid.as_deref())
+            .collect();
         let gone: Vec<String> = {
             let runtime = self.pods.lock();
             let dsw = self.dsw.lock();
@@ -24,7 +27,8 @@ impl Kubelet {
                 .values()
                 .flat_map(|v| v.pods.keys())
                 .filter(|uid| {
-                    !known.contains(uid) || runtime.get(*uid).is_some_and(|r| r.terminated())
+                    !known.contains(uid.as_str())
+                        || runtime.get(*uid).is_some_and(|r| r.terminated())
                 })
                 .cloned()
                 .collect()

@@ -151,14 +151,14 @@ impl Kubelet {
         let Ok(entries) = std::fs::read_dir(&pods_dir) else {
             return;
         };
-        let live: Vec<String> = self
-            .my_pods()
-            .into_iter()
-            .filter_map(|p| p.metadata.uid.clone())
+        let pods = self.my_pods();
+        let live: std::collections::HashSet<&str> = pods
+            .iter()
+            .filter_map(|p| p.metadata.uid.as_deref())
             .collect();
         for entry in entries.flatten() {
             let uid = entry.file_name().to_string_lossy().into_owned();
-            if live.contains(&uid)
+            if live.contains(uid.as_str())
                 || self.asw.lock().pod_has_mounts(&uid)
                 || self.dsw.lock().has_pod(&uid)
             {

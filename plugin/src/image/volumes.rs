@@ -138,7 +138,9 @@ impl ImageVolumes {
                 return Ok(());
             }
         }
-        write_record(&self.records_dir(), &id, volume, Durability::PowerLoss)?;
+        // Not flushed: a record only matters while its target is mounted, and after a reboot nothing is
+        // (`recover` forgets every record whose target is not a mount point, and removes the keys).
+        write_record(&self.records_dir(), &id, volume, Durability::UntilReboot)?;
         crate::crash::point("image.recorded");
         records.insert(id.clone(), volume.clone());
         if let Err(err) = self.mount(volume).await {
