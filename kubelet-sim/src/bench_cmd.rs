@@ -162,12 +162,7 @@ pub async fn run(bench: Bench) -> Result<(), String> {
         Bench::Image(args) => {
             let (root, _temp) = root(&args.output)?;
             let (mounter, real) = args.output.mounter.layer();
-            let cri = args
-                .cri
-                .as_deref()
-                .map(inlet_proto::uds::socket_path)
-                .transpose()
-                .map_err(|e| format!("--cri: {e}"))?;
+            let cri = crate::cri_socket(args.cri.as_deref())?;
             let config = image::ImageConfig {
                 drivers: args.drivers,
                 cri,

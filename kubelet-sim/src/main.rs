@@ -229,12 +229,7 @@ async fn run(args: RunArgs) -> Result<Outcome, String> {
             .map_err(|e| format!("temp dir: {e}"))?
             .keep(),
     };
-    let cri = args
-        .cri
-        .as_deref()
-        .map(inlet_proto::uds::socket_path)
-        .transpose()
-        .map_err(|e| format!("--cri: {e}"))?;
+    let cri = cri_socket(args.cri.as_deref())?;
     let allowed = args.allowed_inline_drivers.map(|list| {
         list.split(',')
             .map(str::trim)
@@ -327,4 +322,12 @@ async fn run(args: RunArgs) -> Result<Outcome, String> {
         None if report.as_expected() => Outcome::AsExpected,
         None => Outcome::NotAsExpected,
     })
+}
+
+/// `--cri unix:///PATH`: the runtime's socket.
+fn cri_socket(endpoint: Option<&str>) -> Result<Option<PathBuf>, String> {
+    endpoint
+        .map(inlet_proto::uds::socket_path)
+        .transpose()
+        .map_err(|e| format!("--cri: {e}"))
 }

@@ -4,7 +4,6 @@
 //! (to show whether the cost grows with the node's mounts). Several drivers are measured side by side:
 //! each round runs a batch on every driver in turn, so a machine's drift hits them all alike.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -240,35 +239,14 @@ fn background_volume(kubelet_dir: &Path, i: usize) -> (String, PathBuf) {
     (id, dir)
 }
 
-/// NodePublishVolume as the kubelet sends it for an inline ephemeral volume with podInfoOnMount.
+/// NodePublishVolume of an inline ephemeral volume.
 async fn publish(
     node: &mut NodeClient<Channel>,
     id: &str,
     target: &str,
     pod: &str,
 ) -> Result<(), String> {
-    let context: HashMap<String, String> = [
-        ("csi.storage.k8s.io/ephemeral", "true"),
-        ("csi.storage.k8s.io/pod.name", pod),
-        ("csi.storage.k8s.io/pod.namespace", "default"),
-        ("csi.storage.k8s.io/pod.uid", pod),
-        ("csi.storage.k8s.io/serviceAccount.name", "default"),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v.to_string()))
-    .collect();
-    let request = csi::NodePublishVolumeRequest {
-        volume_id: id.to_string(),
-        target_path: target.to_string(),
-        volume_capability: Some(csi::VolumeCapability {
-            access_mode: Some(csi::volume_capability::AccessMode {
-                mode: csi::volume_capability::access_mode::Mode::SingleNodeWriter as i32,
-            }),
-            access_type: Some(csi::volume_capability::AccessType::Mount(Default::default())),
-        }),
-        volume_context: context,
-        ..Default::default()
-    };
+    let request = super::ephemeral_publish_request(id, target, pod, &[], false);
     node.node_publish_volume(request)
         .await
         .map(drop)

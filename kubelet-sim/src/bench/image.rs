@@ -16,7 +16,6 @@
 //! Disk is the growth of the used blocks (`statvfs`) of the filesystems holding the runtime's images and
 //! the drivers' state, so it counts whatever a volume costs: snapshots, upper dirs, records, metadata.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -688,42 +687,15 @@ async fn publish(
         .and_then(|p| p.file_name())
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let context: HashMap<String, String> = [
-        ("image", image),
-        ("csi.storage.k8s.io/ephemeral", "true"),
-        ("csi.storage.k8s.io/pod.name", &uid),
-        ("csi.storage.k8s.io/pod.namespace", "default"),
-        ("csi.storage.k8s.io/pod.uid", &uid),
-        ("csi.storage.k8s.io/serviceAccount.name", "default"),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v.to_string()))
-    .collect();
-    let request = csi::NodePublishVolumeRequest {
-        volume_id: id.clone(),
-        target_path: path.display().to_string(),
-        readonly,
-        volume_capability: Some(csi::VolumeCapability {
-            access_mode: Some(csi::volume_capability::AccessMode {
-                mode: csi::volume_capability::access_mode::Mode::SingleNodeWriter as i32,
-            }),
-            access_type: Some(csi::volume_capability::AccessType::Mount(Default::default())),
-        }),
-        volume_context: context,
-        ..Default::default()
-    };
+    let target_path = path.display().to_string();
+    let attributes = [("image", image)];
+    let request = super::ephemeral_publish_request(&id, &target_path, &uid, &attributes, readonly);
     let started = Instant::now();
     target
         .node
         .node_publish_volume(request)
         .await
-        .map_err(|s| {
-            format!(
-                "{}: {}",
-                target.name,
-                inlet_plugin::volume::csi::rpc_error(&s)
-            )
-        })?;
+        .map_err(|s| failed(&target.name, &s))?;
     let took = started.elapsed();
     target.published.push((id, path));
     Ok(took)
@@ -750,19 +722,18 @@ async fn unpublish(target: &mut Target, id: &str, path: &Path) -> Result<Duratio
         .node
         .node_unpublish_volume(request)
         .await
-        .map_err(|s| {
-            format!(
-                "{}: {}",
-                target.name,
-                inlet_plugin::volume::csi::rpc_error(&s)
-            )
-        })?;
+        .map_err(|s| failed(&target.name, &s))?;
     let took = started.elapsed();
     // The kubelet removes the pod's dirs after a successful unpublish.
     if let Some(pod) = path.ancestors().nth(4) {
         let _ = std::fs::remove_dir_all(pod);
     }
     Ok(took)
+}
+
+/// A driver's failed call, as the bench reports it.
+fn failed(driver: &str, status: &tonic::Status) -> String {
+    format!("{driver}: {}", inlet_plugin::volume::csi::rpc_error(status))
 }
 
 /// Unpublishes whatever `target` still has published; whether all went.

@@ -18,6 +18,7 @@ mod stats;
 use std::io::Write;
 use std::time::Duration;
 
+use inlet_proto::csi::v1::{NodePublishVolumeRequest, VolumeCapability, volume_capability};
 use serde::Serialize;
 
 pub use chart::cdf_svg;
@@ -59,6 +60,41 @@ pub struct Results<T: Serialize> {
     pub command: String,
     /// The figures.
     pub figures: T,
+}
+
+/// NodePublishVolume as the kubelet sends it for an inline ephemeral volume of the pod whose name and UID
+/// are `pod`, with podInfoOnMount, and the volume source's `attributes`.
+fn ephemeral_publish_request(
+    id: &str,
+    target: &str,
+    pod: &str,
+    attributes: &[(&str, &str)],
+    readonly: bool,
+) -> NodePublishVolumeRequest {
+    let pod_info = [
+        ("csi.storage.k8s.io/ephemeral", "true"),
+        ("csi.storage.k8s.io/pod.name", pod),
+        ("csi.storage.k8s.io/pod.namespace", "default"),
+        ("csi.storage.k8s.io/pod.uid", pod),
+        ("csi.storage.k8s.io/serviceAccount.name", "default"),
+    ];
+    NodePublishVolumeRequest {
+        volume_id: id.to_string(),
+        target_path: target.to_string(),
+        readonly,
+        volume_capability: Some(VolumeCapability {
+            access_mode: Some(volume_capability::AccessMode {
+                mode: volume_capability::access_mode::Mode::SingleNodeWriter as i32,
+            }),
+            access_type: Some(volume_capability::AccessType::Mount(Default::default())),
+        }),
+        volume_context: attributes
+            .iter()
+            .chain(&pod_info)
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        ..Default::default()
+    }
 }
 
 /// Prints csi-ephemeral figures as a table.

@@ -65,30 +65,38 @@ pub struct PodsFigures {
     pub samples: Vec<Duration>,
 }
 
-fn manifests(config: &PodsConfig) -> String {
+/// The CSIDriver and the pods, parsed as `kubelet-sim run` parses manifests, a chunk at a time (a
+/// manifest file is held to 100,000 documents).
+fn manifests(config: &PodsConfig) -> Result<Vec<manifest::Manifest>, String> {
     let driver = &config.driver.name;
-    let mut yaml = format!(
+    let csidriver = format!(
         "apiVersion: storage.k8s.io/v1\nkind: CSIDriver\nmetadata: {{name: {driver}}}\nspec: {{volumeLifecycleModes: [Ephemeral], podInfoOnMount: true}}\n"
     );
+    let mut out = manifest::parse(&csidriver, "bench").map_err(|e| e.to_string())?;
     let mounts: Vec<String> = (0..config.volumes)
         .map(|v| format!("{{name: v{v}, mountPath: /v{v}}}"))
         .collect();
     let volumes: Vec<String> = (0..config.volumes)
         .map(|v| format!("{{name: v{v}, csi: {{driver: {driver}}}}}"))
         .collect();
-    for i in 0..config.pods {
-        yaml.push_str(&format!(
-            "---\napiVersion: v1\nkind: Pod\nmetadata: {{name: p{i}}}\nspec:\n  containers: [{{name: app, image: busybox:1.36, volumeMounts: [{}]}}]\n  volumes: [{}]\n",
-            mounts.join(", "),
-            volumes.join(", ")
-        ));
+    let pods: Vec<usize> = (0..config.pods).collect();
+    for chunk in pods.chunks(10_000) {
+        let mut yaml = String::new();
+        for i in chunk {
+            yaml.push_str(&format!(
+                "---\napiVersion: v1\nkind: Pod\nmetadata: {{name: p{i}}}\nspec:\n  containers: [{{name: app, image: busybox:1.36, volumeMounts: [{}]}}]\n  volumes: [{}]\n",
+                mounts.join(", "),
+                volumes.join(", ")
+            ));
+        }
+        out.extend(manifest::parse(&yaml, "bench").map_err(|e| e.to_string())?);
     }
-    yaml
+    Ok(out)
 }
 
 /// Runs the pods, then tears them down.
 pub async fn run(config: &PodsConfig) -> Result<PodsFigures, String> {
-    let manifests = manifest::parse(&manifests(config), "bench").map_err(|e| e.to_string())?;
+    let manifests = manifests(config)?;
     let sim_config = SimConfig {
         root: config.root.clone(),
         nodes: config.nodes,

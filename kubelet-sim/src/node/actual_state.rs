@@ -1,7 +1,7 @@
 //! Actual state of world: what is attached, staged and mounted on this node, including what may be
 //! mounted after an uncertain failure (`actual_state_of_world.go`). Changed only by finished operations.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -50,6 +50,8 @@ pub struct ActualVolume {
 #[derive(Debug, Default)]
 pub struct ActualState {
     volumes: BTreeMap<String, ActualVolume>,
+    /// How many volumes are (possibly) mounted for each pod, so asking costs nothing per volume.
+    mounts_by_pod: HashMap<String, usize>,
 }
 
 impl ActualState {
@@ -76,20 +78,42 @@ impl ActualState {
     /// Records a pod's mount.
     pub fn set_pod(&mut self, unique: &str, mount: MountedPod) {
         if let Some(v) = self.volumes.get_mut(unique) {
-            v.pods.insert(mount.pod.uid.clone(), mount);
+            let uid = mount.pod.uid.clone();
+            if v.pods.insert(uid.clone(), mount).is_none() {
+                *self.mounts_by_pod.entry(uid).or_default() += 1;
+            }
         }
     }
 
     /// Forgets a pod's mount.
     pub fn remove_pod(&mut self, unique: &str, uid: &str) {
-        if let Some(v) = self.volumes.get_mut(unique) {
-            v.pods.remove(uid);
+        if let Some(v) = self.volumes.get_mut(unique)
+            && v.pods.remove(uid).is_some()
+        {
+            self.forget_mount(uid);
         }
     }
 
     /// Forgets a volume.
     pub fn remove(&mut self, unique: &str) {
-        self.volumes.remove(unique);
+        for uid in self
+            .volumes
+            .remove(unique)
+            .map(|v| v.pods)
+            .unwrap_or_default()
+            .keys()
+        {
+            self.forget_mount(uid);
+        }
+    }
+
+    fn forget_mount(&mut self, uid: &str) {
+        if let Some(count) = self.mounts_by_pod.get_mut(uid) {
+            *count -= 1;
+            if *count == 0 {
+                self.mounts_by_pod.remove(uid);
+            }
+        }
     }
 
     /// All volumes.
@@ -113,6 +137,6 @@ impl ActualState {
 
     /// True when any volume is (possibly) mounted for the pod.
     pub fn pod_has_mounts(&self, uid: &str) -> bool {
-        self.volumes.values().any(|v| v.pods.contains_key(uid))
+        self.mounts_by_pod.contains_key(uid)
     }
 }

@@ -1,7 +1,8 @@
 //! Desired state of world: the volumes this node's pods want, by unique volume name, with the pods that
 //! want each (`pkg/kubelet/volumemanager/cache/desired_state_of_world.go`). Filled by the populator.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 
 use inlet_plugin::volume::{PodInfo, Spec};
 
@@ -29,13 +30,16 @@ pub struct DesiredVolume {
     /// Must be staged (NodeStage) before use.
     pub device_mountable: bool,
     /// The pods that want it, by UID.
-    pub pods: BTreeMap<String, PodVolume>,
+    /// Shared: the reconciler's actions and operations hold them too.
+    pub pods: BTreeMap<String, Arc<PodVolume>>,
 }
 
 /// The volumes wanted on this node.
 #[derive(Debug, Default)]
 pub struct DesiredState {
     volumes: BTreeMap<String, DesiredVolume>,
+    /// The unique names of each pod's volumes, so a pod's questions cost its own volumes, not the node's.
+    by_pod: HashMap<String, BTreeSet<String>>,
 }
 
 impl DesiredState {
@@ -55,27 +59,41 @@ impl DesiredState {
                 device_mountable,
                 pods: BTreeMap::new(),
             });
-        entry.pods.insert(volume.pod.uid.clone(), volume);
+        self.by_pod
+            .entry(volume.pod.uid.clone())
+            .or_default()
+            .insert(unique.to_string());
+        entry.pods.insert(volume.pod.uid.clone(), Arc::new(volume));
     }
 
     /// Removes every volume use of a pod; volumes no pod wants any more go.
     pub fn remove_pod(&mut self, uid: &str) {
-        for volume in self.volumes.values_mut() {
-            volume.pods.remove(uid);
+        for unique in self.by_pod.remove(uid).unwrap_or_default() {
+            if let Some(volume) = self.volumes.get_mut(&unique) {
+                volume.pods.remove(uid);
+                if volume.pods.is_empty() {
+                    self.volumes.remove(&unique);
+                }
+            }
         }
-        self.volumes.retain(|_, v| !v.pods.is_empty());
     }
 
     /// True when the pod's volumes have been added.
     pub fn has_pod(&self, uid: &str) -> bool {
-        self.volumes.values().any(|v| v.pods.contains_key(uid))
+        self.by_pod.contains_key(uid)
     }
 
     /// A pod's volumes: (unique name, its use by the pod).
-    pub fn pod_volumes(&self, uid: &str) -> Vec<(String, PodVolume)> {
-        self.volumes
+    pub fn pod_volumes(&self, uid: &str) -> Vec<(String, Arc<PodVolume>)> {
+        let Some(uniques) = self.by_pod.get(uid) else {
+            return Vec::new();
+        };
+        uniques
             .iter()
-            .filter_map(|(name, v)| v.pods.get(uid).map(|p| (name.clone(), p.clone())))
+            .filter_map(|unique| {
+                let volume = self.volumes.get(unique)?.pods.get(uid)?;
+                Some((unique.clone(), volume.clone()))
+            })
             .collect()
     }
 

@@ -56,6 +56,10 @@ use registry::DriverRegistry;
 use crate::api::Api;
 use crate::cri::Cri;
 
+/// The shortest time between two passes of a node's loop (upstream's reconciler and populator sleep
+/// 100 ms between passes).
+const SYNC_PERIOD: Duration = Duration::from_millis(100);
+
 /// How a node is set up.
 #[derive(Debug, Clone)]
 pub struct NodeConfig {
@@ -221,6 +225,7 @@ impl Kubelet {
             self.api.watch_cluster(),
         );
         loop {
+            let synced = Instant::now();
             self.sync().await;
             let mut next = self
                 .ops
@@ -236,6 +241,13 @@ impl Kubelet {
                 _ = cluster.changed() => {}
                 _ = self.kick.notified() => {}
                 _ = tokio::time::sleep_until(next.into()) => {}
+                _ = &mut stop => return,
+            }
+            // At most one pass per loop period, as upstream's volume manager loops run
+            // (`reconcilerLoopSleepPeriod`, volume_manager.go): changes and finished operations that
+            // come meanwhile are handled together, so a node's work does not grow with their number.
+            tokio::select! {
+                _ = tokio::time::sleep_until((synced + SYNC_PERIOD).into()) => {}
                 _ = &mut stop => return,
             }
         }

@@ -212,7 +212,7 @@ impl Kubelet {
             if dsw.volume(&unique).is_some_and(|v| v.attachable)
                 && !asw.volume(&unique).is_some_and(|v| v.attached)
             {
-                unattached.push(volume.outer_name);
+                unattached.push(volume.outer_name.clone());
             }
         }
         (unmounted, unattached)

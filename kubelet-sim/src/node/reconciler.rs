@@ -33,20 +33,20 @@ enum Action {
     },
     CheckAttach {
         unique: String,
-        volume: PodVolume,
+        volume: Arc<PodVolume>,
     },
     MarkAttached {
         unique: String,
-        volume: PodVolume,
+        volume: Arc<PodVolume>,
     },
     MountDevice {
         unique: String,
-        volume: PodVolume,
-        waiting: Vec<PodVolume>,
+        volume: Arc<PodVolume>,
+        waiting: Vec<Arc<PodVolume>>,
     },
     SetUp {
         unique: String,
-        volume: PodVolume,
+        volume: Arc<PodVolume>,
     },
 }
 
@@ -240,7 +240,7 @@ impl Kubelet {
         }
     }
 
-    async fn set_up(self: Arc<Self>, unique: String, volume: PodVolume) -> bool {
+    async fn set_up(self: Arc<Self>, unique: String, volume: Arc<PodVolume>) -> bool {
         if self.read_write_once_pod_conflict(&unique, &volume) {
             let e = VolumeError::transient(
                 "volume uses the ReadWriteOncePod access mode and is already in use by another pod",
@@ -326,8 +326,8 @@ impl Kubelet {
     async fn mount_device(
         self: Arc<Self>,
         unique: String,
-        volume: PodVolume,
-        waiting: Vec<PodVolume>,
+        volume: Arc<PodVolume>,
+        waiting: Vec<Arc<PodVolume>>,
     ) -> bool {
         let owner = self.plugin_for(&volume.spec);
         let Some(plugin) = owner.device_mountable() else {
