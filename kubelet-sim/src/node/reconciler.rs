@@ -20,7 +20,8 @@ use super::subpath;
 enum Action {
     TearDown {
         unique: String,
-        mount: MountedPod,
+        /// Boxed: the largest action by far, and the rarest.
+        mount: Box<MountedPod>,
         spec: Spec,
     },
     UnmountDevice {
@@ -83,7 +84,7 @@ impl Kubelet {
                         volume: unique.clone(),
                         pod: Some(mount.pod.uid.clone()),
                     };
-                    self.spawn_op(key, move |me| me.tear_down(unique, mount, spec));
+                    self.spawn_op(key, move |me| me.tear_down(unique, *mount, spec));
                 }
                 Action::UnmountDevice { unique, spec, path } => {
                     self.spawn_op(
@@ -133,7 +134,7 @@ impl Kubelet {
                 if wanted.is_none_or(|w| !w.pods.contains_key(uid)) {
                     actions.push(Action::TearDown {
                         unique: unique.clone(),
-                        mount: mount.clone(),
+                        mount: Box::new(mount.clone()),
                         spec: actual.spec.clone(),
                     });
                 }
