@@ -251,8 +251,11 @@ impl FakeRuntime {
                 return;
             };
             sandbox.sandbox.state = cri::PodSandboxState::SandboxNotready as i32;
-            for c in s.containers.values_mut().filter(|c| c.sandbox_id == id) {
-                stop(&mut c.status);
+            // Its own containers, not a scan of every container of the runtime.
+            for cid in &sandbox.containers {
+                if let Some(c) = s.containers.get_mut(cid) {
+                    stop(&mut c.status);
+                }
             }
         })
     }

@@ -90,6 +90,7 @@ impl AttachDetach {
         tokio::pin!(stop);
         let mut watch = self.api.watch();
         loop {
+            let started = Instant::now();
             self.sync().await;
             let next = self
                 .ops
@@ -97,14 +98,16 @@ impl AttachDetach {
                 .next_retry()
                 .unwrap_or_else(|| Instant::now() + Duration::from_secs(1));
             let passed = Instant::now();
+            // A pass looks at every pod: in a large cluster it must not take more than a third of a CPU.
+            let period = RECONCILER_PERIOD.max(2 * (passed - started));
             tokio::select! {
                 _ = watch.changed() => {}
                 _ = tokio::time::sleep_until(next.into()) => {}
                 _ = &mut stop => return,
             }
             // At most one pass per reconciler period (upstream's `reconcilerLoopPeriod`, 100 ms,
-            // attach_detach_controller.go): a pass looks at every pod, and changes come by the thousand.
-            tokio::time::sleep_until((passed + RECONCILER_PERIOD).into()).await;
+            // attach_detach_controller.go): changes come by the thousand.
+            tokio::time::sleep_until((passed + period).into()).await;
         }
     }
 
