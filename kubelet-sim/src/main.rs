@@ -40,8 +40,9 @@ enum Command {
         report, leaving its pods and mounts to the cluster (a restart on the same --root takes them up)."
     )]
     Run(RunArgs),
-    /// Measure: CSI round trips of inline ephemeral volumes against any drivers side by side, or pods at
-    /// scale over simulated nodes. Prints figures; never fails on slowness.
+    /// Measure: CSI round trips of inline ephemeral volumes against any drivers side by side, pods at
+    /// scale over simulated nodes, or image volumes on a real runtime. Prints figures; never fails on
+    /// slowness.
     #[command(subcommand)]
     Bench(bench_cmd::Bench),
 }

@@ -946,12 +946,13 @@ impl Simulation {
 }
 
 /// The in-process runtime's server: its stop signal and task.
-type RuntimeServer = (
+pub(crate) type RuntimeServer = (
     tokio::sync::oneshot::Sender<()>,
     tokio::task::JoinHandle<()>,
 );
 
-fn serve_runtime(runtime: Arc<FakeRuntime>, socket: &Path) -> RuntimeServer {
+/// Serves `runtime` on `socket` in the background.
+pub(crate) fn serve_runtime(runtime: Arc<FakeRuntime>, socket: &Path) -> RuntimeServer {
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let path = socket.to_path_buf();
     let task = tokio::spawn(async move {

@@ -81,7 +81,7 @@ impl<T: k8s_openapi::Resource + Metadata<Ty = ObjectMeta> + Clone + Send + Sync 
 pub struct Api {
     objects: RwLock<HashMap<TypeId, Box<dyn Any + Send + Sync>>>,
     reads: Mutex<Vec<ApiRead>>,
-    /// Pod keys by node name, maintained on every Pod change.
+    /// The pods by node name (`spec.nodeName`), maintained on every Pod change.
     pods_by_node: RwLock<HashMap<String, BTreeMap<Key, Arc<Pod>>>>,
     /// Events by pod UID (see `Api::record_event`).
     pub(crate) events: Mutex<HashMap<String, Vec<k8s_openapi::api::core::v1::Event>>>,

@@ -29,13 +29,16 @@ use inlet_plugin::mount::MountLayer;
 use inlet_proto::csi::v1::{self as csi, node_client::NodeClient};
 use inlet_proto::runtime::v1 as cri;
 use inlet_proto::runtime::v1::image_service_client::ImageServiceClient;
-use inlet_proto::runtime::v1::runtime_service_client::RuntimeServiceClient;
 use serde::Serialize;
 use tonic::transport::Channel;
 
 use super::stats::Summary;
+use crate::cri::Cri;
 use crate::drivers::{DriverArg, DriverHandle, DriverSource};
-use crate::sim::SimImages;
+use crate::sim::{RuntimeServer, SimImages, serve_runtime};
+
+/// How long a RuntimeService call may take (the kubelet's default `runtimeRequestTimeout`).
+const RUNTIME_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// The file written into a writable volume.
 const WRITTEN: &str = "written.bin";
@@ -160,10 +163,7 @@ pub struct CopyFigures {
 enum Runtime {
     Given,
     Containerd(PrivateContainerd),
-    Fake(
-        tokio::sync::oneshot::Sender<()>,
-        tokio::task::JoinHandle<()>,
-    ),
+    Fake(RuntimeServer),
 }
 
 /// A driver under test, with the volumes it has published.
@@ -196,8 +196,26 @@ pub async fn run(config: &ImageConfig) -> Result<ImageFigures, String> {
         .map_err(|e| format!("registry: {e}"))?;
     let (image, built, files) = build_and_push(config, &registry.address).await?;
     let (runtime, socket) = start_runtime(config, &registry.address).await?;
-    let result = measure(config, &registry.address, &socket, &image, &built, files).await;
-    let removed = remove_image(&socket, &image).await;
+    let result = match Cri::connect(&socket, RUNTIME_TIMEOUT).await {
+        Ok(mut cri) => {
+            let result = measure(
+                config,
+                &registry.address,
+                &socket,
+                &mut cri,
+                &image,
+                &built,
+                files,
+            )
+            .await;
+            let removed = remove_image(&mut cri, &image).await;
+            result.map(|figures| ImageFigures {
+                clean: figures.clean && removed,
+                ..figures
+            })
+        }
+        Err(e) => Err(format!("{}: {e}", socket.display())),
+    };
     stop_runtime(runtime).await;
     drop(registry);
     // What the run made under the root: the registry's and runtime's data are the image, twice over.
@@ -205,9 +223,7 @@ pub async fn run(config: &ImageConfig) -> Result<ImageFigures, String> {
     for dir in made.chain(config.drivers.iter().map(|d| d.name.as_str())) {
         let _ = std::fs::remove_dir_all(config.root.join(dir));
     }
-    let mut figures = result?;
-    figures.clean &= removed;
-    Ok(figures)
+    result
 }
 
 /// Builds the image (fresh content, so the pull is cold) and pushes it.
@@ -295,16 +311,12 @@ async fn start_runtime(config: &ImageConfig, registry: &str) -> Result<(Runtime,
     let runtime = FakeRuntime::with_registries(dir.clone(), Default::default(), registries)
         .map_err(|e| format!("cri-fake: {e}"))?;
     let socket = dir.join("cri.sock");
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let path = socket.clone();
-    let task = tokio::spawn(async move {
-        let _ = cri_fake::serve(&path, Arc::new(runtime), async { drop(stopped.await) }).await;
-    });
+    let server = serve_runtime(Arc::new(runtime), &socket);
     let deadline = Instant::now() + Duration::from_secs(10);
     while !socket.exists() && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    Ok((Runtime::Fake(stop, task), socket))
+    Ok((Runtime::Fake(server), socket))
 }
 
 async fn stop_runtime(runtime: Runtime) {
@@ -313,7 +325,7 @@ async fn stop_runtime(runtime: Runtime) {
         Runtime::Containerd(containerd) => {
             let _ = tokio::task::spawn_blocking(move || drop(containerd)).await;
         }
-        Runtime::Fake(stop, task) => {
+        Runtime::Fake((stop, task)) => {
             let _ = stop.send(());
             let _ = task.await;
         }
@@ -324,12 +336,13 @@ async fn measure(
     config: &ImageConfig,
     registry: &str,
     socket: &Path,
+    cri: &mut Cri,
     image: &str,
     built: &BuiltImage,
     files: usize,
 ) -> Result<ImageFigures, String> {
-    let channel = connect(socket).await?;
-    let version = RuntimeServiceClient::new(channel.clone())
+    let version = cri
+        .runtime
         .version(cri::VersionRequest::default())
         .await
         .map_err(|s| format!("runtime: {}", s.message()))?
@@ -343,29 +356,30 @@ async fn measure(
         "{} {}{started_here}",
         version.runtime_name, version.runtime_version
     );
-    let mut images = ImageServiceClient::new(channel);
     let compressed_bytes: u64 = built.layers.iter().map(|l| l.len() as u64).sum();
-    let cold = pull(&mut images, image, compressed_bytes).await?;
-    let image_status = image_status(&mut images, image).await?;
-    let filesystems = filesystems(config, &mut images).await;
+    let cold = pull(&mut cri.image, image, compressed_bytes).await?;
+    let image_status = image_status(&mut cri.image, image).await?;
+    let filesystems = filesystems(config, &mut cri.image).await;
 
     let mut targets = Vec::new();
     for driver in &config.drivers {
         targets.push(start_driver(config, driver, socket, registry).await?);
     }
     let measured = measure_drivers(config, &mut targets, image, &filesystems).await;
+    // The baseline copies what the first driver's first volume shows; it is taken before the volumes
+    // go, and its error reported after.
     let copy = match &measured {
         Ok(_) if config.copies > 0 => match targets[0].published.first() {
             Some((_, source)) if is_empty(source) => {
                 eprintln!(
                     "no copy baseline: the read-only volume shows no files (mounts were not real)"
                 );
-                None
+                Ok(None)
             }
-            Some((_, source)) => Some(copy_baseline(config, source, &filesystems)?),
-            None => None,
+            Some((_, source)) => copy_baseline(config, source, &filesystems).map(Some),
+            None => Ok(None),
         },
-        _ => None,
+        _ => Ok(None),
     };
     let mut clean = true;
     for target in &mut targets {
@@ -378,7 +392,7 @@ async fn measure(
             }
         }
     }
-    let mut drivers = measured?;
+    let (mut drivers, copy) = (measured?, copy?);
     if let Some(copy) = &copy {
         for figures in &mut drivers {
             figures.speedup_over_copy =
@@ -400,6 +414,14 @@ async fn measure(
     })
 }
 
+/// A CRI image reference.
+fn image_spec(image: &str) -> Option<cri::ImageSpec> {
+    Some(cri::ImageSpec {
+        image: image.to_string(),
+        ..Default::default()
+    })
+}
+
 async fn connect(socket: &Path) -> Result<Channel, String> {
     inlet_proto::uds::connect(socket)
         .await
@@ -417,10 +439,7 @@ async fn pull(
         bytes as f64 / (1 << 20) as f64
     );
     let request = cri::PullImageRequest {
-        image: Some(cri::ImageSpec {
-            image: image.to_string(),
-            ..Default::default()
-        }),
+        image: image_spec(image),
         ..Default::default()
     };
     let started = Instant::now();
@@ -451,10 +470,7 @@ async fn image_status(
     let started = Instant::now();
     for _ in 0..200 {
         let request = cri::ImageStatusRequest {
-            image: Some(cri::ImageSpec {
-                image: image.to_string(),
-                ..Default::default()
-            }),
+            image: image_spec(image),
             verbose: false,
         };
         let call = Instant::now();
@@ -467,20 +483,12 @@ async fn image_status(
     Ok(Summary::of(&mut samples, started.elapsed()))
 }
 
-async fn remove_image(socket: &Path, image: &str) -> bool {
-    let Ok(channel) = connect(socket).await else {
-        return false;
-    };
+/// Removes the image from the runtime; whether it went.
+async fn remove_image(cri: &mut Cri, image: &str) -> bool {
     let request = cri::RemoveImageRequest {
-        image: Some(cri::ImageSpec {
-            image: image.to_string(),
-            ..Default::default()
-        }),
+        image: image_spec(image),
     };
-    ImageServiceClient::new(channel)
-        .remove_image(request)
-        .await
-        .is_ok()
+    cri.image.remove_image(request).await.is_ok()
 }
 
 /// The filesystems whose used blocks count: the bench root's and the runtime's image filesystem.
@@ -633,7 +641,7 @@ async fn measure_drivers(
     for (i, (target, (first, disk, writable_disk))) in targets.iter().zip(firsts).enumerate() {
         let tenth = (publishes[i].len() / 10).max(1);
         let p50 = |samples: &[Duration]| Summary::of(&mut samples.to_vec(), Duration::ZERO).p50_us;
-        let first_tenth = p50(&publishes[i][..tenth.min(publishes[i].len())]);
+        let first_tenth = p50(&publishes[i][..tenth]);
         let last_tenth = p50(&publishes[i][publishes[i].len().saturating_sub(tenth)..]);
         let readonly_samples = publishes[i].clone();
         let writable_samples = rw_publish[i].clone();
