@@ -5,6 +5,7 @@
 //! # Layout
 //! - [`api`]: the embedded API (objects, admission with the inline-driver policy, manifests, events, tokens).
 //! - [`bench`]: `kubelet-sim bench` (csi-ephemeral, pods): figures, JSON and an SVG chart.
+//! - [`conform`]: `kubelet-sim conform`, the kubelet-level conformance suite for any CSI driver.
 //! - [`cluster`]: `--kubeconfig`: the nodes as hollow nodes of a real cluster (Nodes, Leases, pods, status,
 //!   events, CSINode, only the referenced Secrets), with the `kube` crate.
 //! - [`node`]: one simulated kubelet: desired/actual state, populator, reconciler, operations with backoff,
@@ -18,6 +19,7 @@
 pub mod api;
 pub mod bench;
 pub mod cluster;
+pub mod conform;
 pub mod controllers;
 pub mod cri;
 pub mod drivers;

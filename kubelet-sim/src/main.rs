@@ -16,6 +16,7 @@ use kubelet_sim::node::BackoffPolicy;
 use kubelet_sim::signals::{Interrupts, Signal};
 
 mod bench_cmd;
+mod conform_cmd;
 use kubelet_sim::sim::{SimConfig, SimImages, Simulation};
 
 #[derive(Parser)]
@@ -45,6 +46,15 @@ enum Command {
     /// slowness.
     #[command(subcommand)]
     Bench(bench_cmd::Bench),
+    /// A kubelet-level conformance suite for a CSI driver's inline-volume support: runs the driver through
+    /// what a kubelet does (pods on a simulated node, real sockets, real mounts as root) and reports each
+    /// check as pass, fail or skip, as a table, JSON and JUnit XML.
+    #[command(
+        after_help = "Exit status: 0 when every applicable check passed; 1 when one failed; 2 when \
+        conform could not run (a bad flag, an unreachable driver, a CSIDriver file without the driver). \
+        The checks, what each expects and its upstream source: --list, and conform.md beside kubelet-sim."
+    )]
+    Conform(conform_cmd::ConformArgs),
 }
 
 #[derive(clap::Args)]
@@ -173,6 +183,7 @@ fn main() -> ExitCode {
     };
     let args = match command {
         Command::Run(args) => args,
+        Command::Conform(args) => return runtime.block_on(conform_cmd::run(args)),
         Command::Bench(bench) => {
             return match runtime.block_on(bench_cmd::run(bench)) {
                 Ok(()) => ExitCode::SUCCESS,

@@ -412,6 +412,11 @@ impl Simulation {
         Ok(())
     }
 
+    /// The runtime's socket (the in-process cri-fake's, or `--cri`).
+    pub fn cri_socket(&self) -> &Path {
+        &self.cri_socket
+    }
+
     /// A node by name.
     pub fn node(&self, name: &str) -> Option<Arc<Kubelet>> {
         self.nodes.iter().find(|n| n.config.name == name).cloned()

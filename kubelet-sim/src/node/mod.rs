@@ -324,6 +324,11 @@ impl Kubelet {
         self.pods.lock().get(uid).cloned()
     }
 
+    /// True once this kubelet has looked at what a previous one left on disk (its reconstruction).
+    pub fn reconstructed(&self) -> bool {
+        self.reconstructed.load(Ordering::Acquire)
+    }
+
     /// True when nothing is wanted, nothing is attached, staged or mounted, and no operation runs (and
     /// what a previous kubelet left has been looked at).
     pub fn idle(&self) -> bool {

@@ -40,6 +40,9 @@ pub struct CsiCall {
     pub publish_context: BTreeMap<String, String>,
     /// `OK` or the gRPC code's name.
     pub code: String,
+    /// The driver's error message (empty when OK): the evidence a failed call leaves.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
     /// The capability's access mode (`SINGLE_NODE_WRITER`), when the call has a capability.
     pub access_mode: String,
     /// The capability's `volume_mount_group` (the fsGroup a VOLUME_MOUNT_GROUP driver applies).
@@ -229,6 +232,7 @@ impl CsiCall {
                 None => "OK".into(),
                 Some(status) => format!("{:?}", status.code()),
             },
+            message: failure.map(|s| s.message().to_string()).unwrap_or_default(),
             access_mode: info
                 .capability
                 .and_then(|c| c.access_mode.as_ref())

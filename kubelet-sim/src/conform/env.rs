@@ -1,0 +1,518 @@
+//! One check's environment: a fresh simulation of one node under its own root, the driver under test
+//! behind a [`FaultProxy`], and the steps checks are written in (apply a pod, wait until it runs, delete
+//! it, look for what is left). Each step fails with a message that says what the kubelet saw.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use inlet_plugin::mount::MountLayer;
+use inlet_plugin::volume::csi::CsiCall;
+use inlet_proto::csi::v1::{self as csi, controller_client::ControllerClient};
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use serde_json::json;
+
+use super::driver::{DriverInfo, DriverRun, DriverSetup};
+use super::proxy::FaultProxy;
+use crate::api::manifest::{Manifest, Object};
+use crate::drivers::DriverSource;
+use crate::node::{BackoffPolicy, ContainerTiming};
+use crate::report::EventReport;
+use crate::sim::{SimConfig, SimImages, Simulation};
+
+/// The node every check runs on.
+pub const NODE: &str = "node-1";
+/// The namespace of every check's pods.
+pub const NAMESPACE: &str = "conform";
+/// A failed attempt counted this many times in one event fails a step at once: the kubelet keeps
+/// retrying, and the driver's answer will not change.
+const FAILED_ATTEMPTS: i32 = 3;
+
+/// What every check of a run shares.
+pub struct Conformance {
+    /// The driver and how to (re)start it.
+    pub setup: DriverSetup,
+    /// What the driver says of itself, and its CSIDriver.
+    pub info: DriverInfo,
+    /// Each check runs under `<root>/<check>/`.
+    pub root: PathBuf,
+    /// `--volume-attribute`: what every inline volume of the checks carries.
+    pub attributes: BTreeMap<String, String>,
+    /// How long one step waits.
+    pub wait: Duration,
+    /// Images for the in-process runtime.
+    pub images: SimImages,
+    /// The mount layer, and whether its mounts are real.
+    pub mounter: (Arc<dyn MountLayer>, bool),
+}
+
+/// An inline CSI volume of a check's pod.
+#[derive(Debug, Clone, Default)]
+pub struct InlineVolume {
+    /// The pod volume's name.
+    pub name: String,
+    /// Attributes beyond the run's `--volume-attribute`s.
+    pub extra_attributes: BTreeMap<String, String>,
+    /// `csi.readOnly`.
+    pub read_only: bool,
+    /// `csi.nodePublishSecretRef.name`.
+    pub secret: Option<String>,
+}
+
+impl InlineVolume {
+    /// A volume named `name` with the run's attributes.
+    pub fn named(name: &str) -> Self {
+        Self {
+            name: name.to_string(),
+            ..Default::default()
+        }
+    }
+}
+
+/// A running check: its simulation, proxy and driver.
+pub struct CheckEnv {
+    /// The run's settings.
+    pub conf: Arc<Conformance>,
+    /// The simulation.
+    pub sim: Simulation,
+    /// The proxy the kubelet reaches the driver through.
+    pub proxy: FaultProxy,
+    proxy_stop: tokio::sync::oneshot::Sender<()>,
+    proxy_task: tokio::task::JoinHandle<()>,
+    driver: DriverRun,
+    driver_socket: PathBuf,
+    root: PathBuf,
+    /// Pod name -> UID, kept after the pod is gone.
+    uids: BTreeMap<String, String>,
+}
+
+impl CheckEnv {
+    /// Starts a node under `<root>/<name>/`, the driver, and the proxy; registers the driver through it.
+    pub async fn start(conf: Arc<Conformance>, name: &str) -> Result<Self, String> {
+        let root = conf.root.join(name.replace('/', "-"));
+        // A previous run's state under the same root would make this run see its volumes.
+        if root.exists() {
+            return Err(format!(
+                "{} exists: give conform an empty --root (or none)",
+                root.display()
+            ));
+        }
+        let config = SimConfig {
+            root: root.clone(),
+            nodes: 1,
+            drivers: Vec::new(),
+            cri: None,
+            gates: Default::default(),
+            allowed_inline_drivers: None,
+            // Fast retries: a check waits on what the kubelet does, not on upstream's back-off.
+            backoff: BackoffPolicy {
+                initial: Duration::from_millis(20),
+                max: Duration::from_millis(500),
+            },
+            volume_wait_timeout: conf.wait,
+            republish_period: Duration::from_millis(300),
+            containers: ContainerTiming {
+                relist_period: Duration::from_millis(100),
+                backoff: BackoffPolicy {
+                    initial: Duration::from_millis(200),
+                    max: Duration::from_secs(1),
+                },
+                runtime_request_timeout: Duration::from_secs(10),
+            },
+            mounter: Arc::clone(&conf.mounter.0),
+            images: conf.images.clone(),
+            plugins_registry: None,
+            node_name_prefix: "node".into(),
+            cluster: None,
+        };
+        let mut sim = Simulation::start(config).await?;
+        let node_root = root.join(NODE);
+        let (driver_socket, driver) = conf.setup.start(NODE, &node_root, sim.cri_socket()).await?;
+        let proxy = FaultProxy::new(&driver_socket);
+        let proxy_socket = root.join("proxy.sock");
+        let incoming = inlet_proto::uds::listen(&proxy_socket)
+            .await
+            .map_err(|e| format!("the proxy: {e}"))?;
+        let (proxy_stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let (service, socket) = (proxy.clone(), proxy_socket.clone());
+        let proxy_task = tokio::spawn(async move {
+            let shutdown = async { drop(stopped.await) };
+            if let Err(e) =
+                inlet_plugin::server::serve_csi_on(incoming, &socket, service, true, None, shutdown)
+                    .await
+            {
+                tracing::error!("the conform proxy stopped: {e}");
+            }
+        });
+        let csi_driver = conf.info.csi_driver.clone();
+        sim.apply(vec![Manifest {
+            origin: "conform".into(),
+            object: Object::CsiDriver(Box::new(csi_driver)),
+        }])
+        .await;
+        sim.register(NODE, conf.setup.name(), &proxy_socket).await?;
+        Ok(Self {
+            conf,
+            sim,
+            proxy,
+            proxy_stop,
+            proxy_task,
+            driver,
+            driver_socket,
+            root,
+            uids: BTreeMap::new(),
+        })
+    }
+
+    /// The node's kubelet root.
+    pub fn node_root(&self) -> PathBuf {
+        self.root.join(NODE)
+    }
+
+    /// A pod `name` in the conform namespace whose one container mounts each volume at `/mnt/<volume>`;
+    /// `spec` is merged into the pod's spec (a securityContext, a nodeName).
+    pub fn pod(&self, name: &str, volumes: &[InlineVolume], spec: serde_json::Value) -> Pod {
+        let driver = self.conf.setup.name();
+        let pod_volumes: Vec<_> = volumes
+            .iter()
+            .map(|v| {
+                let mut attributes = self.conf.attributes.clone();
+                attributes.extend(v.extra_attributes.clone());
+                let mut source = json!({"driver": driver, "readOnly": v.read_only});
+                if !attributes.is_empty() {
+                    source["volumeAttributes"] = json!(attributes);
+                }
+                if let Some(secret) = &v.secret {
+                    source["nodePublishSecretRef"] = json!({"name": secret});
+                }
+                json!({"name": v.name, "csi": source})
+            })
+            .collect();
+        let mounts: Vec<_> = volumes
+            .iter()
+            .map(|v| json!({"name": v.name, "mountPath": format!("/mnt/{}", v.name)}))
+            .collect();
+        let mut pod = json!({
+            "metadata": {"name": name, "namespace": NAMESPACE},
+            "spec": {
+                "containers": [{
+                    "name": "tester",
+                    "image": "conform.inlet.dev/pause:1",
+                    "command": ["sleep", "3600"],
+                    "volumeMounts": mounts,
+                }],
+                "volumes": pod_volumes,
+            },
+        });
+        if let (Some(into), serde_json::Value::Object(extra)) = (pod["spec"].as_object_mut(), spec)
+        {
+            into.extend(extra);
+        }
+        serde_json::from_value(pod).unwrap_or_default()
+    }
+
+    /// A Secret `name` in the conform namespace (or `namespace`) with one key.
+    pub fn secret(namespace: &str, name: &str, key: &str, value: &str) -> Secret {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": namespace},
+            "stringData": {key: value},
+        }))
+        .unwrap_or_default()
+    }
+
+    /// Creates objects (pods after the rest, as `kubelet-sim run` does); a refused one fails the step.
+    pub async fn create(&mut self, objects: Vec<Object>) -> Result<(), String> {
+        let refused_before = self.sim.report().rejected.len();
+        let manifests = objects
+            .into_iter()
+            .map(|object| Manifest {
+                origin: "conform".into(),
+                object,
+            })
+            .collect();
+        self.sim.apply(manifests).await;
+        if let Some(refused) = self.sim.report().rejected.get(refused_before) {
+            return Err(format!("refused: {}", refused.message));
+        }
+        for pod in self.sim.api.list::<Pod>() {
+            self.uids.insert(
+                pod.metadata.name.clone().unwrap_or_default(),
+                pod.metadata.uid.clone().unwrap_or_default(),
+            );
+        }
+        Ok(())
+    }
+
+    /// Creates pods and waits until all of them are Running.
+    pub async fn run_pods(&mut self, pods: Vec<Pod>) -> Result<(), String> {
+        let names: Vec<String> = pods
+            .iter()
+            .map(|p| p.metadata.name.clone().unwrap_or_default())
+            .collect();
+        self.create(pods.into_iter().map(|p| Object::Pod(Box::new(p))).collect())
+            .await?;
+        for name in names {
+            self.running(&name).await?;
+        }
+        Ok(())
+    }
+
+    /// Waits until pod `name` is Running. Fails on a warning the kubelet repeated (the driver keeps
+    /// answering the same), or when the wait is over, with the pod's warnings.
+    pub async fn running(&self, name: &str) -> Result<(), String> {
+        let phase = |sim: &Simulation| {
+            sim.api
+                .peek::<Pod>(NAMESPACE, name)
+                .and_then(|p| p.status.as_ref().and_then(|s| s.phase.clone()))
+        };
+        let done = |sim: &Simulation| {
+            phase(sim).as_deref() == Some("Running")
+                || self
+                    .warnings(name)
+                    .iter()
+                    .any(|e| e.count >= FAILED_ATTEMPTS)
+        };
+        self.sim.wait_for(self.conf.wait, done).await;
+        if phase(&self.sim).as_deref() == Some("Running") {
+            return Ok(());
+        }
+        Err(format!(
+            "pod {name} is not Running (phase {}){}",
+            phase(&self.sim).unwrap_or_else(|| "unknown".into()),
+            self.warnings_text(name)
+        ))
+    }
+
+    /// Waits for a Warning event `reason` on pod `name`.
+    pub async fn warning(&self, name: &str, reason: &str) -> Result<EventReport, String> {
+        let find = || self.warnings(name).into_iter().find(|e| e.reason == reason);
+        self.sim
+            .wait_for(self.conf.wait, |_| find().is_some())
+            .await;
+        find().ok_or_else(|| {
+            format!(
+                "pod {name} got no {reason} event{}",
+                self.warnings_text(name)
+            )
+        })
+    }
+
+    /// The Warning events of pod `name`.
+    pub fn warnings(&self, name: &str) -> Vec<EventReport> {
+        let uid = self.uids.get(name).cloned().unwrap_or_default();
+        self.sim
+            .api
+            .events_for(&uid)
+            .into_iter()
+            .filter(|e| e.type_.as_deref() == Some("Warning"))
+            .map(|e| EventReport {
+                type_: e.type_.unwrap_or_default(),
+                reason: e.reason.unwrap_or_default(),
+                message: e.message.unwrap_or_default(),
+                count: e.count.unwrap_or(1),
+            })
+            .collect()
+    }
+
+    fn warnings_text(&self, name: &str) -> String {
+        self.warnings(name)
+            .iter()
+            .map(|e| format!("; {} (x{}): {}", e.reason, e.count, e.message))
+            .collect()
+    }
+
+    /// Deletes pods and waits until they are gone, which the kubelet allows only once their volumes are
+    /// torn down.
+    pub async fn delete(&self, names: &[&str]) -> Result<(), String> {
+        for name in names {
+            self.sim.delete_pod(NAMESPACE, name);
+        }
+        let gone = |sim: &Simulation| {
+            names
+                .iter()
+                .all(|n| sim.api.peek::<Pod>(NAMESPACE, n).is_none())
+        };
+        if self.sim.wait_for(self.conf.wait, gone).await {
+            return Ok(());
+        }
+        let stuck: Vec<String> = names
+            .iter()
+            .filter(|n| self.sim.api.peek::<Pod>(NAMESPACE, n).is_some())
+            .map(|n| format!("{n}{}", self.warnings_text(n)))
+            .collect();
+        Err(format!(
+            "not torn down within {:?}: {}",
+            self.conf.wait,
+            stuck.join(", ")
+        ))
+    }
+
+    /// The pod's UID.
+    pub fn uid(&self, pod: &str) -> String {
+        self.uids.get(pod).cloned().unwrap_or_default()
+    }
+
+    /// The target path the kubelet publishes volume `volume` of pod `pod` at.
+    pub fn target(&self, pod: &str, volume: &str) -> PathBuf {
+        self.node_root().join(format!(
+            "pods/{}/volumes/kubernetes.io~csi/{volume}/mount",
+            self.uid(pod)
+        ))
+    }
+
+    /// Every CSI call the kubelet made so far.
+    pub fn calls(&self) -> Vec<CsiCall> {
+        self.sim.calls.calls()
+    }
+
+    /// The calls of `method` at the target of one pod volume.
+    pub fn calls_at(&self, method: &str, pod: &str, volume: &str) -> Vec<CsiCall> {
+        let target = self.target(pod, volume).display().to_string();
+        self.calls()
+            .into_iter()
+            .filter(|c| c.method == method && c.target_path == target)
+            .collect()
+    }
+
+    /// The successful NodePublishVolume of one pod volume.
+    pub fn published(&self, pod: &str, volume: &str) -> Result<CsiCall, String> {
+        self.calls_at("NodePublishVolume", pod, volume)
+            .into_iter()
+            .find(|c| c.code == "OK")
+            .ok_or_else(|| format!("no successful NodePublishVolume for {pod}/{volume}"))
+    }
+
+    /// Deletes every pod left and fails if anything is: a mount or a pod directory under the node's root
+    /// (the kubelet's view), or, where the driver can be asked, a volume the driver still holds after its
+    /// last unpublish (`volume_ids`).
+    pub async fn nothing_left(&self, volume_ids: &[String]) -> Result<(), String> {
+        let teardown = self.sim.teardown(self.conf.wait).await;
+        let mut left: Vec<String> = Vec::new();
+        if !teardown.complete {
+            left.push("the pods were not all torn down".into());
+        }
+        left.extend(
+            teardown
+                .leftover_mounts
+                .iter()
+                .map(|m| format!("mount {m}")),
+        );
+        left.extend(
+            teardown
+                .leftover_pod_dirs
+                .iter()
+                .map(|d| format!("pod dir {d}")),
+        );
+        left.extend(
+            teardown
+                .leftover_attachments
+                .iter()
+                .map(|a| format!("VolumeAttachment {a}")),
+        );
+        left.extend(self.driver_holds(volume_ids).await?);
+        if left.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("left behind: {}", left.join(", ")))
+        }
+    }
+
+    /// Whether [`Self::nothing_left`] can see the driver's own volumes: an in-process driver's state, or
+    /// an external driver's ListVolumes.
+    pub fn can_see_driver_volumes(&self) -> bool {
+        matches!(self.driver, DriverRun::InProcess(_))
+            || self.conf.info.controller_has("LIST_VOLUMES")
+    }
+
+    /// A Controller client straight to the driver (for what an administrator or provisioner does, such as
+    /// creating the volume a PV names).
+    pub async fn controller(&self) -> Result<ControllerClient<tonic::transport::Channel>, String> {
+        let channel = inlet_proto::uds::connect(&self.driver_socket)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(ControllerClient::new(channel))
+    }
+
+    /// What the driver still holds of `volume_ids`: files named after them in an in-process driver's
+    /// state (and an image driver's volume state), or volumes an external driver lists (LIST_VOLUMES).
+    async fn driver_holds(&self, volume_ids: &[String]) -> Result<Vec<String>, String> {
+        let mut held = Vec::new();
+        match &self.driver {
+            DriverRun::InProcess(_) => {
+                let state = self
+                    .node_root()
+                    .join("plugins")
+                    .join(self.conf.setup.name())
+                    .join("state");
+                for entry in walkdir::WalkDir::new(&state).into_iter().flatten() {
+                    let name = entry.file_name().to_string_lossy();
+                    if volume_ids.iter().any(|id| name.contains(id.as_str())) {
+                        held.push(format!("driver state {}", entry.path().display()));
+                    }
+                }
+                if self.conf.setup.arg.source == DriverSource::Image {
+                    held.extend(
+                        inlet_plugin::image::leftovers(&state)
+                            .into_iter()
+                            .map(|p| format!("image volume state {}", p.display())),
+                    );
+                }
+            }
+            DriverRun::External if self.conf.info.controller_has("LIST_VOLUMES") => {
+                let listed = self
+                    .controller()
+                    .await?
+                    .list_volumes(csi::ListVolumesRequest::default())
+                    .await
+                    .map_err(|s| format!("ListVolumes: {}", s.message()))?
+                    .into_inner();
+                held.extend(
+                    listed
+                        .entries
+                        .into_iter()
+                        .filter_map(|e| e.volume.map(|v| v.volume_id))
+                        .filter(|id| volume_ids.contains(id))
+                        .map(|id| format!("volume {id} (still in ListVolumes)")),
+                );
+            }
+            DriverRun::External => {}
+        }
+        Ok(held)
+    }
+
+    /// Stops the node's kubelet and starts a new one on the same root (reconstruction).
+    pub async fn restart_kubelet(&mut self) -> Result<(), String> {
+        self.sim.stop_node(NODE).await;
+        self.sim.start_node(NODE).await
+    }
+
+    /// Stops the driver and starts it again on the same state, its socket served again.
+    pub async fn restart_driver(&mut self) -> Result<(), String> {
+        let (cri, node_root) = (self.sim.cri_socket().to_path_buf(), self.node_root());
+        self.conf
+            .setup
+            .restart(&mut self.driver, NODE, &node_root, &cri)
+            .await
+    }
+
+    /// Stops everything; the check's root is removed when nothing is mounted below it.
+    pub async fn finish(self) {
+        self.sim.shutdown().await;
+        let _ = self.proxy_stop.send(());
+        let _ = self.proxy_task.await;
+        self.conf.setup.stop(self.driver).await;
+        if !has_mounts(&self.root, self.conf.mounter.0.as_ref()) {
+            let _ = std::fs::remove_dir_all(&self.root);
+        }
+    }
+}
+
+/// Whether anything below `root` is a mount point (then the dir is left for the user to look at).
+pub(crate) fn has_mounts(root: &Path, mounter: &dyn MountLayer) -> bool {
+    walkdir::WalkDir::new(root)
+        .into_iter()
+        .flatten()
+        .filter(|e| e.file_type().is_dir())
+        .any(|e| mounter.is_mount_point(e.path()).unwrap_or(false))
+}

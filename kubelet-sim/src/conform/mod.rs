@@ -1,0 +1,275 @@
+//! `kubelet-sim conform`: a kubelet-level conformance suite for any CSI driver's inline-volume support.
+//!
+//! csi-sanity checks a driver's answers one gRPC call at a time; conform runs the driver through what a
+//! kubelet does with inline volumes (pod info, the ephemeral flag, retries after a deadline, republish,
+//! a kubelet restart, a driver restart, many pods at once, staging for PVs, secrets), as pods on a
+//! simulated node, over real sockets (real mounts as root). Laid out as:
+//!
+//! ```text
+//! driver.rs   the driver under test: identity, capabilities, its CSIDriver (given or suggested); where it
+//!             runs (in-process, or on a socket) and how it restarts
+//! proxy.rs    FaultProxy: between the kubelet and the driver, turns chosen OK answers into deadlines
+//! env.rs      CheckEnv: one check's fresh node, driver and proxy, and the steps checks are written in
+//! checks.rs   the catalogue: id, what it expects, its upstream source, when it applies, how it runs
+//! output.rs   the table, the JSON report (every CSI call of a failed check), JUnit XML
+//! ```
+//!
+//! `conform.md` beside this crate documents each check and how to run conform in a driver's CI.
+
+pub mod checks;
+pub mod driver;
+pub mod env;
+pub mod output;
+pub mod proxy;
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use inlet_plugin::mount::MountLayer;
+use inlet_plugin::volume::csi::CsiCall;
+
+use crate::drivers::DriverArg;
+use crate::sim::{SimConfig, SimImages, Simulation};
+use checks::Check;
+use driver::{DriverInfo, DriverSetup};
+use env::{CheckEnv, Conformance};
+
+/// How conform is run.
+pub struct ConformOptions {
+    /// The driver under test.
+    pub driver: DriverArg,
+    /// `--csidriver`: the CSIDriver object's YAML file; None uses the suggested one.
+    pub csi_driver: Option<PathBuf>,
+    /// `--only`: the checks whose id matches one of these globs; empty runs them all.
+    pub only: Vec<glob::Pattern>,
+    /// `--root`: where each check's node lives; None uses a temp dir removed afterwards.
+    pub root: Option<PathBuf>,
+    /// `--volume-attribute`: what every inline volume carries.
+    pub attributes: BTreeMap<String, String>,
+    /// `--restart-command`: restarts an external driver.
+    pub restart_command: Option<String>,
+    /// How long one step of a check waits.
+    pub wait: Duration,
+    /// Images for the in-process runtime (an in-process image driver pulls from it).
+    pub images: SimImages,
+    /// The mount layer, and whether its mounts are real.
+    pub mounter: (Arc<dyn MountLayer>, bool),
+}
+
+/// A check's result.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Verdict {
+    /// It passed.
+    Pass,
+    /// It failed.
+    Fail,
+    /// It does not apply to this driver.
+    Skip,
+}
+
+/// One row of the report.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct CheckResult {
+    /// The check's id.
+    pub id: String,
+    /// pass, fail or skip.
+    pub result: Verdict,
+    /// Why it failed or was skipped, or what a pass could not observe.
+    pub reason: String,
+    /// How long it took, setup included.
+    pub seconds: f64,
+    /// What the driver must do.
+    pub expects: String,
+    /// Where that comes from.
+    pub source: String,
+    /// Answers the proxy replaced with a deadline.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub injected_deadlines: Vec<String>,
+    /// Every CSI call the kubelet made in a failed check, as evidence.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub csi_calls: Vec<CsiCall>,
+}
+
+/// The whole run.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ConformReport {
+    /// What the driver says of itself.
+    pub driver: DriverInfo,
+    /// The CSIDriver object the checks ran with, as YAML.
+    pub csi_driver: String,
+    /// Every selected check.
+    pub checks: Vec<CheckResult>,
+    /// How many passed.
+    pub passed: usize,
+    /// How many failed.
+    pub failed: usize,
+    /// How many were skipped.
+    pub skipped: usize,
+}
+
+/// How long a whole check may take, whatever its steps' waits: a hung driver call cannot stall the run.
+fn check_deadline(wait: Duration) -> Duration {
+    wait * 6
+}
+
+/// Runs every selected check, printing each row to `table` as it ends.
+pub async fn run(options: ConformOptions, table: &mut impl Write) -> Result<ConformReport, String> {
+    let catalogue: Vec<Check> = checks::catalogue()
+        .into_iter()
+        .filter(|c| options.only.is_empty() || options.only.iter().any(|g| g.matches(c.id)))
+        .collect();
+    if catalogue.is_empty() {
+        let known: Vec<&str> = checks::catalogue().iter().map(|c| c.id).collect();
+        return Err(format!(
+            "--only matches no check (the checks: {})",
+            known.join(", ")
+        ));
+    }
+    let temp = match &options.root {
+        Some(_) => None,
+        None => Some(tempfile::tempdir().map_err(|e| format!("a temp dir: {e}"))?),
+    };
+    let root = options
+        .root
+        .clone()
+        .or_else(|| temp.as_ref().map(|t| t.path().to_path_buf()))
+        .unwrap_or_default();
+    std::fs::create_dir_all(&root).map_err(|e| format!("{}: {e}", root.display()))?;
+    let setup = DriverSetup {
+        arg: options.driver.clone(),
+        restart_command: options.restart_command.clone(),
+        images: options.images.clone(),
+        mounter: Arc::clone(&options.mounter.0),
+    };
+    let mut info = describe(&setup, &root, &options).await?;
+    let csi_driver_yaml = match &options.csi_driver {
+        Some(path) => {
+            info.csi_driver_source = path.display().to_string();
+            std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?
+        }
+        None => {
+            let yaml = driver::suggested_csi_driver(&info);
+            eprintln!(
+                "kubelet-sim conform: no --csidriver given: testing with the CSIDriver this driver would \
+                 need (save it and pass it with --csidriver to test another):\n{yaml}"
+            );
+            info.csi_driver_source = "suggested".into();
+            yaml
+        }
+    };
+    info.csi_driver =
+        driver::csi_driver_from(&csi_driver_yaml, &info.csi_driver_source, &info.name)?;
+    let conf = Arc::new(Conformance {
+        setup,
+        info: info.clone(),
+        root: root.clone(),
+        attributes: options.attributes.clone(),
+        wait: options.wait,
+        images: options.images.clone(),
+        mounter: options.mounter.clone(),
+    });
+    output::write_header(table, &info).map_err(|e| e.to_string())?;
+    let mut results = Vec::new();
+    for check in &catalogue {
+        let result = run_check(check, &conf).await;
+        output::write_row(table, &result).map_err(|e| e.to_string())?;
+        results.push(result);
+    }
+    let count = |v: Verdict| results.iter().filter(|r| r.result == v).count();
+    let report = ConformReport {
+        driver: info,
+        csi_driver: csi_driver_yaml,
+        passed: count(Verdict::Pass),
+        failed: count(Verdict::Fail),
+        skipped: count(Verdict::Skip),
+        checks: results,
+    };
+    output::write_footer(table, &report).map_err(|e| e.to_string())?;
+    Ok(report)
+}
+
+/// Starts the driver once (an in-process one on a node of its own) and asks it who it is.
+async fn describe(
+    setup: &DriverSetup,
+    root: &std::path::Path,
+    options: &ConformOptions,
+) -> Result<DriverInfo, String> {
+    let describe_root = root.join("describe");
+    let sim = Simulation::start(SimConfig {
+        root: describe_root.clone(),
+        nodes: 1,
+        drivers: Vec::new(),
+        cri: None,
+        gates: Default::default(),
+        allowed_inline_drivers: None,
+        backoff: Default::default(),
+        volume_wait_timeout: options.wait,
+        republish_period: Duration::from_secs(60),
+        containers: Default::default(),
+        mounter: Arc::clone(&options.mounter.0),
+        images: options.images.clone(),
+        plugins_registry: None,
+        node_name_prefix: "node".into(),
+        cluster: None,
+    })
+    .await?;
+    let started = setup
+        .start(env::NODE, &describe_root.join(env::NODE), sim.cri_socket())
+        .await;
+    let described = match &started {
+        Ok((socket, _)) => driver::describe(socket, setup.name()).await,
+        Err(e) => Err(e.clone()),
+    };
+    if let Ok((_, run)) = started {
+        setup.stop(run).await;
+    }
+    sim.shutdown().await;
+    let _ = std::fs::remove_dir_all(&describe_root);
+    described
+}
+
+/// Runs one check in a fresh environment, within its deadline.
+async fn run_check(check: &Check, conf: &Arc<Conformance>) -> CheckResult {
+    let started = Instant::now();
+    let mut result = CheckResult {
+        id: check.id.to_string(),
+        result: Verdict::Skip,
+        reason: String::new(),
+        seconds: 0.0,
+        expects: check.expects.to_string(),
+        source: check.source.to_string(),
+        injected_deadlines: Vec::new(),
+        csi_calls: Vec::new(),
+    };
+    if let Err(reason) = (check.applies)(conf) {
+        result.reason = reason;
+        return result;
+    }
+    let outcome = match CheckEnv::start(Arc::clone(conf), check.id).await {
+        Ok(mut env) => {
+            let deadline = check_deadline(conf.wait);
+            let outcome = match tokio::time::timeout(deadline, (check.run)(&mut env)).await {
+                Ok(outcome) => outcome,
+                Err(_) => Err(format!("the check did not finish within {deadline:?}")),
+            };
+            result.injected_deadlines =
+                env.proxy.injected().iter().map(|m| m.to_string()).collect();
+            if outcome.is_err() {
+                result.csi_calls = env.calls();
+            }
+            env.finish().await;
+            outcome
+        }
+        Err(e) => Err(format!("could not start: {e}")),
+    };
+    (result.result, result.reason) = match outcome {
+        Ok(note) => (Verdict::Pass, note),
+        Err(reason) => (Verdict::Fail, reason),
+    };
+    result.seconds = started.elapsed().as_secs_f64();
+    result
+}

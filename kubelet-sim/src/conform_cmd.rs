@@ -1,0 +1,133 @@
+//! `kubelet-sim conform`: the CLI of [`kubelet_sim::conform`].
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use kubelet_sim::conform::{self, ConformOptions, checks};
+use kubelet_sim::drivers::DriverArg;
+use kubelet_sim::sim::SimImages;
+
+use crate::MounterKind;
+
+/// `kubelet-sim conform`.
+#[derive(clap::Args)]
+pub struct ConformArgs {
+    /// The driver under test: NAME=unix:///PATH (a driver serving there, its target paths under
+    /// --root/<check>/node-1/pods/), or inlet's own NAME=local[:options] or NAME=image, started here.
+    #[arg(long, required_unless_present = "list")]
+    driver: Option<DriverArg>,
+    /// The driver's CSIDriver object (YAML). Without it, conform tests with the one the driver would need,
+    /// printed on stderr.
+    #[arg(long, value_name = "FILE.yaml")]
+    csidriver: Option<PathBuf>,
+    /// Run only the checks whose id matches GLOB (`ephemeral/*`). Repeatable.
+    #[arg(long, value_name = "GLOB", value_parser = parse_glob)]
+    only: Vec<glob::Pattern>,
+    /// Write the JSON report (every check; every CSI call of a failed one) here.
+    #[arg(long, value_name = "FILE.json")]
+    report: Option<PathBuf>,
+    /// Write JUnit XML here, for CI systems.
+    #[arg(long, value_name = "FILE.xml")]
+    junit: Option<PathBuf>,
+    /// Where each check's node lives (`<root>/<group>-<check>/node-1/` is its kubelet root). It must not
+    /// hold a previous run. Default: a new temp dir, removed after.
+    #[arg(long)]
+    root: Option<PathBuf>,
+    /// A volume attribute every inline volume carries, KEY=VALUE (what the driver needs, such as an
+    /// image). Repeatable.
+    #[arg(long = "volume-attribute", value_name = "KEY=VALUE", value_parser = parse_attribute)]
+    attributes: Vec<(String, String)>,
+    /// A shell command that restarts an external driver (for restart/driver); conform then waits for its
+    /// Probe. Without it, that check is skipped for an external driver.
+    #[arg(long, value_name = "COMMAND")]
+    restart_command: Option<String>,
+    /// How long one step of a check waits for the kubelet or the driver.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    timeout: Duration,
+    /// Images for the in-process runtime from an OCI layout, REPOSITORY=DIR (for an image driver).
+    /// Repeatable.
+    #[arg(long = "image-layout", value_parser = cri_fake::images::parse_layout_flag)]
+    image_layouts: Vec<(String, PathBuf)>,
+    /// Mounts: linux (needs root), recording (a fake that mounts nothing), or auto.
+    #[arg(long, value_enum, default_value_t = MounterKind::Auto)]
+    mounter: MounterKind,
+    /// List the checks (id, what each expects, its source) and exit.
+    #[arg(long)]
+    list: bool,
+}
+
+fn parse_glob(text: &str) -> Result<glob::Pattern, String> {
+    glob::Pattern::new(text).map_err(|e| format!("{text:?}: {e}"))
+}
+
+fn parse_attribute(text: &str) -> Result<(String, String), String> {
+    let (key, value) = text
+        .split_once('=')
+        .ok_or_else(|| format!("{text:?}: expected KEY=VALUE"))?;
+    if key.is_empty() {
+        return Err(format!("{text:?}: the key is empty"));
+    }
+    Ok((key.to_string(), value.to_string()))
+}
+
+/// Runs conform: 0 when every applicable check passed, 1 when one failed, 2 when conform could not run.
+pub async fn run(args: ConformArgs) -> ExitCode {
+    if args.list {
+        for check in checks::catalogue() {
+            println!(
+                "{}\n  expects: {}\n  source:  {}\n",
+                check.id, check.expects, check.source
+            );
+        }
+        return ExitCode::SUCCESS;
+    }
+    let Some(driver) = args.driver else {
+        eprintln!("kubelet-sim conform: --driver is required");
+        return ExitCode::from(2);
+    };
+    let options = ConformOptions {
+        driver,
+        csi_driver: args.csidriver,
+        only: args.only,
+        root: args.root,
+        attributes: args.attributes.into_iter().collect::<BTreeMap<_, _>>(),
+        restart_command: args.restart_command,
+        wait: args.timeout,
+        images: SimImages {
+            layouts: args.image_layouts,
+            ..Default::default()
+        },
+        mounter: args.mounter.layer(),
+    };
+    let report = match conform::run(options, &mut std::io::stdout()).await {
+        Ok(report) => report,
+        Err(e) => {
+            eprintln!("kubelet-sim conform: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let written = [
+        args.report
+            .map(|path| conform::output::write_json(&report, &path)),
+        args.junit
+            .map(|path| conform::output::write_junit(&report, &path)),
+    ];
+    let errors: Vec<String> = written
+        .into_iter()
+        .flatten()
+        .filter_map(Result::err)
+        .collect();
+    for error in &errors {
+        eprintln!("kubelet-sim conform: {error}");
+    }
+    if !errors.is_empty() {
+        return ExitCode::from(2);
+    }
+    if report.failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
