@@ -138,6 +138,22 @@ Feature: Image volumes through CRI
     And node "node-1" holds 1 shared read-only image mount
     And pod "web" cannot write to "/site:index.html"
 
+  Scenario: An attribute the image driver does not know is refused, and read-only is the volume's readOnly
+    Given the manifests:
+      """
+      apiVersion: v1
+      kind: Pod
+      metadata: {name: web}
+      spec:
+        containers: [{name: app, image: busybox, volumeMounts: [{name: site, mountPath: /site}]}]
+        volumes: [{name: site, csi: {driver: image.inlet.dev, volumeAttributes: {image: example.inlet.dev/site:v1, readOnly: "true"}}}]
+      """
+    When the simulation runs
+    Then pod "web" has a Warning "FailedMount" event saying "code = InvalidArgument desc = volume_context["
+    And pod "web" has a Warning "FailedMount" event saying "unknown attribute; the image driver accepts image, pullPolicy, pullAlways, metadata, artifact; a volume is made read-only by the volume source's readOnly: true"
+    And pod "web" is Pending
+    And the driver got no NodeUnpublishVolume calls
+
   Scenario: A PersistentVolume whose handle is the image is mounted read-only
     Given the manifests:
       """

@@ -181,8 +181,9 @@ pub fn catalogue() -> Vec<Check> {
         },
         Check {
             id: "persistent/stage-publish",
-            expects: "a PV of the driver is attached (when required), staged at globalmount, then published \
-                      with that staging path; on deletion unpublished before it is unstaged",
+            expects: "a PV of the driver is attached (ControllerPublishVolume when the CSIDriver requires \
+                      attach and the driver has PUBLISH_UNPUBLISH_VOLUME), staged, then published with that \
+                      staging path; on deletion unpublished before it is unstaged",
             source: "operation_generator.go (MountDevice before SetUp, UnmountDevice after the last \
                      TearDown); csi_attacher.go MountDevice; CSI spec, Volume Lifecycle",
             applies: persistent,
@@ -391,24 +392,22 @@ async fn unknown_attribute(env: &mut CheckEnv) -> Outcome {
     };
     let pod = env.pod("unknown-attribute", &[volume], json!({}));
     env.create(vec![Object::Pod(Box::new(pod))]).await?;
-    let failed = async {
-        env.warning("unknown-attribute", "FailedMount").await?;
-        let publishes = env.calls_at("NodePublishVolume", "unknown-attribute", "data");
-        match publishes.iter().find(|c| c.code == "OK") {
-            Some(_) => Err(format!(
-                "NodePublishVolume with the attribute {UNKNOWN_ATTRIBUTE:?} was answered OK"
-            )),
-            None => Ok(publishes),
-        }
+    // Until the kubelet reports the failure, or the driver accepts the volume.
+    let answered = |env: &CheckEnv| {
+        env.warnings("unknown-attribute")
+            .iter()
+            .any(|e| e.reason == "FailedMount")
+            || env.published("unknown-attribute", "data").is_ok()
     };
-    let publishes = match failed.await {
-        Ok(publishes) => publishes,
-        Err(e) => {
-            // Pass or fail, the pod goes, and so must its volume.
-            let _ = env.nothing_left(&[]).await;
-            return Err(e);
-        }
-    };
+    env.sim.wait_for(env.conf.wait, |_| answered(env)).await;
+    let publishes = env.calls_at("NodePublishVolume", "unknown-attribute", "data");
+    if publishes.iter().any(|c| c.code == "OK") {
+        // The pod goes, and so must its volume, before the failure is reported.
+        let _ = env.nothing_left(&[]).await;
+        return Err(format!(
+            "NodePublishVolume with the attribute {UNKNOWN_ATTRIBUTE:?} was answered OK"
+        ));
+    }
     let first = publishes.first().ok_or("no NodePublishVolume was made")?;
     if first.code != "InvalidArgument" {
         return Err(format!(
@@ -773,7 +772,12 @@ async fn stage_publish_on(env: &mut CheckEnv, volume: &csi::Volume) -> Outcome {
         .ok_or("no successful NodePublishVolume")?;
     let calls = env.calls();
     let published = first_ok(&calls, "NodePublishVolume", handle);
-    if env.conf.info.csi_driver.spec.attach_required != Some(false) {
+    // Attach is required unless the CSIDriver says otherwise; external-attacher calls
+    // ControllerPublishVolume only for a driver with PUBLISH_UNPUBLISH_VOLUME (else it marks the
+    // VolumeAttachment attached itself).
+    if env.conf.info.csi_driver.spec.attach_required != Some(false)
+        && env.conf.info.controller_has("PUBLISH_UNPUBLISH_VOLUME")
+    {
         let attached = first_ok(&calls, "ControllerPublishVolume", handle);
         if attached.is_none() || attached > published {
             return Err(

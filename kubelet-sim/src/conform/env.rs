@@ -339,13 +339,25 @@ impl CheckEnv {
         let stuck: Vec<String> = names
             .iter()
             .filter(|n| self.sim.api.peek::<Pod>(NAMESPACE, n).is_some())
-            .map(|n| format!("{n}{}", self.warnings_text(n)))
+            .map(|n| format!("{n}{}{}", self.warnings_text(n), self.last_failure(n)))
             .collect();
         Err(format!(
             "not torn down within {:?}: {}",
             self.conf.wait,
             stuck.join(", ")
         ))
+    }
+
+    /// The last CSI call for pod `name`'s volumes that failed, as `; Method Code: message` (a teardown's
+    /// failures are not pod events, as upstream's are not).
+    fn last_failure(&self, name: &str) -> String {
+        let dir = format!("/pods/{}/", self.uid(name));
+        self.calls()
+            .into_iter()
+            .rev()
+            .find(|c| c.code != "OK" && c.target_path.contains(&dir))
+            .map(|c| format!("; {} {}: {}", c.method, c.code, c.message))
+            .unwrap_or_default()
     }
 
     /// The pod's UID.

@@ -31,7 +31,7 @@ use super::{
     PULL_ALWAYS_ATTRIBUTE, PULL_POLICY_ATTRIBUTE, PullPolicy, PullRequest, pull_wait,
 };
 use crate::error::{Error, Result};
-use crate::local::{EPHEMERAL_KEY, validate};
+use crate::local::{EPHEMERAL_KEY, KUBERNETES_KEY_PREFIX, validate};
 use crate::server::reply;
 
 /// How the image driver is set up (from `inlet-plugin serve --driver image` flags).
@@ -97,6 +97,7 @@ impl ImageService {
             .unwrap_or(Mode::Unknown);
         let reader_only = matches!(mode, Mode::SingleNodeReaderOnly | Mode::MultiNodeReaderOnly);
         let attributes = &r.volume_context;
+        known_attributes(attributes)?;
         let ephemeral = attributes.get(EPHEMERAL_KEY).is_some_and(|v| v == "true")
             || attributes.contains_key(IMAGE_ATTRIBUTE);
         let image = if ephemeral {
@@ -180,6 +181,43 @@ impl ImageService {
         };
         self.engine.volumes.publish(&volume).await
     }
+}
+
+/// The attributes the driver reads (warm-metal's names, which it maps); the kubelet's own
+/// `csi.storage.k8s.io/` keys are accepted too.
+const KNOWN_ATTRIBUTES: [&str; 5] = [
+    IMAGE_ATTRIBUTE,
+    PULL_POLICY_ATTRIBUTE,
+    PULL_ALWAYS_ATTRIBUTE,
+    METADATA_ATTRIBUTE,
+    ARTIFACT_ATTRIBUTE,
+];
+
+/// Refuses an attribute the driver does not know with INVALID_ARGUMENT naming it, rather than ignore
+/// what the user meant (`readOnly: "true"` would otherwise mount a writable volume).
+fn known_attributes(attributes: &std::collections::HashMap<String, String>) -> Result<()> {
+    let mut unknown: Vec<&String> = attributes
+        .keys()
+        .filter(|k| {
+            !KNOWN_ATTRIBUTES.contains(&k.as_str()) && !k.starts_with(KUBERNETES_KEY_PREFIX)
+        })
+        .collect();
+    unknown.sort();
+    let Some(key) = unknown.first() else {
+        return Ok(());
+    };
+    let hint = if ["readonly", "ro", "read-only"].contains(&key.to_ascii_lowercase().as_str()) {
+        "; a volume is made read-only by the volume source's readOnly: true"
+    } else {
+        ""
+    };
+    Err(Error::invalid(
+        format!("volume_context[{key:?}]"),
+        format!(
+            "unknown attribute; the image driver accepts {}{hint}",
+            KNOWN_ATTRIBUTES.join(", ")
+        ),
+    ))
 }
 
 /// A `"true"` / `"false"` attribute; absent is false.
@@ -348,5 +386,36 @@ mod tests {
         assert_eq!(grpc_timeout(&metadata), Some(Duration::from_secs(120)));
         metadata.insert("grpc-timeout", "x".parse().unwrap());
         assert_eq!(grpc_timeout(&metadata), None);
+    }
+
+    #[test]
+    fn refuses_unknown_attributes_by_name() {
+        let attributes = |pairs: &[(&str, &str)]| {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect::<std::collections::HashMap<_, _>>()
+        };
+        let known = attributes(&[
+            ("image", "x:1"),
+            ("pullAlways", "true"),
+            ("csi.storage.k8s.io/ephemeral", "true"),
+        ]);
+        assert!(known_attributes(&known).is_ok());
+        let status =
+            Status::from(known_attributes(&attributes(&[("readOnly", "true")])).unwrap_err());
+        assert_eq!(status.code(), tonic::Code::InvalidArgument);
+        assert!(
+            status
+                .message()
+                .contains("volume_context[\"readOnly\"]: unknown attribute")
+        );
+        assert!(status.message().contains("volume source's readOnly: true"));
+        let other = Status::from(known_attributes(&attributes(&[("size", "1Gi")])).unwrap_err());
+        assert!(
+            !other.message().contains("read-only"),
+            "{}",
+            other.message()
+        );
     }
 }
