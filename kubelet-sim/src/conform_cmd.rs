@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use kubelet_sim::conform::{self, ConformOptions, checks};
 use kubelet_sim::drivers::DriverArg;
+use kubelet_sim::signals::Interrupts;
 use kubelet_sim::sim::SimImages;
 
 use crate::MounterKind;
@@ -72,7 +73,8 @@ fn parse_attribute(text: &str) -> Result<(String, String), String> {
     Ok((key.to_string(), value.to_string()))
 }
 
-/// Runs conform: 0 when every applicable check passed, 1 when one failed, 2 when conform could not run.
+/// Runs conform: 0 when every applicable check passed, 1 when one failed, 2 when conform could not run,
+/// 128+N when stopped by a signal (after the running check's teardown and the reports).
 pub async fn run(args: ConformArgs) -> ExitCode {
     if args.list {
         for check in checks::catalogue() {
@@ -87,6 +89,13 @@ pub async fn run(args: ConformArgs) -> ExitCode {
         eprintln!("kubelet-sim conform: --driver is required");
         return ExitCode::from(2);
     };
+    let interrupts = match Interrupts::install(|_| {}) {
+        Ok(interrupts) => interrupts,
+        Err(e) => {
+            eprintln!("kubelet-sim conform: listening for signals: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let options = ConformOptions {
         driver,
         csi_driver: args.csidriver,
@@ -100,6 +109,7 @@ pub async fn run(args: ConformArgs) -> ExitCode {
             ..Default::default()
         },
         mounter: args.mounter.layer(),
+        interrupts: Some(interrupts.clone()),
     };
     let report = match conform::run(options, &mut std::io::stdout()).await {
         Ok(report) => report,
@@ -124,6 +134,9 @@ pub async fn run(args: ConformArgs) -> ExitCode {
     }
     if !errors.is_empty() {
         return ExitCode::from(2);
+    }
+    if let Some(signal) = interrupts.received() {
+        return ExitCode::from(signal.exit_status());
     }
     if report.failed == 0 {
         ExitCode::SUCCESS

@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 
-use inlet_plugin::local::{LocalConfig, LocalDriver, LocalService};
-use inlet_plugin::mount::{LinuxMounter, MountLayer, RecordingMounter, can_mount};
+mod common;
+use common::{mounter, serve_local_driver};
 
 const BIN: &str = env!("CARGO_BIN_EXE_kubelet-sim");
 
@@ -37,14 +37,6 @@ fn run_logging(args: &[&str], level: &str) -> (i32, String, String) {
 fn tail(text: &str) -> String {
     let lines: Vec<_> = text.lines().collect();
     lines[lines.len().saturating_sub(40)..].join("\n")
-}
-
-fn mounter() -> Arc<dyn MountLayer> {
-    if can_mount() {
-        Arc::new(LinuxMounter)
-    } else {
-        Arc::new(RecordingMounter::new())
-    }
 }
 
 /// The README's main command, on a root and report of the test's own.
@@ -178,38 +170,6 @@ fn the_examples_run_and_the_report_keeps_its_contract() {
         leftovers.iter().all(|p| p.ends_with("pods")),
         "pod dirs left: {leftovers:?}"
     );
-}
-
-/// inlet's local driver `name` serving in this process on `dir/<name>.sock`, for pods under `root`.
-async fn serve_local_driver(dir: &Path, root: &Path, name: &str) -> PathBuf {
-    let driver_socket = dir.join(format!("{name}.sock"));
-    let config = LocalConfig {
-        name: name.into(),
-        node_id: "ext-node".into(),
-        state_dir: dir.join(format!("{name}-state")),
-        kubelet_dir: root.to_path_buf(),
-        capacity_bytes: 1 << 30,
-        max_volume_bytes: 1 << 30,
-        default_volume_bytes: 8 << 20,
-        enable_attach: false,
-        ephemeral_default: false,
-        volume_mount_group: false,
-    };
-    let incoming = inlet_proto::uds::listen(&driver_socket).await.unwrap();
-    let service = LocalService::new(LocalDriver::open(config, mounter()).unwrap());
-    let socket = driver_socket.clone();
-    tokio::spawn(async move {
-        inlet_plugin::server::serve_csi_on(
-            incoming,
-            &socket,
-            service,
-            true,
-            None,
-            std::future::pending(),
-        )
-        .await
-    });
-    driver_socket
 }
 
 /// A manifest of the CSIDriver `driver` and a pod `web` with one inline volume of it.

@@ -32,6 +32,7 @@ use inlet_plugin::mount::MountLayer;
 use inlet_plugin::volume::csi::CsiCall;
 
 use crate::drivers::DriverArg;
+use crate::signals::Interrupts;
 use crate::sim::{SimConfig, SimImages, Simulation};
 use checks::Check;
 use driver::{DriverInfo, DriverSetup};
@@ -57,6 +58,8 @@ pub struct ConformOptions {
     pub images: SimImages,
     /// The mount layer, and whether its mounts are real.
     pub mounter: (Arc<dyn MountLayer>, bool),
+    /// SIGINT/SIGTERM: the running check stops and tears down, the rest are not run.
+    pub interrupts: Option<Interrupts>,
 }
 
 /// A check's result.
@@ -174,8 +177,13 @@ pub async fn run(options: ConformOptions, table: &mut impl Write) -> Result<Conf
     });
     output::write_header(table, &info).map_err(|e| e.to_string())?;
     let mut results = Vec::new();
+    let mut interrupts = options.interrupts;
     for check in &catalogue {
-        let result = run_check(check, &conf).await;
+        if let Some(signal) = interrupts.as_ref().and_then(Interrupts::received) {
+            eprintln!("kubelet-sim conform: {signal}: the remaining checks are not run");
+            break;
+        }
+        let result = run_check(check, &conf, &mut interrupts).await;
         output::write_row(table, &result).map_err(|e| e.to_string())?;
         results.push(result);
     }
@@ -189,6 +197,16 @@ pub async fn run(options: ConformOptions, table: &mut impl Write) -> Result<Conf
         checks: results,
     };
     output::write_footer(table, &report).map_err(|e| e.to_string())?;
+    // A temp root is removed, unless something is still mounted below it: removing it would reach into
+    // the mounted volumes.
+    if let Some(temp) = temp
+        && env::has_mounts(&root, conf.mounter.0.as_ref())
+    {
+        eprintln!(
+            "kubelet-sim conform: mounts are left under {}: kept for a look",
+            temp.keep().display()
+        );
+    }
     Ok(report)
 }
 
@@ -232,8 +250,13 @@ async fn describe(
     described
 }
 
-/// Runs one check in a fresh environment, within its deadline.
-async fn run_check(check: &Check, conf: &Arc<Conformance>) -> CheckResult {
+/// Runs one check in a fresh environment, within its deadline (or until a signal). A check that did not
+/// pass is torn down before its environment stops, so that it leaves nothing either.
+async fn run_check(
+    check: &Check,
+    conf: &Arc<Conformance>,
+    interrupts: &mut Option<Interrupts>,
+) -> CheckResult {
     let started = Instant::now();
     let mut result = CheckResult {
         id: check.id.to_string(),
@@ -252,14 +275,26 @@ async fn run_check(check: &Check, conf: &Arc<Conformance>) -> CheckResult {
     let outcome = match CheckEnv::start(Arc::clone(conf), check.id).await {
         Ok(mut env) => {
             let deadline = check_deadline(conf.wait);
-            let outcome = match tokio::time::timeout(deadline, (check.run)(&mut env)).await {
-                Ok(outcome) => outcome,
-                Err(_) => Err(format!("the check did not finish within {deadline:?}")),
+            let signal = async {
+                match interrupts {
+                    Some(interrupts) => interrupts.wait().await,
+                    None => std::future::pending().await,
+                }
+            };
+            let outcome = tokio::select! {
+                outcome = tokio::time::timeout(deadline, (check.run)(&mut env)) => match outcome {
+                    Ok(outcome) => outcome,
+                    Err(_) => Err(format!("the check did not finish within {deadline:?}")),
+                },
+                signal = signal => Err(format!("interrupted by {signal}")),
             };
             result.injected_deadlines =
                 env.proxy.injected().iter().map(|m| m.to_string()).collect();
             if outcome.is_err() {
                 result.csi_calls = env.calls();
+                if let Err(left) = env.nothing_left(&[]).await {
+                    tracing::warn!(check = check.id, "after the failure: {left}");
+                }
             }
             env.finish().await;
             outcome

@@ -1,0 +1,247 @@
+//! `kubelet-sim conform` as a driver author runs it in CI: against inlet's local driver (every applicable
+//! check passes, the JUnit file says so), against a driver that fails a check (exit 1, the CSI calls as
+//! evidence), and against an external driver on a socket (a check it cannot run is skipped with the reason).
+
+use std::process::Command;
+
+mod common;
+use common::serve_local_driver;
+
+const BIN: &str = env!("CARGO_BIN_EXE_kubelet-sim");
+
+/// Every check's id, from `--list`.
+fn catalogue() -> Vec<String> {
+    let out = Command::new(BIN)
+        .args(["conform", "--list"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| !l.is_empty() && !l.starts_with(' '))
+        .map(String::from)
+        .collect()
+}
+
+fn conform(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(BIN)
+        .arg("conform")
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("kubelet-sim runs");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
+
+/// The local driver's CSIDriver with everything a check can exercise: attach, republish with a token.
+const LOCAL_CSIDRIVER: &str = "apiVersion: storage.k8s.io/v1\nkind: CSIDriver\nmetadata: {name: local.inlet.dev}\n\
+    spec:\n  attachRequired: true\n  podInfoOnMount: true\n  volumeLifecycleModes: [Persistent, Ephemeral]\n  \
+    fsGroupPolicy: File\n  requiresRepublish: true\n  tokenRequests: [{audience: conform.inlet.dev}]\n";
+
+#[test]
+fn the_local_driver_passes_every_check_and_the_junit_file_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let csidriver = dir.path().join("csidriver.yaml");
+    std::fs::write(&csidriver, LOCAL_CSIDRIVER).unwrap();
+    let (junit, report, root) = (
+        dir.path().join("conform.xml"),
+        dir.path().join("conform.json"),
+        dir.path().join("root"),
+    );
+    let (code, stdout, stderr) = conform(&[
+        "--driver",
+        "local.inlet.dev=local:attach,mount-group",
+        "--csidriver",
+        csidriver.to_str().unwrap(),
+        "--junit",
+        junit.to_str().unwrap(),
+        "--report",
+        report.to_str().unwrap(),
+        "--root",
+        root.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+
+    let xml = std::fs::read_to_string(&junit).unwrap();
+    let doc = roxmltree::Document::parse(&xml).expect("the JUnit file is XML");
+    let suite = doc
+        .descendants()
+        .find(|n| n.has_tag_name("testsuite"))
+        .expect("a test suite");
+    assert_eq!(suite.attribute("failures"), Some("0"), "{xml}");
+    let cases: Vec<_> = suite
+        .children()
+        .filter(|n| n.has_tag_name("testcase"))
+        .collect();
+    let names: Vec<String> = cases
+        .iter()
+        .map(|c| c.attribute("name").unwrap().to_string())
+        .collect();
+    assert_eq!(names, catalogue(), "a test case per check, in order");
+    for case in &cases {
+        let name = case.attribute("name").unwrap();
+        assert_eq!(
+            case.attribute("classname"),
+            name.split('/').next(),
+            "the class is the group"
+        );
+        assert!(
+            !case.children().any(|c| c.has_tag_name("failure")),
+            "{name} failed: {xml}"
+        );
+        // Without root the read-only check cannot look at the mount; everything else runs.
+        if let Some(skipped) = case.children().find(|c| c.has_tag_name("skipped")) {
+            assert!(
+                name == "ephemeral/read-only" && !inlet_plugin::mount::can_mount(),
+                "{name} skipped: {:?}",
+                skipped.attribute("message")
+            );
+        }
+    }
+
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    assert_eq!(json["failed"], 0);
+    assert_eq!(json["driver"]["name"], "local.inlet.dev");
+    assert!(
+        json["csi_driver"]
+            .as_str()
+            .unwrap()
+            .contains("requiresRepublish: true")
+    );
+    // Each check removed its node once nothing was mounted below it.
+    let left: Vec<_> = std::fs::read_dir(&root)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert!(left.is_empty(), "left under the root: {left:?}");
+}
+
+#[test]
+fn a_failing_check_exits_1_with_the_csi_calls_as_evidence() {
+    let dir = tempfile::tempdir().unwrap();
+    let (junit, report) = (
+        dir.path().join("conform.xml"),
+        dir.path().join("conform.json"),
+    );
+    // The local driver refuses a size of zero: the attributes check fails on the driver's answer.
+    let (code, stdout, stderr) = conform(&[
+        "--driver",
+        "local.inlet.dev=local",
+        "--volume-attribute",
+        "size=0",
+        "--only",
+        "ephemeral/attributes-*",
+        "--junit",
+        junit.to_str().unwrap(),
+        "--report",
+        report.to_str().unwrap(),
+        "--timeout",
+        "10s",
+    ]);
+    assert_eq!(code, 1, "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("FAIL   ephemeral/attributes-passed"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("0 passed, 1 failed, 0 skipped"), "{stdout}");
+    assert!(
+        stderr.contains("no --csidriver given") && stderr.contains("podInfoOnMount: true"),
+        "the suggested CSIDriver is printed: {stderr}"
+    );
+
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    let check = &json["checks"][0];
+    assert_eq!(check["result"], "fail");
+    assert!(
+        check["reason"]
+            .as_str()
+            .unwrap()
+            .contains("InvalidArgument"),
+        "{check}"
+    );
+    let refused = check["csi_calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["method"] == "NodePublishVolume")
+        .expect("the failed publish is evidence");
+    assert_eq!(refused["code"], "InvalidArgument");
+    assert!(
+        refused["message"].as_str().unwrap().contains("size"),
+        "{refused}"
+    );
+
+    let xml = std::fs::read_to_string(&junit).unwrap();
+    let doc = roxmltree::Document::parse(&xml).unwrap();
+    let failure = doc
+        .descendants()
+        .find(|n| n.has_tag_name("failure"))
+        .expect("a failure element");
+    assert!(
+        failure
+            .attribute("message")
+            .unwrap()
+            .contains("InvalidArgument")
+    );
+    assert!(
+        failure
+            .text()
+            .unwrap_or_default()
+            .contains("NodePublishVolume")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_external_driver_is_tested_on_its_socket() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    let socket = serve_local_driver(dir.path(), &root, "ext.inlet.dev").await;
+    let driver = format!("ext.inlet.dev=unix://{}", socket.display());
+    let args = [
+        "--driver",
+        &driver,
+        "--root",
+        root.to_str().unwrap(),
+        "--only",
+        "ephemeral/lifecycle",
+        "--only",
+        "restart/*",
+    ];
+    let (code, stdout, stderr) = tokio::task::spawn_blocking({
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        move || conform(&args.iter().map(String::as_str).collect::<Vec<_>>())
+    })
+    .await
+    .unwrap();
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(stdout.contains("pass   ephemeral/lifecycle"), "{stdout}");
+    assert!(stdout.contains("pass   restart/kubelet"), "{stdout}");
+    assert!(
+        stdout.contains("skip   restart/driver")
+            && stdout.contains("an external driver needs --restart-command"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn bad_flags_and_an_unknown_check_exit_2() {
+    let (code, _, stderr) = conform(&["--driver", "local.inlet.dev=local", "--only", "nope/*"]);
+    assert_eq!(code, 2);
+    assert!(stderr.contains("--only matches no check"), "{stderr}");
+    let (code, _, stderr) = conform(&["--driver", "x.dev=unix:///nonexistent/csi.sock"]);
+    assert_eq!(code, 2);
+    assert!(stderr.contains("/nonexistent/csi.sock"), "{stderr}");
+    let (code, _, stderr) = conform(&[
+        "--driver",
+        "local.inlet.dev=local",
+        "--volume-attribute",
+        "nokey",
+    ]);
+    assert_eq!(code, 2);
+    assert!(stderr.contains("expected KEY=VALUE"), "{stderr}");
+}
