@@ -1,6 +1,7 @@
 //! `kubelet-sim conform`: the CLI of [`kubelet_sim::conform`].
 
 use std::collections::BTreeMap;
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -77,11 +78,13 @@ fn parse_attribute(text: &str) -> Result<(String, String), String> {
 /// 128+N when stopped by a signal (after the running check's teardown and the reports).
 pub async fn run(args: ConformArgs) -> ExitCode {
     if args.list {
+        // A closed pipe (`--list | head`) ends the listing quietly.
+        let mut out = std::io::stdout().lock();
         for check in checks::catalogue() {
-            println!(
-                "{}\n  expects: {}\n  source:  {}\n",
-                check.id, check.expects, check.source
-            );
+            let (id, expects, source) = (check.id, check.expects, check.source);
+            if writeln!(out, "{id}\n  expects: {expects}\n  source:  {source}\n").is_err() {
+                break;
+            }
         }
         return ExitCode::SUCCESS;
     }

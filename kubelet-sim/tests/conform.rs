@@ -245,3 +245,14 @@ fn bad_flags_and_an_unknown_check_exit_2() {
     assert_eq!(code, 2);
     assert!(stderr.contains("expected KEY=VALUE"), "{stderr}");
 }
+
+#[test]
+fn every_check_is_documented() {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/conform.md")).unwrap();
+    for id in catalogue() {
+        assert!(
+            doc.contains(&format!("| `{id}` |")),
+            "conform.md has no row for {id}"
+        );
+    }
+}
