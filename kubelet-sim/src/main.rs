@@ -167,8 +167,13 @@ fn main() -> ExitCode {
     // kube's TLS: the one process-wide rustls provider, chosen before any client exists.
     let _ = rustls::crypto::ring::default_provider().install_default();
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let filter =
-        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into());
+    // conform provokes drivers' failures on purpose: their warnings would bury its table.
+    let default_level = match command {
+        Command::Conform(_) => "error",
+        _ => "warn",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| default_level.into());
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

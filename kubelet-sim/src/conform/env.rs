@@ -14,7 +14,7 @@ use k8s_openapi::api::core::v1::{Pod, Secret};
 use serde_json::json;
 
 use super::driver::{DriverInfo, DriverRun, DriverSetup};
-use super::proxy::FaultProxy;
+use super::proxy::{FaultProxy, INJECTED_DEADLINE};
 use crate::api::manifest::{Manifest, Object};
 use crate::drivers::DriverSource;
 use crate::node::{BackoffPolicy, ContainerTiming};
@@ -28,6 +28,9 @@ pub const NAMESPACE: &str = "conform";
 /// A failed attempt counted this many times in one event fails a step at once: the kubelet keeps
 /// retrying, and the driver's answer will not change.
 const FAILED_ATTEMPTS: i32 = 3;
+/// As many failed NodeUnpublishVolume calls in a row fail a deletion at once (they are retried with a
+/// longer back-off, and make no event).
+const TEARDOWN_FAILURES: usize = 2;
 
 /// What every check of a run shares.
 pub struct Conformance {
@@ -333,19 +336,40 @@ impl CheckEnv {
                 .iter()
                 .all(|n| sim.api.peek::<Pod>(NAMESPACE, n).is_none())
         };
-        if self.sim.wait_for(self.conf.wait, gone).await {
+        let stuck = |_: &Simulation| names.iter().any(|n| self.teardown_keeps_failing(n));
+        self.sim
+            .wait_for(self.conf.wait, |sim| gone(sim) || stuck(sim))
+            .await;
+        if gone(&self.sim) {
             return Ok(());
         }
-        let stuck: Vec<String> = names
+        let left: Vec<String> = names
             .iter()
             .filter(|n| self.sim.api.peek::<Pod>(NAMESPACE, n).is_some())
             .map(|n| format!("{n}{}{}", self.warnings_text(n), self.last_failure(n)))
             .collect();
-        Err(format!(
-            "not torn down within {:?}: {}",
-            self.conf.wait,
-            stuck.join(", ")
-        ))
+        let why = if names.iter().any(|n| self.teardown_keeps_failing(n)) {
+            "not torn down: the driver keeps failing NodeUnpublishVolume".to_string()
+        } else {
+            format!("not torn down within {:?}", self.conf.wait)
+        };
+        Err(format!("{why}: {}", left.join(", ")))
+    }
+
+    /// Whether the driver answered the last few NodeUnpublishVolume calls for pod `name` with an error
+    /// (not one the proxy injected): the kubelet retries for ever, and the answer will not change.
+    fn teardown_keeps_failing(&self, name: &str) -> bool {
+        let dir = format!("/pods/{}/", self.uid(name));
+        let calls = self.calls();
+        let unpublishes: Vec<&CsiCall> = calls
+            .iter()
+            .filter(|c| c.method == "NodeUnpublishVolume" && c.target_path.contains(&dir))
+            .collect();
+        let last = &unpublishes[unpublishes.len().saturating_sub(TEARDOWN_FAILURES)..];
+        last.len() == TEARDOWN_FAILURES
+            && last
+                .iter()
+                .all(|c| c.code != "OK" && c.message != INJECTED_DEADLINE)
     }
 
     /// The last CSI call for pod `name`'s volumes that failed, as `; Method Code: message` (a teardown's
@@ -358,6 +382,20 @@ impl CheckEnv {
             .find(|c| c.code != "OK" && c.target_path.contains(&dir))
             .map(|c| format!("; {} {}: {}", c.method, c.code, c.message))
             .unwrap_or_default()
+    }
+
+    /// Whether the runtime mounts `container_path` read-only in pod `name`'s container (the CRI mount).
+    pub fn container_mount_read_only(&self, name: &str, container_path: &str) -> bool {
+        let runtime = self
+            .sim
+            .node(NODE)
+            .and_then(|n| n.pod_runtime(&self.uid(name)));
+        runtime.is_some_and(|r| {
+            r.containers
+                .iter()
+                .flat_map(|c| &c.mounts)
+                .any(|m| m.container_path == container_path && m.readonly)
+        })
     }
 
     /// The pod's UID.

@@ -102,8 +102,8 @@ pub struct CheckResult {
 pub struct ConformReport {
     /// What the driver says of itself.
     pub driver: DriverInfo,
-    /// The CSIDriver object the checks ran with, as YAML.
-    pub csi_driver: String,
+    /// The CSIDriver object the checks ran with.
+    pub csi_driver: k8s_openapi::api::storage::v1::CSIDriver,
     /// Every selected check.
     pub checks: Vec<CheckResult>,
     /// How many passed.
@@ -113,6 +113,9 @@ pub struct ConformReport {
     /// How many were skipped.
     pub skipped: usize,
 }
+
+/// How long a failed check's teardown is waited for.
+const CLEANUP_WAIT: Duration = Duration::from_secs(5);
 
 /// How long a whole check may take, whatever its steps' waits: a hung driver call cannot stall the run.
 fn check_deadline(wait: Duration) -> Duration {
@@ -189,8 +192,8 @@ pub async fn run(options: ConformOptions, table: &mut impl Write) -> Result<Conf
     }
     let count = |v: Verdict| results.iter().filter(|r| r.result == v).count();
     let report = ConformReport {
+        csi_driver: info.csi_driver.clone(),
         driver: info,
-        csi_driver: csi_driver_yaml,
         passed: count(Verdict::Pass),
         failed: count(Verdict::Fail),
         skipped: count(Verdict::Skip),
@@ -250,6 +253,13 @@ async fn describe(
     described
 }
 
+/// `text` without the values of the Secrets conform made, should a driver have echoed one.
+fn redact(text: String) -> String {
+    checks::SECRET_VALUES
+        .iter()
+        .fold(text, |text, value| text.replace(value, "<redacted>"))
+}
+
 /// Runs one check in a fresh environment, within its deadline (or until a signal). A check that did not
 /// pass is torn down before its environment stops, so that it leaves nothing either.
 async fn run_check(
@@ -292,8 +302,13 @@ async fn run_check(
                 env.proxy.injected().iter().map(|m| m.to_string()).collect();
             if outcome.is_err() {
                 result.csi_calls = env.calls();
-                if let Err(left) = env.nothing_left(&[]).await {
-                    tracing::warn!(check = check.id, "after the failure: {left}");
+                // Best effort, and briefly: a driver that failed may never let its pods go.
+                let cleanup =
+                    tokio::time::timeout(CLEANUP_WAIT.min(conf.wait), env.nothing_left(&[]));
+                match cleanup.await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(left)) => tracing::warn!(check = check.id, "after the failure: {left}"),
+                    Err(_) => tracing::warn!(check = check.id, "after the failure: pods left"),
                 }
             }
             env.finish().await;
@@ -302,9 +317,12 @@ async fn run_check(
         Err(e) => Err(format!("could not start: {e}")),
     };
     (result.result, result.reason) = match outcome {
-        Ok(note) => (Verdict::Pass, note),
-        Err(reason) => (Verdict::Fail, reason),
+        Ok(note) => (Verdict::Pass, redact(note)),
+        Err(reason) => (Verdict::Fail, redact(reason)),
     };
+    for call in &mut result.csi_calls {
+        call.message = redact(std::mem::take(&mut call.message));
+    }
     result.seconds = started.elapsed().as_secs_f64();
     result
 }
