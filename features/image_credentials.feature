@@ -118,3 +118,100 @@ Feature: Private volume images
     Then pod "with-secret" is Running
     And pod "without" has a Warning "Failed" event saying "401 Unauthorized"
     And pod "without" is Pending
+
+  # One record per node of which credentials pulled which image, whichever path pulled it: the kubelet's
+  # container images and in-tree image volumes, and the CSI image driver. With a record each, an image one
+  # pulled with credentials looked preloaded to the other, which handed it to pods without them.
+  Scenario: An image the in-tree plugin pulled with credentials is refused to a CSI volume without them
+    Given the image driver "image.inlet.dev"
+    And a CSIDriver "image.inlet.dev" with:
+      """
+      volumeLifecycleModes: [Ephemeral]
+      podInfoOnMount: true
+      """
+    And the manifests:
+      """
+      apiVersion: v1
+      kind: Pod
+      metadata: {name: owner}
+      spec:
+        imagePullSecrets: [{name: regcred}]
+        containers: [{name: app, image: busybox, volumeMounts: [{name: data, mountPath: /data}]}]
+        volumes: [{name: data, image: {reference: "$REGISTRY/team/data:v1"}}]
+      """
+    When the simulation runs
+    Then pod "owner" is Running
+    When these manifests are applied:
+      """
+      apiVersion: v1
+      kind: Pod
+      metadata: {name: intruder}
+      spec:
+        containers: [{name: app, image: busybox, volumeMounts: [{name: data, mountPath: /data}]}]
+        volumes:
+          - name: data
+            csi: {driver: image.inlet.dev, readOnly: true, volumeAttributes: {image: "$REGISTRY/team/data:v1", pullPolicy: IfNotPresent}}
+      """
+    Then pod "intruder" has a Warning "FailedMount" event saying "was pulled with credentials this volume does not have"
+    And pod "intruder" is Pending
+
+  Scenario: An image the CSI driver pulled with credentials is refused to an in-tree volume without them
+    Given the image driver "image.inlet.dev"
+    And a CSIDriver "image.inlet.dev" with:
+      """
+      volumeLifecycleModes: [Ephemeral]
+      podInfoOnMount: true
+      """
+    And the manifests:
+      """
+      apiVersion: v1
+      kind: Pod
+      metadata: {name: owner}
+      spec:
+        containers: [{name: app, image: busybox, volumeMounts: [{name: data, mountPath: /data}]}]
+        volumes:
+          - name: data
+            csi: {driver: image.inlet.dev, readOnly: true, volumeAttributes: {image: "$REGISTRY/team/data:v1"}, nodePublishSecretRef: {name: regcred}}
+      """
+    When the simulation runs
+    Then pod "owner" is Running
+    When these manifests are applied:
+      """
+      apiVersion: v1
+      kind: Pod
+      metadata: {name: intruder}
+      spec:
+        containers: [{name: app, image: busybox, volumeMounts: [{name: data, mountPath: /data}]}]
+        volumes: [{name: data, image: {reference: "$REGISTRY/team/data:v1", pullPolicy: IfNotPresent}}]
+      """
+    Then pod "intruder" has a Warning "FailedMount" event saying "was pulled with credentials this volume does not have"
+    And pod "intruder" is Pending
+
+  Scenario Outline: A cached container image pulled with credentials, under <policy>
+    Given the image pull credentials verification policy is <policy>
+    And the manifests:
+      """
+      apiVersion: v1
+      kind: Pod
+      metadata: {name: owner}
+      spec:
+        imagePullSecrets: [{name: regcred}]
+        containers: [{name: app, image: "$REGISTRY/team/data:v1"}]
+      """
+    When the simulation runs
+    Then pod "owner" is Running
+    When these manifests are applied:
+      """
+      apiVersion: v1
+      kind: Pod
+      metadata: {name: other}
+      spec:
+        containers: [{name: app, image: "$REGISTRY/team/data:v1", imagePullPolicy: IfNotPresent}]
+      """
+    Then pod "other" <outcome>
+
+    Examples:
+      | policy                     | outcome                                                    |
+      | NeverVerifyPreloadedImages | has a Warning "Failed" event saying "401 Unauthorized"     |
+      | AlwaysVerify               | has a Warning "Failed" event saying "401 Unauthorized"     |
+      | NeverVerify                | is Running                                                 |

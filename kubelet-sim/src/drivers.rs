@@ -158,6 +158,11 @@ impl DriverHandle {
             &EngineConfig {
                 // The simulation's plain-HTTP registries serve artifacts too.
                 artifact_insecure_registries: images.insecure_registries.clone(),
+                verification: images.verification,
+                // One record per node of which credentials pulled which image, shared with the
+                // kubelet's own pulls: else an image one pulled with credentials looks preloaded to
+                // the other.
+                pull_records_dir: Some(crate::sim::image_plugin_dir(node_root)),
                 ..EngineConfig::new(cri_socket, &dir.join("state"))
             },
             mounter,

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
+use inlet_plugin::image::pull::VerificationPolicy;
 use inlet_plugin::mount::{LinuxMounter, MountLayer, RecordingMounter, can_mount};
 use kubelet_sim::api::manifest;
 use kubelet_sim::drivers::DriverArg;
@@ -116,6 +117,11 @@ struct RunArgs {
     /// A registry the in-process cri-fake pulls real images from over plain HTTP (HOST:PORT). Repeatable.
     #[arg(long = "insecure-registry")]
     insecure_registries: Vec<String>,
+    /// Which cached images a pod must prove credentials for (the kubelet's
+    /// imagePullCredentialsVerificationPolicy, KEP-2535): applied to container images, image volumes and
+    /// the image drivers started here, which share one record per node of who pulled what.
+    #[arg(long, value_enum, default_value_t = VerificationPolicy::NeverVerifyPreloadedImages)]
+    image_pull_credentials_verification_policy: VerificationPolicy,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -269,6 +275,7 @@ async fn run(args: RunArgs) -> Result<Outcome, String> {
         images: SimImages {
             layouts: args.image_layouts,
             insecure_registries: args.insecure_registries,
+            verification: args.image_pull_credentials_verification_policy,
             ..SimImages::default()
         },
         plugins_registry: args.plugins_registry,

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use cri_fake::FakeRuntime;
 use cri_fake::pull::Registries;
+use inlet_plugin::image::pull::VerificationPolicy;
 use inlet_plugin::image::{Engine, EngineConfig};
 use inlet_plugin::mount::MountLayer;
 use inlet_plugin::volume::csi::{CsiCall, CsiObserver};
@@ -74,6 +75,10 @@ pub struct SimImages {
     /// How long one mount attempt of an image volume (in-tree, or the `image` driver's NodePublish) waits
     /// for its pull before retrying later while the pull goes on.
     pub pull_wait: Duration,
+    /// Which cached images a pod must prove credentials for (the kubelet's
+    /// `imagePullCredentialsVerificationPolicy`): container images, in-tree image volumes and the
+    /// in-process image drivers alike.
+    pub verification: VerificationPolicy,
 }
 
 impl Default for SimImages {
@@ -83,6 +88,7 @@ impl Default for SimImages {
             insecure_registries: Vec::new(),
             // The kubelet's CSI timeout (two minutes) less the driver's margin.
             pull_wait: Duration::from_secs(100),
+            verification: VerificationPolicy::default(),
         }
     }
 }
@@ -190,7 +196,13 @@ impl Simulation {
             };
             let timeout = config.containers.runtime_request_timeout;
             let cri = connect_cri(&cri_socket, timeout).await?;
-            let images = image_engine(&cri_socket, &node_config.root, &config.mounter).await;
+            let images = image_engine(
+                &cri_socket,
+                &node_config.root,
+                &config.mounter,
+                config.images.verification,
+            )
+            .await;
             nodes.push(Kubelet::new(
                 node_config,
                 Arc::clone(&api),
@@ -388,7 +400,13 @@ impl Simulation {
     /// reconstructs its volumes and pods from disk and the runtime.
     pub async fn start_node(&mut self, name: &str) -> Result<(), String> {
         let old = self.node(name).ok_or_else(|| format!("no node {name:?}"))?;
-        let images = image_engine(&self.cri_socket, &old.config.root, &self.config.mounter).await;
+        let images = image_engine(
+            &self.cri_socket,
+            &old.config.root,
+            &self.config.mounter,
+            self.config.images.verification,
+        )
+        .await;
         let node = Kubelet::new(
             old.config.clone(),
             Arc::clone(&self.api),
@@ -994,6 +1012,13 @@ async fn connect_cri(socket: &Path, runtime_timeout: Duration) -> Result<Cri, St
     }
 }
 
+/// The kubelet-side image plugin's state dir, which also holds the node's one record of which credentials
+/// pulled which image: every image puller of the node (container images, in-tree image volumes, the
+/// in-process image drivers) shares it.
+pub fn image_plugin_dir(node_root: &Path) -> PathBuf {
+    node_root.join("plugins/kubernetes.io/image")
+}
+
 /// The kubelet-side image engine of a node, over the runtime at `cri_socket`, with its state under the
 /// node's `plugins/kubernetes.io/image/`. None (image volumes unsupported on the node) when the runtime's
 /// storage cannot be opened.
@@ -1001,8 +1026,12 @@ async fn image_engine(
     cri_socket: &Path,
     node_root: &Path,
     mounter: &Arc<dyn MountLayer>,
+    verification: VerificationPolicy,
 ) -> Option<Arc<Engine>> {
-    let config = EngineConfig::new(cri_socket, &node_root.join("plugins/kubernetes.io/image"));
+    let config = EngineConfig {
+        verification,
+        ..EngineConfig::new(cri_socket, &image_plugin_dir(node_root))
+    };
     match Engine::start(&config, Arc::clone(mounter)).await {
         Ok(engine) => Some(Arc::new(engine)),
         Err(e) => {

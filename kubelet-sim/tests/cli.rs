@@ -327,6 +327,16 @@ fn bad_flags_exit_2_and_name_the_flag() {
             "--timeout",
         ),
         (vec!["run"], "--manifests"),
+        (
+            vec![
+                "run",
+                "--manifests",
+                "x",
+                "--image-pull-credentials-verification-policy",
+                "Sometimes",
+            ],
+            "NeverVerifyPreloadedImages",
+        ),
     ] {
         let (code, _, stderr) = run(&args);
         assert_eq!(code, 2, "{args:?}: {stderr}");
@@ -345,6 +355,7 @@ fn bad_flags_exit_2_and_name_the_flag() {
         "--teardown",
         "--timeout",
         "--report",
+        "--image-pull-credentials-verification-policy",
     ] {
         assert!(stdout.contains(flag), "--help does not explain {flag}");
     }

@@ -128,6 +128,12 @@ struct ServeArgs {
     /// `image` driver: which cached images a volume must prove credentials for (KEP-2535's policy).
     #[arg(long, value_enum, default_value_t = VerificationPolicy::NeverVerifyPreloadedImages)]
     image_pull_credentials_verification_policy: VerificationPolicy,
+    /// `image` driver: the dir of the node's record of which credentials pulled which image (KEP-2535),
+    /// shared with the node's other pullers of images (kubelet-sim keeps its own in
+    /// `<kubelet-dir>/plugins/kubernetes.io/image`), so an image one pulled with credentials is not
+    /// taken for preloaded by the other. Default: --state-dir.
+    #[arg(long, value_name = "DIR")]
+    pull_records_dir: Option<PathBuf>,
     /// `image` driver: a registry OCI artifacts (`artifact: "true"` volumes, fetched without the runtime)
     /// may be fetched from over plain HTTP (HOST:PORT). Repeatable.
     #[arg(long = "artifact-insecure-registry")]
@@ -288,6 +294,7 @@ async fn serve_image(
         snapshotter: args.snapshotter,
         state_dir: args.state_dir.clone(),
         verification: args.image_pull_credentials_verification_policy,
+        pull_records_dir: args.pull_records_dir,
         artifact_insecure_registries: args.artifact_insecure_registries,
     };
     tracing::info!(driver = %args.name, runtime, "starting image driver");

@@ -287,20 +287,6 @@ impl CheckEnv {
         ))
     }
 
-    /// Waits for a Warning event `reason` on pod `name`.
-    pub async fn warning(&self, name: &str, reason: &str) -> Result<EventReport, String> {
-        let find = || self.warnings(name).into_iter().find(|e| e.reason == reason);
-        self.sim
-            .wait_for(self.conf.wait, |_| find().is_some())
-            .await;
-        find().ok_or_else(|| {
-            format!(
-                "pod {name} got no {reason} event{}",
-                self.warnings_text(name)
-            )
-        })
-    }
-
     /// The Warning events of pod `name`.
     pub fn warnings(&self, name: &str) -> Vec<EventReport> {
         let uid = self.uids.get(name).cloned().unwrap_or_default();

@@ -122,6 +122,9 @@ pub struct Kubelet {
     host: Arc<NodeHost>,
     plugins: Vec<Arc<dyn VolumePlugin>>,
     cri: Cri,
+    /// The node's image puller (shared with image volumes): its record of which credentials pulled which
+    /// image decides whether a pod may use a cached container image (KEP-2535).
+    puller: Option<Arc<inlet_plugin::image::pull::Puller>>,
     dsw: Mutex<DesiredState>,
     asw: Mutex<ActualState>,
     ops: Mutex<Operations>,
@@ -170,6 +173,7 @@ impl Kubelet {
             Arc::new(SecretPlugin::new(host.clone())),
             Arc::new(EmptyDirPlugin::new(host.clone())),
         ];
+        let puller = images.as_ref().map(|e| Arc::clone(&e.puller));
         if let Some(engine) = images {
             plugins.push(Arc::new(ImagePlugin::new(
                 host.clone(),
@@ -192,6 +196,7 @@ impl Kubelet {
             host,
             plugins,
             cri,
+            puller,
             dsw: Mutex::default(),
             asw: Mutex::default(),
             pods: Mutex::default(),

@@ -383,15 +383,28 @@ impl Kubelet {
             .await
             .map(|r| r.into_inner().image.is_some())
             .unwrap_or(false);
-        match (policy.as_str(), present) {
-            ("Never", false) => {
+        let credentials = self.pull_credentials(pod, &image);
+        // A cached image is the pod's only if the node's record says its credentials may use it
+        // (KEP-2535, image_manager.go EnsureImageExists: MustAttemptImagePull).
+        let usable = present && self.may_use_cached(&image, &credentials).await;
+        match (policy.as_str(), present, usable) {
+            ("Never", false, _) => {
                 let message =
                     format!("Container image {image:?} is not present with pull policy of Never");
                 self.api
                     .record_event(pod, "Warning", "ErrImageNeverPull", &message);
                 false
             }
-            ("Never", true) | ("IfNotPresent", true) => true,
+            // Present, but this pod has not shown the credentials it was pulled with, and Never forbids
+            // a pull to show them: upstream answers as for an absent image.
+            ("Never", true, false) => {
+                let message =
+                    format!("Container image {image:?} is not present with pull policy of Never");
+                self.api
+                    .record_event(pod, "Warning", "ErrImageNeverPull", &message);
+                false
+            }
+            ("Never", true, true) | ("IfNotPresent", true, true) => true,
             _ => {
                 self.api.record_event(
                     pod,
@@ -401,26 +414,32 @@ impl Kubelet {
                 );
                 // Each pull secret that applies, in keyring order, until one works; none: anonymous
                 // (`kuberuntime_image.go` PullImage).
-                let credentials = self.pull_credentials(pod, &image);
-                let attempts: Vec<Option<cri::AuthConfig>> = if credentials.is_empty() {
+                let attempts: Vec<Option<&Credentials>> = if credentials.is_empty() {
                     vec![None]
                 } else {
-                    credentials.iter().map(|c| Some(c.to_cri())).collect()
+                    credentials.iter().map(Some).collect()
                 };
                 let mut outcome = Err(tonic::Status::unknown("no pull attempted"));
-                for auth in attempts {
+                let mut used = None;
+                for credential in attempts {
                     let request = cri::PullImageRequest {
                         image: Some(spec.clone()),
-                        auth,
+                        auth: credential.map(Credentials::to_cri),
                         sandbox_config: Some(self.sandbox_config(pod)),
                     };
                     outcome = self.cri.image.clone().pull_image(request).await;
                     if outcome.is_ok() {
+                        used = credential;
                         break;
                     }
                 }
                 match outcome {
                     Ok(_) => {
+                        if let Some(puller) = &self.puller
+                            && let Err(e) = puller.record_pull(&image, used).await
+                        {
+                            tracing::warn!(image, error = %e, "could not record the pull");
+                        }
                         self.api.record_event(
                             pod,
                             "Normal",
@@ -435,6 +454,22 @@ impl Kubelet {
                         false
                     }
                 }
+            }
+        }
+    }
+
+    /// Whether the node's pull record lets a pod with `credentials` use the cached `image` (per the
+    /// node's verification policy). A node without an image engine has no record: every cached image
+    /// is usable, as before KEP-2535.
+    async fn may_use_cached(&self, image: &str, credentials: &[Credentials]) -> bool {
+        let Some(puller) = &self.puller else {
+            return true;
+        };
+        match puller.cached_access(image, credentials).await {
+            Ok(access) => access.unwrap_or(false),
+            Err(e) => {
+                tracing::warn!(image, error = %e, "checking the pull record");
+                false
             }
         }
     }

@@ -11,6 +11,7 @@ use cri_fake::layout::{ImageBuilder, push};
 use cri_fake::registry::LocalRegistry;
 use cucumber::gherkin::Step;
 use cucumber::{given, then, when};
+use inlet_plugin::image::pull::VerificationPolicy;
 use inlet_plugin::mount::can_mount;
 use oci_client::secrets::RegistryAuth;
 
@@ -72,6 +73,12 @@ fn add_layout(w: &mut Sim, reference: &str, image: ImageBuilder) {
 fn image_driver(w: &mut Sim, name: String) {
     w.drivers
         .push(format!("{name}=image").parse().expect("driver"));
+}
+
+#[given(regex = r"^the image pull credentials verification policy is (\w+)$")]
+fn verification_policy(w: &mut Sim, policy: String) {
+    w.images.verification = <VerificationPolicy as clap::ValueEnum>::from_str(&policy, false)
+        .expect("a verification policy");
 }
 
 #[given(regex = r"^one mount attempt waits at most (\d+)ms for a pull$")]

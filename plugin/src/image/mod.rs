@@ -17,6 +17,7 @@ pub mod artifact;
 pub mod auth;
 mod driver;
 pub mod pull;
+pub mod pull_records;
 pub mod store;
 pub mod volumes;
 
@@ -73,6 +74,9 @@ pub struct EngineConfig {
     pub state_dir: PathBuf,
     /// Which cached images need proof of credentials.
     pub verification: VerificationPolicy,
+    /// Where the node's record of which credentials pulled which image is kept (see
+    /// [`pull_records`]); pullers of one node share it. None: in `state_dir`.
+    pub pull_records_dir: Option<PathBuf>,
     /// Registries OCI artifacts are fetched from over plain HTTP (artifacts bypass the runtime).
     pub artifact_insecure_registries: Vec<String>,
 }
@@ -88,6 +92,7 @@ impl EngineConfig {
             snapshotter: "overlayfs".into(),
             state_dir: state_dir.to_path_buf(),
             verification: VerificationPolicy::default(),
+            pull_records_dir: None,
             artifact_insecure_registries: Vec::new(),
         }
     }
@@ -125,7 +130,10 @@ impl Engine {
         tracing::info!(storage = store.kind(), "image store ready");
         let puller = Puller::new(
             cri.clone(),
-            &config.state_dir,
+            config
+                .pull_records_dir
+                .as_ref()
+                .unwrap_or(&config.state_dir),
             config.verification,
             Some(Arc::clone(&store)),
         )?;

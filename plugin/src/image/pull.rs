@@ -12,22 +12,21 @@
 //!   secret pulled images"): by a credential that pulled it before, or by pulling it again with their own.
 //!   Which credentials pulled which image is kept on disk as salted hashes, so restarts keep the rule.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::path::{Path, PathBuf};
+use std::collections::HashMap;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use inlet_proto::runtime::v1::{self as cri, image_service_client::ImageServiceClient};
 use parking_lot::Mutex;
-use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tonic::Code;
 use tonic::transport::Channel;
 
 use super::auth::Credentials;
+use super::pull_records::PullRecords;
 use super::store::ImageStore;
 use crate::Error;
-use crate::records::{Durability, load_records, write_record};
 
 /// When to pull (the container image pull policy, reused by image volumes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -185,8 +184,7 @@ struct Running {
 /// Pulls images through CRI and remembers who may use them. Cheap to share behind an `Arc`.
 pub struct Puller {
     cri: ImageServiceClient<Channel>,
-    state_dir: PathBuf,
-    records: Mutex<Records>,
+    records: PullRecords,
     running: Mutex<HashMap<String, Running>>,
     verification: VerificationPolicy,
     progress: Option<Arc<dyn ImageStore>>,
@@ -195,46 +193,48 @@ pub struct Puller {
 /// How long the result of a finished pull waits for its caller.
 const FORGET_AFTER: Duration = Duration::from_secs(600);
 
-/// The record file's id (`pulls.json`).
-const RECORDS: &str = "pulls";
-
-/// Which credentials pulled which image, by image id.
-#[derive(Debug, Default, Serialize, Deserialize)]
-struct Records {
-    /// Random, per node: fingerprints from another node do not match.
-    salt: String,
-    images: BTreeMap<String, ImageRecord>,
-}
-
-#[derive(Debug, Default, Serialize, Deserialize)]
-struct ImageRecord {
-    /// Pulled without credentials at least once: public.
-    anonymous: bool,
-    /// Fingerprints of credentials that pulled it.
-    credentials: BTreeSet<String>,
-}
-
 impl Puller {
-    /// A puller over `cri`, keeping its records in `state_dir/pulls.json` (the dir must exist), reading
-    /// the progress of pulls from `progress` (the runtime's store) when given.
+    /// A puller over `cri`, keeping which credentials pulled which image in the node's shared record in
+    /// `records_dir` (see [`PullRecords`]), reading the progress of pulls from `progress` (the runtime's
+    /// store) when given.
     pub fn new(
         cri: ImageServiceClient<Channel>,
-        state_dir: &Path,
+        records_dir: &Path,
         verification: VerificationPolicy,
         progress: Option<Arc<dyn ImageStore>>,
     ) -> crate::Result<Self> {
-        let mut records: Records = load_records(state_dir)?.remove(RECORDS).unwrap_or_default();
-        if records.salt.is_empty() {
-            records.salt = uuid::Uuid::new_v4().simple().to_string();
-        }
         Ok(Self {
             cri,
-            state_dir: state_dir.to_path_buf(),
-            records: Mutex::new(records),
+            records: PullRecords::open(records_dir)?,
             running: Mutex::default(),
             verification,
             progress,
         })
+    }
+
+    /// Whether a caller with `credentials` may use the cached `image` without pulling it: None when the
+    /// runtime does not have it. For pullers outside the engine (the kubelet's container images).
+    pub async fn cached_access(
+        &self,
+        image: &str,
+        credentials: &[Credentials],
+    ) -> Result<Option<bool>, PullError> {
+        let id = self.status(image).await?;
+        Ok(id.map(|id| self.may_use(&id, credentials)))
+    }
+
+    /// Records that `image` was just pulled with `credentials` (None: anonymously), by a puller outside the
+    /// engine.
+    pub async fn record_pull(
+        &self,
+        image: &str,
+        credentials: Option<&Credentials>,
+    ) -> Result<(), PullError> {
+        if let Some(id) = self.status(image).await? {
+            let salt = self.records.read().salt;
+            self.remember(&id, credentials.map(|c| c.fingerprint(salt.as_bytes())));
+        }
+        Ok(())
     }
 
     /// Makes `request.image` present and usable by the caller, per its policy and credentials.
@@ -291,7 +291,7 @@ impl Puller {
 
     /// True when the caller may use the cached image `id` without pulling it.
     fn may_use(&self, id: &str, credentials: &[Credentials]) -> bool {
-        let records = self.records.lock();
+        let records = self.records.read();
         let Some(record) = records.images.get(id) else {
             return self.verification != VerificationPolicy::AlwaysVerify;
         };
@@ -306,22 +306,21 @@ impl Puller {
     }
 
     fn remember(&self, id: &str, fingerprint: Option<String>) {
-        let mut records = self.records.lock();
-        let record = records.images.entry(id.to_string()).or_default();
-        match fingerprint {
-            Some(f) => {
-                record.credentials.insert(f);
+        let saved = self.records.update(|records| {
+            let record = records.images.entry(id.to_string()).or_default();
+            match fingerprint {
+                Some(f) => drop(record.credentials.insert(f)),
+                None => record.anonymous = true,
             }
-            None => record.anonymous = true,
-        }
-        if let Err(e) = write_record(&self.state_dir, RECORDS, &*records, Durability::PowerLoss) {
+        });
+        if let Err(e) = saved {
             tracing::warn!(error = %e, "could not save pull records");
         }
     }
 
     /// Joins or starts the background pull for this image and credentials, and waits up to the budget.
     async fn pull(&self, request: &PullRequest) -> Result<(String, Option<String>), PullError> {
-        let salt = self.records.lock().salt.clone();
+        let salt = self.records.read().salt;
         let fingerprints: Vec<String> = request
             .credentials
             .iter()
