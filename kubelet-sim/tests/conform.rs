@@ -251,3 +251,121 @@ fn every_check_is_documented() {
         );
     }
 }
+
+#[path = "../../plugin/tests/kit/mod.rs"]
+mod kit;
+
+/// Kills the process whose pid is in the file when dropped (a driver started by a script).
+struct KillOnDrop(std::path::PathBuf);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Some(pid) = std::fs::read_to_string(&self.0)
+            .ok()
+            .and_then(|p| p.trim().parse::<i32>().ok())
+        {
+            let pid = nix::unistd::Pid::from_raw(pid);
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+        }
+    }
+}
+
+/// The results conform.md records for csi-driver-host-path v1.16.1, kept true: its two failures and two
+/// skips, everything else passing. Needs root and the kit's `hostpathplugin`.
+#[test]
+fn csi_driver_host_path_results_are_those_conform_md_records() {
+    let dir = tempfile::tempdir().unwrap();
+    if !inlet_plugin::mount::can_mount() {
+        eprintln!("SKIPPED host-path conformance: not root");
+        return;
+    }
+    let Some(binary) = kit::unpack("hostpathplugin", dir.path()) else {
+        eprintln!("SKIPPED host-path conformance: the kit is missing (set INLET_KIT)");
+        return;
+    };
+    let (socket, pid) = (dir.path().join("csi.sock"), dir.path().join("pid"));
+    // Started and restarted as its DaemonSet would be, its state in --statedir.
+    let start = dir.path().join("start.sh");
+    std::fs::write(
+        &start,
+        format!(
+            "#!/bin/sh\n{} --endpoint unix://{} --nodeid node-1 --statedir {} >>{} 2>&1 &\necho $! > {}\n",
+            binary.display(),
+            socket.display(),
+            dir.path().join("state").display(),
+            dir.path().join("log").display(),
+            pid.display()
+        ),
+    )
+    .unwrap();
+    let restart = dir.path().join("restart.sh");
+    std::fs::write(
+        &restart,
+        format!(
+            "#!/bin/sh\np=$(cat {pid})\nkill $p\nwhile kill -0 $p 2>/dev/null; do sleep 0.05; done\nexec {start}\n",
+            pid = pid.display(),
+            start = start.display()
+        ),
+    )
+    .unwrap();
+    for script in [&start, &restart] {
+        std::fs::set_permissions(script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+    }
+    assert!(Command::new(&start).status().unwrap().success());
+    let _driver = KillOnDrop(pid);
+    kit::wait(
+        "hostpathplugin serves",
+        std::time::Duration::from_secs(10),
+        || socket.exists(),
+    );
+    let csidriver = dir.path().join("csidriver.yaml");
+    std::fs::write(
+        &csidriver,
+        "apiVersion: storage.k8s.io/v1\nkind: CSIDriver\nmetadata: {name: hostpath.csi.k8s.io}\n\
+         spec: {volumeLifecycleModes: [Persistent, Ephemeral], podInfoOnMount: true, fsGroupPolicy: File}\n",
+    )
+    .unwrap();
+    let report = dir.path().join("conform.json");
+    let (code, stdout, stderr) = conform(&[
+        "--driver",
+        &format!("hostpath.csi.k8s.io=unix://{}", socket.display()),
+        "--csidriver",
+        csidriver.to_str().unwrap(),
+        "--restart-command",
+        restart.to_str().unwrap(),
+        "--report",
+        report.to_str().unwrap(),
+        "--root",
+        dir.path().join("root").to_str().unwrap(),
+    ]);
+    assert_eq!(code, 1, "{stdout}\n{stderr}");
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    let with = |verdict: &str| -> Vec<String> {
+        json["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|c| c["result"] == verdict)
+            .map(|c| c["id"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(
+        with("fail"),
+        [
+            "ephemeral/unknown-attribute-refused",
+            "idempotency/unpublish-repeated"
+        ],
+        "{stdout}"
+    );
+    assert_eq!(
+        with("skip"),
+        ["ephemeral/fs-group-mount-group", "republish/tokens"],
+        "{stdout}"
+    );
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/conform.md")).unwrap();
+    assert!(
+        doc.contains("csi-driver-host-path v1.16.1")
+            && doc.contains("12 passed, 2 failed, 2 skipped")
+    );
+}

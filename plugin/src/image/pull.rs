@@ -231,7 +231,7 @@ impl Puller {
         credentials: Option<&Credentials>,
     ) -> Result<(), PullError> {
         if let Some(id) = self.status(image).await? {
-            let salt = self.records.read().salt;
+            let salt = self.records.read(|r| r.salt.clone());
             self.remember(&id, credentials.map(|c| c.fingerprint(salt.as_bytes())));
         }
         Ok(())
@@ -291,17 +291,18 @@ impl Puller {
 
     /// True when the caller may use the cached image `id` without pulling it.
     fn may_use(&self, id: &str, credentials: &[Credentials]) -> bool {
-        let records = self.records.read();
-        let Some(record) = records.images.get(id) else {
-            return self.verification != VerificationPolicy::AlwaysVerify;
-        };
-        if self.verification == VerificationPolicy::NeverVerify || record.anonymous {
-            return true;
-        }
-        credentials.iter().any(|c| {
-            record
-                .credentials
-                .contains(&c.fingerprint(records.salt.as_bytes()))
+        self.records.read(|records| {
+            let Some(record) = records.images.get(id) else {
+                return self.verification != VerificationPolicy::AlwaysVerify;
+            };
+            if self.verification == VerificationPolicy::NeverVerify || record.anonymous {
+                return true;
+            }
+            credentials.iter().any(|c| {
+                record
+                    .credentials
+                    .contains(&c.fingerprint(records.salt.as_bytes()))
+            })
         })
     }
 
@@ -320,7 +321,7 @@ impl Puller {
 
     /// Joins or starts the background pull for this image and credentials, and waits up to the budget.
     async fn pull(&self, request: &PullRequest) -> Result<(String, Option<String>), PullError> {
-        let salt = self.records.read().salt;
+        let salt = self.records.read(|r| r.salt.clone());
         let fingerprints: Vec<String> = request
             .credentials
             .iter()

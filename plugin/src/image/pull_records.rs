@@ -25,7 +25,7 @@ use crate::records::{Durability, write_record};
 const RECORDS: &str = "pulls";
 
 /// Which credentials pulled which image, by image id.
-#[derive(Debug, Default, Clone, Serialize, Deserialize)]
+#[derive(Debug, Default, Serialize, Deserialize)]
 pub(crate) struct Records {
     /// Random, per node: fingerprints from another node do not match.
     pub salt: String,
@@ -34,7 +34,7 @@ pub(crate) struct Records {
 }
 
 /// Who pulled one image.
-#[derive(Debug, Default, Clone, Serialize, Deserialize)]
+#[derive(Debug, Default, Serialize, Deserialize)]
 pub(crate) struct ImageRecord {
     /// Pulled without credentials at least once: public.
     pub anonymous: bool,
@@ -69,8 +69,8 @@ impl PullRecords {
         Ok(records)
     }
 
-    /// The records now (read again if another puller changed them).
-    pub(crate) fn read(&self) -> Records {
+    /// `look` at the records as they are now (read again if another puller changed them).
+    pub(crate) fn read<R>(&self, look: impl FnOnce(&Records) -> R) -> R {
         let mut cached = self.cached.lock();
         let stamp = self.stamp();
         if stamp != cached.0 || stamp.is_none() {
@@ -79,7 +79,7 @@ impl PullRecords {
                 Err(e) => tracing::warn!(error = %e, "could not read the pull records"),
             }
         }
-        cached.1.clone()
+        look(&cached.1)
     }
 
     /// Changes the records under the lock every puller of the node takes, and saves them.
@@ -142,8 +142,9 @@ mod tests {
             PullRecords::open(dir.path()).unwrap(),
             PullRecords::open(dir.path()).unwrap(),
         );
-        assert_eq!(a.read().salt, b.read().salt);
-        assert!(!a.read().salt.is_empty());
+        let salt = |r: &PullRecords| r.read(|r| r.salt.clone());
+        assert_eq!(salt(&a), salt(&b));
+        assert!(!salt(&a).is_empty());
         a.update(|r| {
             r.images
                 .entry("sha256:x".into())
@@ -153,14 +154,15 @@ mod tests {
         })
         .unwrap();
         // b sees a's pull at its next read, without being told.
-        assert!(b.read().images["sha256:x"].credentials.contains("f"));
+        assert!(b.read(|r| r.images["sha256:x"].credentials.contains("f")));
         b.update(|r| r.images.entry("sha256:y".into()).or_default().anonymous = true)
             .unwrap();
-        let seen = a.read();
-        assert!(
-            seen.images["sha256:x"].credentials.contains("f"),
-            "b kept a's record"
-        );
-        assert!(seen.images["sha256:y"].anonymous);
+        a.read(|seen| {
+            assert!(
+                seen.images["sha256:x"].credentials.contains("f"),
+                "b kept a's record"
+            );
+            assert!(seen.images["sha256:y"].anonymous);
+        });
     }
 }
