@@ -116,6 +116,38 @@ fn the_local_driver_passes_every_check_and_the_junit_file_says_so() {
     assert!(left.is_empty(), "left under the root: {left:?}");
 }
 
+/// inlet's image driver with its own CSIDriver: every check that applies to a node-only, read-mostly
+/// driver passes (it refuses an unknown attribute since #13), the rest are skipped with their reason.
+#[test]
+fn the_image_driver_passes_every_applicable_check() {
+    let manifest_dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let layout = format!(
+        "example.inlet.dev/site={}",
+        manifest_dir.join("../deploy/images/site").display()
+    );
+    let csidriver = manifest_dir.join("../deploy/image-driver/csidriver.yaml");
+    let (code, stdout, stderr) = conform(&[
+        "--driver",
+        "image.inlet.dev=image",
+        "--csidriver",
+        csidriver.to_str().unwrap(),
+        "--image-layout",
+        &layout,
+        "--volume-attribute",
+        "image=example.inlet.dev/site:v1",
+    ]);
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("pass   ephemeral/unknown-attribute-refused"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("skip   persistent/stage-publish")
+            && stdout.contains("no CREATE_DELETE_VOLUME"),
+        "{stdout}"
+    );
+}
+
 #[test]
 fn a_failing_check_exits_1_with_the_csi_calls_as_evidence() {
     let dir = tempfile::tempdir().unwrap();
