@@ -114,6 +114,15 @@ impl PodReport {
 }
 
 impl Report {
+    /// The Secrets the nodes read, as `namespace/name`.
+    pub fn secrets_read(&self) -> std::collections::BTreeSet<String> {
+        self.api_reads
+            .iter()
+            .filter(|r| r.kind == "Secret")
+            .map(|r| format!("{}/{}", r.namespace, r.name))
+            .collect()
+    }
+
     /// True when every pod reached its expected state, every rejection was expected, and a teardown (if
     /// any) left nothing behind.
     pub fn as_expected(&self) -> bool {

@@ -862,13 +862,7 @@ fn call_secret_keys(w: &mut Sim, method: String, handle: String, keys: String) {
 
 #[then(regex = r#"^the only secrets read were "([^"]*)"$"#)]
 fn secrets_read(w: &mut Sim, list: String) {
-    let read: BTreeSet<String> = w
-        .report()
-        .api_reads
-        .into_iter()
-        .filter(|r| r.kind == "Secret")
-        .map(|r| format!("{}/{}", r.namespace, r.name))
-        .collect();
+    let read = w.report().secrets_read();
     let expected: BTreeSet<String> = list
         .split(',')
         .filter(|s| !s.is_empty())

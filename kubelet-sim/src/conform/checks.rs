@@ -911,14 +911,7 @@ async fn secrets(env: &mut CheckEnv) -> Outcome {
             without.secret_keys
         ));
     }
-    let read: BTreeSet<String> = env
-        .sim
-        .report()
-        .api_reads
-        .into_iter()
-        .filter(|r| r.kind == "Secret")
-        .map(|r| format!("{}/{}", r.namespace, r.name))
-        .collect();
+    let read = env.sim.report().secrets_read();
     if read != BTreeSet::from([format!("{NAMESPACE}/conform-secret")]) {
         return Err(format!("the kubelet read the Secrets {read:?}"));
     }

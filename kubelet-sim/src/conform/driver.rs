@@ -8,10 +8,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use inlet_plugin::mount::MountLayer;
-use inlet_proto::csi::v1::{
-    self as csi, controller_client::ControllerClient, identity_client::IdentityClient,
-    node_client::NodeClient,
-};
+use inlet_plugin::volume::csi::CsiClient;
+use inlet_proto::csi::v1::{self as csi, identity_client::IdentityClient};
 use k8s_openapi::api::storage::v1::CSIDriver;
 
 use crate::api::manifest::{self, Object};
@@ -105,35 +103,21 @@ pub async fn describe(socket: &Path, expected: &str) -> Result<DriverInfo, Strin
                 if s.r#type == csi::plugin_capability::service::Type::ControllerService as i32
         )
     });
-    let node_capabilities = NodeClient::new(channel.clone())
-        .node_get_capabilities(csi::NodeGetCapabilitiesRequest {})
+    // The kubelet's own client reads the capabilities, as it does at registration.
+    let client = CsiClient::new(expected, channel, None);
+    let node_capabilities = client
+        .node_capabilities()
         .await
         .map_err(|s| rpc("NodeGetCapabilities", s))?
-        .into_inner()
-        .capabilities
         .into_iter()
-        .filter_map(|c| match c.r#type {
-            Some(csi::node_service_capability::Type::Rpc(rpc)) => {
-                csi::node_service_capability::rpc::Type::try_from(rpc.r#type).ok()
-            }
-            _ => None,
-        })
         .map(|t| t.as_str_name().to_string())
         .collect();
     let controller_capabilities = if controller_service {
-        ControllerClient::new(channel)
-            .controller_get_capabilities(csi::ControllerGetCapabilitiesRequest {})
+        client
+            .controller_capabilities()
             .await
             .map_err(|s| rpc("ControllerGetCapabilities", s))?
-            .into_inner()
-            .capabilities
             .into_iter()
-            .filter_map(|c| match c.r#type {
-                Some(csi::controller_service_capability::Type::Rpc(rpc)) => {
-                    csi::controller_service_capability::rpc::Type::try_from(rpc.r#type).ok()
-                }
-                _ => None,
-            })
             .map(|t| t.as_str_name().to_string())
             .collect()
     } else {
