@@ -215,3 +215,26 @@ Feature: Private volume images
       | NeverVerifyPreloadedImages | has a Warning "Failed" event saying "401 Unauthorized"     |
       | AlwaysVerify               | has a Warning "Failed" event saying "401 Unauthorized"     |
       | NeverVerify                | is Running                                                 |
+
+  Scenario: A cached private container image with pull policy Never is not present for a pod without its credentials
+    Given the manifests:
+      """
+      apiVersion: v1
+      kind: Pod
+      metadata: {name: owner}
+      spec:
+        imagePullSecrets: [{name: regcred}]
+        containers: [{name: app, image: "$REGISTRY/team/data:v1"}]
+      """
+    When the simulation runs
+    Then pod "owner" is Running
+    When these manifests are applied:
+      """
+      apiVersion: v1
+      kind: Pod
+      metadata: {name: other}
+      spec:
+        containers: [{name: app, image: "$REGISTRY/team/data:v1", imagePullPolicy: Never}]
+      """
+    Then pod "other" has a Warning "ErrImageNeverPull" event saying "is not present with pull policy of Never"
+    And pod "other" is Pending

@@ -162,7 +162,7 @@ impl DriverHandle {
                 // One record per node of which credentials pulled which image, shared with the
                 // kubelet's own pulls: else an image one pulled with credentials looks preloaded to
                 // the other.
-                pull_records_dir: Some(crate::sim::image_plugin_dir(node_root)),
+                pull_records_dir: Some(crate::node::image_plugin_dir(node_root)),
                 ..EngineConfig::new(cri_socket, &dir.join("state"))
             },
             mounter,

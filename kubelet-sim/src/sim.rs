@@ -193,6 +193,7 @@ impl Simulation {
                 image_pull_wait: config.images.pull_wait,
                 containers: config.containers,
                 plugins_registry: config.plugins_registry.clone(),
+                image_verification: config.images.verification,
             };
             let timeout = config.containers.runtime_request_timeout;
             let cri = connect_cri(&cri_socket, timeout).await?;
@@ -1012,13 +1013,6 @@ async fn connect_cri(socket: &Path, runtime_timeout: Duration) -> Result<Cri, St
     }
 }
 
-/// The kubelet-side image plugin's state dir, which also holds the node's one record of which credentials
-/// pulled which image: every image puller of the node (container images, in-tree image volumes, the
-/// in-process image drivers) shares it.
-pub fn image_plugin_dir(node_root: &Path) -> PathBuf {
-    node_root.join("plugins/kubernetes.io/image")
-}
-
 /// The kubelet-side image engine of a node, over the runtime at `cri_socket`, with its state under the
 /// node's `plugins/kubernetes.io/image/`. None (image volumes unsupported on the node) when the runtime's
 /// storage cannot be opened.
@@ -1030,7 +1024,7 @@ async fn image_engine(
 ) -> Option<Arc<Engine>> {
     let config = EngineConfig {
         verification,
-        ..EngineConfig::new(cri_socket, &image_plugin_dir(node_root))
+        ..EngineConfig::new(cri_socket, &crate::node::image_plugin_dir(node_root))
     };
     match Engine::start(&config, Arc::clone(mounter)).await {
         Ok(engine) => Some(Arc::new(engine)),

@@ -69,13 +69,41 @@ pub(crate) fn write_record<T: Serialize>(
     record: &T,
     durability: Durability,
 ) -> Result<()> {
+    write_record_with_mode(dir, id, record, durability, 0o666)
+}
+
+/// [`write_record`], readable by its owner only (a record others must not read, even hashed).
+pub(crate) fn write_private_record<T: Serialize>(
+    dir: &Path,
+    id: &str,
+    record: &T,
+    durability: Durability,
+) -> Result<()> {
+    write_record_with_mode(dir, id, record, durability, 0o600)
+}
+
+/// Writes the record with `mode` (less the umask) from the moment its temporary file exists.
+fn write_record_with_mode<T: Serialize>(
+    dir: &Path,
+    id: &str,
+    record: &T,
+    durability: Durability,
+    mode: u32,
+) -> Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
     let path = dir.join(format!("{id}.json"));
     let tmp = dir.join(format!("{id}.json.tmp"));
     let what = || format!("writing {}", path.display());
     let body = serde_json::to_vec_pretty(record)
         .map_err(std::io::Error::from)
         .context(what)?;
-    let mut file = fs::File::create(&tmp).context(what)?;
+    let mut file = fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(mode)
+        .open(&tmp)
+        .context(what)?;
     file.write_all(&body).context(what)?;
     // Flush the data before the rename makes it visible, so a power loss cannot leave an empty record.
     if durability == Durability::PowerLoss {

@@ -27,12 +27,13 @@ pub mod registry;
 mod subpath;
 
 use std::collections::{BTreeSet, HashMap};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use inlet_plugin::image::Engine;
+use inlet_plugin::image::pull::{Puller, VerificationPolicy};
 use inlet_plugin::mount::MountLayer;
 use inlet_plugin::volume::VolumePlugin;
 use inlet_plugin::volume::csi::{CsiObserver, CsiPlugin};
@@ -83,6 +84,15 @@ pub struct NodeConfig {
     /// The plugin registration dir drivers put their registration sockets in (the kubelet's
     /// `<root-dir>/plugins_registry`); None: only drivers given to kubelet-sim are registered.
     pub plugins_registry: Option<PathBuf>,
+    /// Which cached images a pod must prove credentials for (`imagePullCredentialsVerificationPolicy`).
+    pub image_verification: VerificationPolicy,
+}
+
+/// The kubelet-side image plugin's state dir under a node's root, which also holds the node's one record
+/// of which credentials pulled which image: every image puller of the node (container images, in-tree
+/// image volumes, the in-process image drivers) shares it.
+pub fn image_plugin_dir(node_root: &Path) -> PathBuf {
+    node_root.join("plugins/kubernetes.io/image")
 }
 
 /// How the kubelet follows started containers.
@@ -124,7 +134,7 @@ pub struct Kubelet {
     cri: Cri,
     /// The node's image puller (shared with image volumes): its record of which credentials pulled which
     /// image decides whether a pod may use a cached container image (KEP-2535).
-    puller: Option<Arc<inlet_plugin::image::pull::Puller>>,
+    puller: Option<Arc<Puller>>,
     dsw: Mutex<DesiredState>,
     asw: Mutex<ActualState>,
     ops: Mutex<Operations>,
@@ -173,7 +183,22 @@ impl Kubelet {
             Arc::new(SecretPlugin::new(host.clone())),
             Arc::new(EmptyDirPlugin::new(host.clone())),
         ];
-        let puller = images.as_ref().map(|e| Arc::clone(&e.puller));
+        // The engine's puller, or (when the runtime's storage cannot be opened for image volumes) one of
+        // the node's own over the same record: container images follow the policy either way.
+        let puller = match &images {
+            Some(engine) => Some(Arc::clone(&engine.puller)),
+            None => Puller::new(
+                cri.image.clone(),
+                &image_plugin_dir(&config.root),
+                config.image_verification,
+                None,
+            )
+            .map(Arc::new)
+            .inspect_err(
+                |e| tracing::error!(node = %config.name, error = %e, "no image pull record"),
+            )
+            .ok(),
+        };
         if let Some(engine) = images {
             plugins.push(Arc::new(ImagePlugin::new(
                 host.clone(),

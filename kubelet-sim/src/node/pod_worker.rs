@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use inlet_plugin::image::auth::{self, Credentials};
+use inlet_plugin::image::pull::VerificationPolicy;
 use inlet_plugin::volume::PodInfo;
 use inlet_plugin::volume::csi::rpc_error;
 use inlet_plugin::volume::image::PLUGIN_NAME as IMAGE_PLUGIN;
@@ -404,8 +405,23 @@ impl Kubelet {
                     .record_event(pod, "Warning", "ErrImageNeverPull", &message);
                 false
             }
-            ("Never", true, true) | ("IfNotPresent", true, true) => true,
+            ("Never", true, true) | ("IfNotPresent", true, true) => {
+                let message = format!(
+                    "Container image {image:?} already present on machine and can be accessed by the pod"
+                );
+                self.api.record_event(pod, "Normal", "Pulled", &message);
+                true
+            }
             _ => {
+                // Announced before it starts, so a crash before its record leaves the image needing
+                // proof, never preloaded (upstream's pull intent).
+                if let Some(puller) = &self.puller
+                    && let Err(e) = puller.intend_pull(&image)
+                {
+                    let message = format!("Failed to pull image {image:?}: {e}");
+                    self.api.record_event(pod, "Warning", "Failed", &message);
+                    return false;
+                }
                 self.api.record_event(
                     pod,
                     "Normal",
@@ -434,9 +450,10 @@ impl Kubelet {
                     }
                 }
                 match outcome {
-                    Ok(_) => {
+                    Ok(pulled) => {
+                        let image_ref = &pulled.get_ref().image_ref;
                         if let Some(puller) = &self.puller
-                            && let Err(e) = puller.record_pull(&image, used).await
+                            && let Err(e) = puller.record_pull(&image, image_ref, used).await
                         {
                             tracing::warn!(image, error = %e, "could not record the pull");
                         }
@@ -459,11 +476,11 @@ impl Kubelet {
     }
 
     /// Whether the node's pull record lets a pod with `credentials` use the cached `image` (per the
-    /// node's verification policy). A node without an image engine has no record: every cached image
-    /// is usable, as before KEP-2535.
+    /// node's verification policy). Without a record (it could not be opened), only `NeverVerify` lets a
+    /// cached image be used unproven.
     async fn may_use_cached(&self, image: &str, credentials: &[Credentials]) -> bool {
         let Some(puller) = &self.puller else {
-            return true;
+            return self.config.image_verification == VerificationPolicy::NeverVerify;
         };
         match puller.cached_access(image, credentials).await {
             Ok(access) => access.unwrap_or(false),

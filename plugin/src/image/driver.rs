@@ -184,7 +184,8 @@ impl ImageService {
 }
 
 /// The attributes the driver reads (warm-metal's names, which it maps); the kubelet's own
-/// `csi.storage.k8s.io/` keys are accepted too.
+/// `csi.storage.k8s.io/` keys and external-provisioner's `storage.kubernetes.io/` keys (on PVs it made)
+/// are accepted too.
 const KNOWN_ATTRIBUTES: [&str; 5] = [
     IMAGE_ATTRIBUTE,
     PULL_POLICY_ATTRIBUTE,
@@ -193,28 +194,42 @@ const KNOWN_ATTRIBUTES: [&str; 5] = [
     ARTIFACT_ATTRIBUTE,
 ];
 
-/// Refuses an attribute the driver does not know with INVALID_ARGUMENT naming it, rather than ignore
+/// Prefixes of keys Kubernetes components add to a volume's context.
+const KUBERNETES_PREFIXES: [&str; 2] = [KUBERNETES_KEY_PREFIX, "storage.kubernetes.io/"];
+
+/// Refuses attributes the driver does not know with INVALID_ARGUMENT naming every one, rather than ignore
 /// what the user meant (`readOnly: "true"` would otherwise mount a writable volume).
 fn known_attributes(attributes: &std::collections::HashMap<String, String>) -> Result<()> {
     let mut unknown: Vec<&String> = attributes
         .keys()
-        .filter(|k| {
-            !KNOWN_ATTRIBUTES.contains(&k.as_str()) && !k.starts_with(KUBERNETES_KEY_PREFIX)
-        })
+        .filter(|k| !KNOWN_ATTRIBUTES.contains(&k.as_str()))
+        .filter(|k| !KUBERNETES_PREFIXES.iter().any(|p| k.starts_with(p)))
         .collect();
-    unknown.sort();
-    let Some(key) = unknown.first() else {
+    if unknown.is_empty() {
         return Ok(());
-    };
-    let hint = if ["readonly", "ro", "read-only"].contains(&key.to_ascii_lowercase().as_str()) {
+    }
+    unknown.sort();
+    let read_only = unknown
+        .iter()
+        .any(|k| ["readonly", "ro", "read-only"].contains(&k.to_ascii_lowercase().as_str()));
+    let hint = if read_only {
         "; a volume is made read-only by the volume source's readOnly: true"
     } else {
         ""
     };
+    let fields: Vec<String> = unknown
+        .iter()
+        .map(|k| format!("volume_context[{k:?}]"))
+        .collect();
+    let what = if unknown.len() == 1 {
+        "unknown attribute"
+    } else {
+        "unknown attributes"
+    };
     Err(Error::invalid(
-        format!("volume_context[{key:?}]"),
+        fields.join(", "),
         format!(
-            "unknown attribute; the image driver accepts {}{hint}",
+            "{what}; the image driver accepts {}{hint}",
             KNOWN_ATTRIBUTES.join(", ")
         ),
     ))
@@ -417,5 +432,20 @@ mod tests {
             "{}",
             other.message()
         );
+        let both = Status::from(
+            known_attributes(&attributes(&[("size", "1Gi"), ("ro", "true")])).unwrap_err(),
+        );
+        assert!(
+            both.message().starts_with(
+                "volume_context[\"ro\"], volume_context[\"size\"]: unknown attributes;"
+            ),
+            "every unknown attribute is named: {}",
+            both.message()
+        );
+        let provisioned = attributes(&[
+            ("image", "x:1"),
+            ("storage.kubernetes.io/csiProvisionerIdentity", "1-2-x"),
+        ]);
+        assert!(known_attributes(&provisioned).is_ok());
     }
 }

@@ -220,21 +220,44 @@ impl Puller {
         credentials: &[Credentials],
     ) -> Result<Option<bool>, PullError> {
         let id = self.status(image).await?;
-        Ok(id.map(|id| self.may_use(&id, credentials)))
+        Ok(id.map(|id| self.may_use(image, &id, credentials)))
     }
 
-    /// Records that `image` was just pulled with `credentials` (None: anonymously), by a puller outside the
-    /// engine.
+    /// Announces a pull of `image` before it starts (upstream's pull intent): until its record is
+    /// written, the image counts as pulled by this node with credentials unknown. An error means the
+    /// pull must not start: its record could not be kept.
+    pub fn intend_pull(&self, image: &str) -> Result<(), PullError> {
+        self.records
+            .update(|r| {
+                r.intents.insert(image.to_string());
+            })
+            .map_err(|e| PullError::Failed {
+                image: image.to_string(),
+                message: format!("recording the pull: {e}"),
+            })
+    }
+
+    /// Records that `image` was pulled, as the runtime's `image_ref`, with `credentials` (None:
+    /// anonymously), by a puller outside the engine.
     pub async fn record_pull(
         &self,
         image: &str,
+        image_ref: &str,
         credentials: Option<&Credentials>,
     ) -> Result<(), PullError> {
-        if let Some(id) = self.status(image).await? {
-            let salt = self.records.read(|r| r.salt.clone());
-            self.remember(&id, credentials.map(|c| c.fingerprint(salt.as_bytes())));
-        }
+        // The id ImageStatus gives the pulled reference, not whatever the tag names by now.
+        let id = self
+            .status(image_ref)
+            .await?
+            .unwrap_or_else(|| image_ref.to_string());
+        let fingerprint = credentials.map(|c| c.fingerprint(self.salt().as_bytes()));
+        self.remember(image, &id, fingerprint);
         Ok(())
+    }
+
+    /// The node's salt for fingerprints (empty if the record cannot be read: then nothing matches).
+    fn salt(&self) -> String {
+        self.records.read(|r| r.salt.clone()).unwrap_or_default()
     }
 
     /// Makes `request.image` present and usable by the caller, per its policy and credentials.
@@ -244,7 +267,7 @@ impl Puller {
             (PullPolicy::Always, _) => true,
             (PullPolicy::Never, None) => return Err(PullError::NeverPull(request.image.clone())),
             (_, None) => true,
-            (_, Some(id)) => !self.may_use(id, &request.credentials),
+            (_, Some(id)) => !self.may_use(&request.image, id, &request.credentials),
         };
         if !need_pull {
             return Ok(Pulled {
@@ -258,6 +281,7 @@ impl Puller {
                 reason: "pull policy Never forbids proving access at the registry".into(),
             });
         }
+        self.intend_pull(&request.image)?;
         let (id, fingerprint) = match self.pull(request).await {
             Ok(pulled) => pulled,
             Err(PullError::Unauthorized { message, .. }) if present.is_some() => {
@@ -273,7 +297,7 @@ impl Puller {
         // the reference instead would leave a private image pulled on CRI-O unrecorded, so served to
         // pods without them as if preloaded.
         let id = self.status(&id).await?.unwrap_or(id);
-        self.remember(&id, fingerprint);
+        self.remember(&request.image, &id, fingerprint);
         Ok(Pulled { id, pulled: true })
     }
 
@@ -289,30 +313,39 @@ impl Puller {
         }
     }
 
-    /// True when the caller may use the cached image `id` without pulling it.
-    fn may_use(&self, id: &str, credentials: &[Credentials]) -> bool {
-        self.records.read(|records| {
-            let Some(record) = records.images.get(id) else {
-                return self.verification != VerificationPolicy::AlwaysVerify;
-            };
-            if self.verification == VerificationPolicy::NeverVerify || record.anonymous {
-                return true;
-            }
-            credentials.iter().any(|c| {
-                record
-                    .credentials
-                    .contains(&c.fingerprint(records.salt.as_bytes()))
+    /// True when the caller may use the cached `image` (the runtime's `id` for it) without pulling it.
+    /// Records that cannot be read, or a pull announced and never recorded, mean no.
+    fn may_use(&self, image: &str, id: &str, credentials: &[Credentials]) -> bool {
+        self.records
+            .read(|records| {
+                let Some(record) = records.images.get(id) else {
+                    return !records.intents.contains(image)
+                        && self.verification != VerificationPolicy::AlwaysVerify;
+                };
+                if self.verification == VerificationPolicy::NeverVerify || record.anonymous {
+                    return true;
+                }
+                credentials.iter().any(|c| {
+                    record
+                        .credentials
+                        .contains(&c.fingerprint(records.salt.as_bytes()))
+                })
             })
-        })
+            .unwrap_or(false)
     }
 
-    fn remember(&self, id: &str, fingerprint: Option<String>) {
+    /// Records who pulled `image` (the runtime's `id`), and clears its intent. A failure is logged: the
+    /// intent stays, so the image keeps needing proof.
+    fn remember(&self, image: &str, id: &str, fingerprint: Option<String>) {
         let saved = self.records.update(|records| {
             let record = records.images.entry(id.to_string()).or_default();
             match fingerprint {
-                Some(f) => drop(record.credentials.insert(f)),
+                Some(f) => {
+                    record.credentials.insert(f);
+                }
                 None => record.anonymous = true,
             }
+            records.intents.remove(image);
         });
         if let Err(e) = saved {
             tracing::warn!(error = %e, "could not save pull records");
@@ -321,7 +354,7 @@ impl Puller {
 
     /// Joins or starts the background pull for this image and credentials, and waits up to the budget.
     async fn pull(&self, request: &PullRequest) -> Result<(String, Option<String>), PullError> {
-        let salt = self.records.read(|r| r.salt.clone());
+        let salt = self.salt();
         let fingerprints: Vec<String> = request
             .credentials
             .iter()
