@@ -10,7 +10,8 @@
 //!             runs (in-process, or on a socket) and how it restarts
 //! proxy.rs    FaultProxy: between the kubelet and the driver, turns chosen OK answers into deadlines
 //! env.rs      CheckEnv: one check's fresh node, driver and proxy, and the steps checks are written in
-//! checks.rs   the catalogue: id, what it expects, its upstream source, when it applies, how it runs
+//! checks/     the catalogue (mod.rs: id, what it expects, its upstream source, when it applies), and
+//!             each group's checks in a file of its own
 //! output.rs   the table, the JSON report (every CSI call of a failed check), JUnit XML
 //! ```
 //!

@@ -1,0 +1,60 @@
+//! secrets/only-when-referenced: nodePublishSecretRef, from the pod's namespace only.
+
+use super::*;
+
+/// The values of the Secrets the secrets check creates: never shown, even if a driver echoes them.
+pub const SECRET_VALUES: [&str; 2] = ["conform-secret-value-1", "conform-secret-value-2"];
+
+pub(super) async fn secrets(env: &mut CheckEnv) -> Outcome {
+    env.create(vec![
+        Object::Secret(Box::new(CheckEnv::secret(
+            NAMESPACE,
+            "conform-secret",
+            "conform-key",
+            SECRET_VALUES[0],
+        ))),
+        Object::Secret(Box::new(CheckEnv::secret(
+            "other",
+            "conform-secret",
+            "other-key",
+            SECRET_VALUES[1],
+        ))),
+    ])
+    .await?;
+    let volumes = [
+        InlineVolume {
+            secret: Some("conform-secret".into()),
+            ..InlineVolume::named("with-secret")
+        },
+        InlineVolume::named("without"),
+    ];
+    let pod = env.pod("secrets", &volumes, json!({}));
+    env.run_pods(vec![pod]).await?;
+    let (mut with, mut without) = (
+        env.published("secrets", "with-secret")?,
+        env.published("secrets", "without")?,
+    );
+    // With serviceAccountTokenInSecrets the tokens travel as a secret of every volume.
+    for call in [&mut with, &mut without] {
+        call.secret_keys.retain(|k| k != TOKENS_KEY);
+    }
+    if with.secret_keys != ["conform-key"] {
+        return Err(format!(
+            "the referencing volume got secret keys {:?}, expected [\"conform-key\"]",
+            with.secret_keys
+        ));
+    }
+    if !without.secret_keys.is_empty() {
+        return Err(format!(
+            "the volume without a reference got secret keys {:?}",
+            without.secret_keys
+        ));
+    }
+    let read = env.sim.report().secrets_read();
+    if read != BTreeSet::from([format!("{NAMESPACE}/conform-secret")]) {
+        return Err(format!("the kubelet read the Secrets {read:?}"));
+    }
+    env.nothing_left(&[with.volume_id, without.volume_id])
+        .await?;
+    Ok(String::new())
+}
