@@ -389,23 +389,16 @@ impl Kubelet {
         // (KEP-2535, image_manager.go EnsureImageExists: MustAttemptImagePull).
         let usable = present && self.may_use_cached(&image, &credentials).await;
         match (policy.as_str(), present, usable) {
-            ("Never", false, _) => {
+            // Absent, or present but this pod has not shown the credentials it was pulled with, and
+            // Never forbids a pull to show them: upstream answers the same for both.
+            ("Never", _, false) => {
                 let message =
                     format!("Container image {image:?} is not present with pull policy of Never");
                 self.api
                     .record_event(pod, "Warning", "ErrImageNeverPull", &message);
                 false
             }
-            // Present, but this pod has not shown the credentials it was pulled with, and Never forbids
-            // a pull to show them: upstream answers as for an absent image.
-            ("Never", true, false) => {
-                let message =
-                    format!("Container image {image:?} is not present with pull policy of Never");
-                self.api
-                    .record_event(pod, "Warning", "ErrImageNeverPull", &message);
-                false
-            }
-            ("Never", true, true) | ("IfNotPresent", true, true) => {
+            ("Never" | "IfNotPresent", true, true) => {
                 let message = format!(
                     "Container image {image:?} already present on machine and can be accessed by the pod"
                 );
