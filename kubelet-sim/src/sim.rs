@@ -883,11 +883,16 @@ impl Simulation {
                     .is_none_or(|p| p.metadata.uid.as_deref() != Some(uid))
             });
             // A pod leaves only once its volumes are torn down; when no other pod remains, the nodes
-            // must also be idle (unstaged, detached).
+            // must also be idle (unstaged, detached) and have removed the pod directories a previous
+            // kubelet left (their orphan cleanup runs in the pass after the last teardown).
+            let no_pod_dirs = |n: &Kubelet| {
+                std::fs::read_dir(n.config.root.join("pods"))
+                    .map_or(true, |mut entries| entries.next().is_none())
+            };
             deleted_gone
                 && (!self.api.list::<Pod>().is_empty()
                     || (self.api.list::<VolumeAttachment>().is_empty()
-                        && self.nodes.iter().all(|n| n.idle())))
+                        && self.nodes.iter().all(|n| n.idle() && no_pod_dirs(n))))
         };
         let mut complete = self.wait_for(timeout, |_| gone()).await;
         // In a cluster, the pods' objects go with their nodes' final deletes.
