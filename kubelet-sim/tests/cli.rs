@@ -7,30 +7,10 @@ use std::process::Command;
 use std::sync::Arc;
 
 mod common;
-use common::{mounter, serve_local_driver};
-
-const BIN: &str = env!("CARGO_BIN_EXE_kubelet-sim");
+use common::{BIN, mounter, run, run_logging, serve_local_driver};
 
 fn examples() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/examples")
-}
-
-fn run(args: &[&str]) -> (i32, String, String) {
-    run_logging(args, "warn")
-}
-
-/// `run` with `RUST_LOG` set to `level`.
-fn run_logging(args: &[&str], level: &str) -> (i32, String, String) {
-    let out = Command::new(BIN)
-        .args(args)
-        .env("RUST_LOG", level)
-        .output()
-        .expect("kubelet-sim runs");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into(),
-        String::from_utf8_lossy(&out.stderr).into(),
-    )
 }
 
 /// The last lines of a long output.

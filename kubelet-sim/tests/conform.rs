@@ -5,9 +5,7 @@
 use std::process::Command;
 
 mod common;
-use common::serve_local_driver;
-
-const BIN: &str = env!("CARGO_BIN_EXE_kubelet-sim");
+use common::{BIN, run, serve_local_driver};
 
 /// Every check's id, from `--list`.
 fn catalogue() -> Vec<String> {
@@ -24,17 +22,7 @@ fn catalogue() -> Vec<String> {
 }
 
 fn conform(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(BIN)
-        .arg("conform")
-        .args(args)
-        .env("RUST_LOG", "warn")
-        .output()
-        .expect("kubelet-sim runs");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into(),
-        String::from_utf8_lossy(&out.stderr).into(),
-    )
+    run(&[&["conform"], args].concat())
 }
 
 /// The local driver's CSIDriver with everything a check can exercise: attach, republish with a token.

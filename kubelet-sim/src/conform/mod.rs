@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 use inlet_plugin::mount::MountLayer;
 use inlet_plugin::volume::csi::CsiCall;
 
-use crate::drivers::DriverArg;
+use crate::drivers::{DriverArg, DriverSource};
 use crate::signals::Interrupts;
 use crate::sim::{SimConfig, SimImages, Simulation};
 use checks::Check;
@@ -220,6 +220,10 @@ async fn describe(
     root: &std::path::Path,
     options: &ConformOptions,
 ) -> Result<DriverInfo, String> {
+    if let DriverSource::Socket(socket) = &setup.arg.source {
+        return driver::describe(socket, setup.name()).await;
+    }
+    // An in-process driver (an image driver pulls through the simulation's runtime).
     let describe_root = root.join("describe");
     let sim = Simulation::start(SimConfig {
         root: describe_root.clone(),

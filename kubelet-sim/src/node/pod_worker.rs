@@ -373,7 +373,7 @@ impl Kubelet {
             image: image.clone(),
             ..Default::default()
         };
-        let present = self
+        let present_id = self
             .cri
             .image
             .clone()
@@ -382,12 +382,13 @@ impl Kubelet {
                 verbose: false,
             })
             .await
-            .map(|r| r.into_inner().image.is_some())
-            .unwrap_or(false);
+            .ok()
+            .and_then(|r| r.into_inner().image.map(|i| i.id));
+        let present = present_id.is_some();
         let credentials = self.pull_credentials(pod, &image);
         // A cached image is the pod's only if the node's record says its credentials may use it
         // (KEP-2535, image_manager.go EnsureImageExists: MustAttemptImagePull).
-        let usable = present && self.may_use_cached(&image, &credentials).await;
+        let usable = present_id.is_some_and(|id| self.may_use_cached(&image, &id, &credentials));
         match (policy.as_str(), present, usable) {
             // Absent, or present but this pod has not shown the credentials it was pulled with, and
             // Never forbids a pull to show them: upstream answers the same for both.
@@ -468,19 +469,13 @@ impl Kubelet {
         }
     }
 
-    /// Whether the node's pull record lets a pod with `credentials` use the cached `image` (per the
-    /// node's verification policy). Without a record (it could not be opened), only `NeverVerify` lets a
-    /// cached image be used unproven.
-    async fn may_use_cached(&self, image: &str, credentials: &[Credentials]) -> bool {
-        let Some(puller) = &self.puller else {
-            return self.config.image_verification == VerificationPolicy::NeverVerify;
-        };
-        match puller.cached_access(image, credentials).await {
-            Ok(access) => access.unwrap_or(false),
-            Err(e) => {
-                tracing::warn!(image, error = %e, "checking the pull record");
-                false
-            }
+    /// Whether the node's pull record lets a pod with `credentials` use the cached `image` (the runtime's
+    /// `id` for it), per the node's verification policy. Without a record (it could not be opened), only
+    /// `NeverVerify` lets a cached image be used unproven.
+    fn may_use_cached(&self, image: &str, id: &str, credentials: &[Credentials]) -> bool {
+        match &self.puller {
+            Some(puller) => puller.may_use(image, id, credentials),
+            None => self.config.image_verification == VerificationPolicy::NeverVerify,
         }
     }
 

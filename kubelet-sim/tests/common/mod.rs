@@ -1,11 +1,33 @@
-//! What the CLI tests share: the mount layer they may use, and inlet's local driver served from the test
-//! process on a socket of its own (an external driver, as a user's would be).
+//! What the CLI tests share: running the binary, the mount layer they may use, and inlet's local driver
+//! served from the test process on a socket of its own (an external driver, as a user's would be).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use inlet_plugin::local::{LocalConfig, LocalDriver, LocalService};
 use inlet_plugin::mount::{LinuxMounter, MountLayer, RecordingMounter, can_mount};
+
+/// The `kubelet-sim` binary.
+pub const BIN: &str = env!("CARGO_BIN_EXE_kubelet-sim");
+
+/// Runs `kubelet-sim ARGS` with warnings logged: (exit code, or -1 when a signal ended it; stdout; stderr).
+pub fn run(args: &[&str]) -> (i32, String, String) {
+    run_logging(args, "warn")
+}
+
+/// [`run`] with `RUST_LOG` set to `level`.
+pub fn run_logging(args: &[&str], level: &str) -> (i32, String, String) {
+    let out = std::process::Command::new(BIN)
+        .args(args)
+        .env("RUST_LOG", level)
+        .output()
+        .expect("kubelet-sim runs");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
 
 /// Real mounts as root, the recording mounter otherwise.
 pub fn mounter() -> Arc<dyn MountLayer> {

@@ -212,17 +212,6 @@ impl Puller {
         })
     }
 
-    /// Whether a caller with `credentials` may use the cached `image` without pulling it: None when the
-    /// runtime does not have it. For pullers outside the engine (the kubelet's container images).
-    pub async fn cached_access(
-        &self,
-        image: &str,
-        credentials: &[Credentials],
-    ) -> Result<Option<bool>, PullError> {
-        let id = self.status(image).await?;
-        Ok(id.map(|id| self.may_use(image, &id, credentials)))
-    }
-
     /// Announces a pull of `image` before it starts (upstream's pull intent): until its record is
     /// written, the image counts as pulled by this node with credentials unknown. An error means the
     /// pull must not start: its record could not be kept.
@@ -314,8 +303,9 @@ impl Puller {
     }
 
     /// True when the caller may use the cached `image` (the runtime's `id` for it) without pulling it.
-    /// Records that cannot be read, or a pull announced and never recorded, mean no.
-    fn may_use(&self, image: &str, id: &str, credentials: &[Credentials]) -> bool {
+    /// Records that cannot be read, or a pull announced and never recorded, mean no. Public for pullers
+    /// outside the engine (the kubelet's container images), which have the id from their ImageStatus.
+    pub fn may_use(&self, image: &str, id: &str, credentials: &[Credentials]) -> bool {
         self.records
             .read(|records| {
                 let Some(record) = records.images.get(id) else {

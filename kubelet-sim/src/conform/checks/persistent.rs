@@ -121,13 +121,9 @@ pub(super) async fn stage_publish(env: &mut CheckEnv) -> Outcome {
 pub(super) async fn stage_publish_on(env: &mut CheckEnv, volume: &csi::Volume) -> Outcome {
     let handle = volume.volume_id.as_str();
     run_on_pv(env, volume, &["staged"]).await?;
-    let publish = env
-        .calls()
-        .into_iter()
-        .find(|c| c.method == "NodePublishVolume" && c.volume_id == handle && c.code == "OK")
-        .ok_or("no successful NodePublishVolume")?;
     let calls = env.calls();
     let published = first_ok(&calls, "NodePublishVolume", handle);
+    let publish = &calls[published.ok_or("no successful NodePublishVolume")?];
     // Attach is required unless the CSIDriver says otherwise; external-attacher calls
     // ControllerPublishVolume only for a driver with PUBLISH_UNPUBLISH_VOLUME (else it marks the
     // VolumeAttachment attached itself).
