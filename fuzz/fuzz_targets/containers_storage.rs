@@ -6,8 +6,8 @@
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use inlet_plugin::image::ContainersStorage;
-use inlet_plugin::image::store::{ImageStore, Mountable};
+use inlet_image::ContainersStorage;
+use inlet_image::store::{ImageStore, Mountable};
 use libfuzzer_sys::fuzz_target;
 
 fn root() -> &'static PathBuf {

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use inlet_plugin::local::{LocalConfig, LocalDriver};
-use inlet_plugin::mount::{MountLayer, RecordingMounter};
+use inlet_host::mount::{MountLayer, RecordingMounter};
 use inlet_proto::csi::v1 as csi;
 use libfuzzer_sys::fuzz_target;
 use prost::Message;

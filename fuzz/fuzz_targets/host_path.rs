@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use inlet_plugin::local::validate;
+use inlet_plugin::validate;
 use libfuzzer_sys::fuzz_target;
 
 fn kubelet_dir() -> &'static Path {

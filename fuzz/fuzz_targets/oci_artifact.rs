@@ -4,7 +4,7 @@
 
 use std::path::Component;
 
-use inlet_plugin::image::artifact::plan;
+use inlet_image::artifact::plan;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|raw: &[u8]| {

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use inlet_plugin::image::auth;
+use inlet_image::auth;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|input: (&str, &[u8], u8)| {

@@ -2,7 +2,7 @@
 //! and a value it accepts prints back to one it accepts again.
 #![no_main]
 
-use inlet_plugin::quantity::{format_bytes, parse_bytes};
+use inlet_host::quantity::{format_bytes, parse_bytes};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|text: &str| {

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use inlet_plugin::mount::RecordingMounter;
+use inlet_host::mount::RecordingMounter;
 use kubelet_sim::bench::{pods, print_pods};
 
 fn env(name: &str, default: usize) -> usize {

@@ -93,7 +93,7 @@ pub struct ImageArgs {
     #[arg(long, value_name = "ENDPOINT")]
     cri: Option<String>,
     /// The image's total file size (a Kubernetes quantity).
-    #[arg(long, default_value = "200Mi", value_parser = inlet_plugin::quantity::parse_bytes)]
+    #[arg(long, default_value = "200Mi", value_parser = inlet_host::quantity::parse_bytes)]
     size: u64,
     /// The image's layers.
     #[arg(long, default_value_t = 10)]
@@ -105,7 +105,7 @@ pub struct ImageArgs {
     #[arg(long, default_value_t = 200)]
     cycles: usize,
     /// Bytes written into a writable volume before its disk use is measured (a quantity).
-    #[arg(long, default_value = "64Mi", value_parser = inlet_plugin::quantity::parse_bytes)]
+    #[arg(long, default_value = "64Mi", value_parser = inlet_host::quantity::parse_bytes)]
     write: u64,
     /// Copies of the image's files for the baseline (0: none).
     #[arg(long, default_value_t = 5)]

@@ -7,12 +7,13 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use inlet_plugin::image::{Engine, EngineConfig, ImageDriverConfig, ImageService};
+use inlet_image::{Engine, EngineConfig};
+use inlet_plugin::image::{ImageDriverConfig, ImageService};
 use inlet_plugin::local::content_mount::ContentMount;
 use inlet_plugin::local::{LocalConfig, LocalDriver, LocalService};
 
 use crate::sim::SimImages;
-use inlet_plugin::mount::MountLayer;
+use inlet_host::mount::MountLayer;
 use inlet_plugin::registration::Registrar;
 use inlet_plugin::server::serve_csi_on;
 use inlet_proto::csi::v1::{

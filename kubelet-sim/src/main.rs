@@ -1,6 +1,6 @@
 //! `kubelet-sim`: runs pods' volumes through what a kubelet does, against real CSI drivers, without a
 //! cluster (`run`), and measures drivers and the simulator (`bench`, in `bench_cmd.rs`). See `--help` and
-//! the README.
+//! `kubelet-sim/README.md`.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use inlet_plugin::image::pull::VerificationPolicy;
-use inlet_plugin::mount::{LinuxMounter, MountLayer, RecordingMounter, can_mount};
+use inlet_host::mount::{LinuxMounter, MountLayer, RecordingMounter, can_mount};
+use inlet_image::pull::VerificationPolicy;
 use kubelet_sim::api::manifest;
 use kubelet_sim::drivers::DriverArg;
 use kubelet_sim::node::BackoffPolicy;

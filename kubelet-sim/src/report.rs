@@ -1,8 +1,8 @@
-//! The run's report: JSON for scripts (documented in the README) and a summary table for people.
+//! The run's report: JSON for scripts (documented in `kubelet-sim/README.md`) and a summary table for people.
 
 use std::io::Write;
 
-use inlet_plugin::volume::csi::CsiCall;
+use inlet_proto::csi_call::CsiCall;
 use serde::Serialize;
 
 use crate::api::ApiRead;

@@ -9,11 +9,12 @@ use std::time::{Duration, Instant};
 
 use cri_fake::FakeRuntime;
 use cri_fake::pull::Registries;
-use inlet_plugin::image::pull::VerificationPolicy;
-use inlet_plugin::image::{Engine, EngineConfig};
-use inlet_plugin::mount::MountLayer;
-use inlet_plugin::volume::csi::{CsiCall, CsiObserver};
+use inlet_host::mount::MountLayer;
+use inlet_image::pull::VerificationPolicy;
+use inlet_image::{Engine, EngineConfig};
 use inlet_proto::csi::v1 as csi_proto;
+use inlet_proto::csi_call::CsiCall;
+use inlet_volume::csi::CsiObserver;
 use k8s_openapi::api::core::v1::{
     ObjectReference, PersistentVolume, PersistentVolumeClaim, Pod, PodStatus,
 };
@@ -632,7 +633,7 @@ impl Simulation {
             .and_then(|c| c.get("storage"))
             .map(|q| q.0.clone())
             .unwrap_or_else(|| "1Gi".into());
-        let bytes = inlet_plugin::quantity::parse_bytes(&storage)
+        let bytes = inlet_host::quantity::parse_bytes(&storage)
             .map_err(|e| format!("PersistentVolume {name:?}: spec.capacity.storage: {e}"))?;
         for handle in self.drivers.iter().filter(|h| h.name == csi.driver) {
             let channel = inlet_proto::uds::connect(&handle.socket)
@@ -937,7 +938,7 @@ impl Simulation {
             );
             for dir in dirs {
                 leftover_image_state.extend(
-                    inlet_plugin::image::leftovers(&dir)
+                    inlet_image::leftovers(&dir)
                         .into_iter()
                         .map(|p| p.display().to_string()),
                 );

@@ -1,7 +1,7 @@
 //! A pod volume as a plugin [`Spec`]: inline sources as written (with the KEP draft's fields), claims as
 //! their bound PVs. Shared by the node's populator and the attach/detach controller.
 
-use inlet_plugin::volume::{InlineCsi, PodInfo, Spec};
+use inlet_volume::{InlineCsi, PodInfo, Spec};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod, Volume};
 
 use crate::api::Api;

@@ -12,9 +12,9 @@ use std::time::Duration;
 
 use cucumber::gherkin::Step;
 use cucumber::{StatsWriter, World, given, then, when};
-use inlet_plugin::mount::{LinuxMounter, MountLayer, RecordingMounter, can_mount};
-use inlet_plugin::volume::csi::CsiCall;
-use inlet_plugin::volume::csi::handle::{attachment_name, ephemeral_volume_handle};
+use inlet_host::mount::{LinuxMounter, MountLayer, RecordingMounter, can_mount};
+use inlet_proto::csi_call::CsiCall;
+use inlet_volume::csi::handle::{attachment_name, ephemeral_volume_handle};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kubelet_sim::api::manifest;
@@ -1000,7 +1000,7 @@ fn vol_data(w: &mut Sim, volume: String, pod: String, mode: String, driver: Stri
         .join(w.uid(&pod))
         .join("volumes/kubernetes.io~csi")
         .join(&volume);
-    let data = inlet_plugin::volume::csi::vol_data::VolData::load(&dir).expect("vol_data.json");
+    let data = inlet_volume::csi::vol_data::VolData::load(&dir).expect("vol_data.json");
     assert_eq!(
         (data.lifecycle_mode.as_str(), data.driver_name.as_str()),
         (mode.as_str(), driver.as_str())

@@ -84,7 +84,7 @@ fn the_local_driver_passes_every_check_and_the_junit_file_says_so() {
         // Without root the read-only check cannot look at the mount; everything else runs.
         if let Some(skipped) = case.children().find(|c| c.has_tag_name("skipped")) {
             assert!(
-                name == "ephemeral/read-only" && !inlet_plugin::mount::can_mount(),
+                name == "ephemeral/read-only" && !inlet_host::mount::can_mount(),
                 "{name} skipped: {:?}",
                 skipped.attribute("message")
             );
@@ -272,7 +272,7 @@ fn every_check_is_documented() {
     }
 }
 
-#[path = "../../plugin/tests/kit/mod.rs"]
+#[path = "../../plugin/drivers/tests/kit/mod.rs"]
 mod kit;
 
 /// Kills the process whose pid is in the file when dropped (a driver started by a script).
@@ -295,7 +295,7 @@ impl Drop for KillOnDrop {
 #[test]
 fn csi_driver_host_path_results_are_those_conform_md_records() {
     let dir = tempfile::tempdir().unwrap();
-    if !inlet_plugin::mount::can_mount() {
+    if !inlet_host::mount::can_mount() {
         eprintln!("SKIPPED host-path conformance: not root");
         return;
     }

@@ -1,4 +1,4 @@
-//! Kill `kubelet-sim run` (SIGKILL, at each of [`inlet_plugin::crash::KUBELET_POINTS`]: between writing
+//! Kill `kubelet-sim run` (SIGKILL, at each of [`inlet_host::crash::KUBELET_POINTS`]: between writing
 //! vol_data.json and NodePublishVolume, after NodePublishVolume, after NodeUnpublishVolume, between the
 //! sandbox and the containers), then run it again on the same root, as a kubelet restarts:
 //! - with the pod still wanted: it is reconstructed, runs, and a teardown leaves nothing;
@@ -10,8 +10,8 @@
 use std::path::Path;
 use std::process::Command;
 
-use inlet_plugin::crash;
-use inlet_plugin::mount::{LinuxMounter, MountLayer, can_mount};
+use inlet_host::crash;
+use inlet_host::mount::{LinuxMounter, MountLayer, can_mount};
 
 const BIN: &str = env!("CARGO_BIN_EXE_kubelet-sim");
 

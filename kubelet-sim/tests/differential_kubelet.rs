@@ -22,14 +22,14 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
+use inlet_host::mount::{LinuxMounter, can_mount};
 use inlet_plugin::call_log::CallLog;
 use inlet_plugin::local::{LocalConfig, LocalDriver, LocalService};
-use inlet_plugin::mount::{LinuxMounter, can_mount};
 use inlet_plugin::registration::Registrar;
-use inlet_plugin::volume::csi::CsiCall;
+use inlet_proto::csi_call::CsiCall;
 use kit::{Kit, wait};
 
-#[path = "../../plugin/tests/kit/mod.rs"]
+#[path = "../../plugin/drivers/tests/kit/mod.rs"]
 mod kit;
 
 const BIN: &str = env!("CARGO_BIN_EXE_kubelet-sim");

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use cri_fake::containerd::{ContainerdOptions, PrivateContainerd};
 use cri_fake::layout::{ImageBuilder, push};
 use cri_fake::registry::LocalRegistry;
-use inlet_plugin::mount::can_mount;
+use inlet_host::mount::can_mount;
 use oci_client::secrets::RegistryAuth;
 
 const BIN: &str = env!("CARGO_BIN_EXE_kubelet-sim");

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use kit::{Kit, wait};
 
-#[path = "../../plugin/tests/kit/mod.rs"]
+#[path = "../../plugin/drivers/tests/kit/mod.rs"]
 mod kit;
 
 const BIN: &str = env!("CARGO_BIN_EXE_kubelet-sim");

@@ -6,7 +6,10 @@
 //! - [`containerd`]: containerd's native API: `services::{snapshots, content, images, leases}::v1` and `types`.
 //! - [`pluginregistration`]: the kubelet plugin-registration API (`Registration` service, served by plugins).
 //! - [`uds`]: dial and listen on unix sockets, the transport of every API above; [`authority`]: served
-//!   connections accept clients that send the socket's path as `:authority` (kubelets before 1.26).
+//!   connections accept clients that send the socket's path as `:authority` (kubelets before 1.26), by
+//!   rewriting that header in each connection's HTTP/2 frames.
+//! - [`csi_call`]: a CSI call as a record ([`csi_call::CsiCall`]), made from any request message: what the
+//!   kubelet side reports of the calls it makes and the drivers' call log of the calls they receive.
 //!
 //! The module tree mirrors the protobuf packages. The .proto sources live unmodified under `protos/`, with
 //! their licence and `PROVENANCE.md`; `build.rs` compiles them with protox, so no system `protoc` is needed.
@@ -20,4 +23,5 @@ mod generated {
 pub use generated::{containerd, csi, pluginregistration, runtime};
 
 pub mod authority;
+pub mod csi_call;
 pub mod uds;

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use inlet_plugin::mount::MountLayer;
+use inlet_host::mount::MountLayer;
 use inlet_proto::csi::v1::{self as csi, node_client::NodeClient};
 use serde::Serialize;
 use tonic::transport::Channel;
@@ -250,7 +250,7 @@ async fn publish(
     node.node_publish_volume(request)
         .await
         .map(drop)
-        .map_err(|s| inlet_plugin::volume::csi::rpc_error(&s))
+        .map_err(|s| inlet_proto::csi_call::rpc_error(&s))
 }
 
 async fn unpublish(node: &mut NodeClient<Channel>, id: &str, target: &str) -> Result<(), String> {
@@ -261,5 +261,5 @@ async fn unpublish(node: &mut NodeClient<Channel>, id: &str, target: &str) -> Re
     node.node_unpublish_volume(request)
         .await
         .map(drop)
-        .map_err(|s| inlet_plugin::volume::csi::rpc_error(&s))
+        .map_err(|s| inlet_proto::csi_call::rpc_error(&s))
 }

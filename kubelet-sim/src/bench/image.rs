@@ -25,7 +25,7 @@ use cri_fake::containerd::{ContainerdOptions, PrivateContainerd};
 use cri_fake::layout::{BuiltImage, ImageBuilder, push};
 use cri_fake::pull::Registries;
 use cri_fake::registry::LocalRegistry;
-use inlet_plugin::mount::MountLayer;
+use inlet_host::mount::MountLayer;
 use inlet_proto::csi::v1::{self as csi, node_client::NodeClient};
 use inlet_proto::runtime::v1 as cri;
 use inlet_proto::runtime::v1::image_service_client::ImageServiceClient;
@@ -251,7 +251,7 @@ async fn build_and_push(
     }
     eprintln!(
         "building a {}, {}-layer image of {files} files",
-        inlet_plugin::quantity::format_bytes(config.size),
+        inlet_host::quantity::format_bytes(config.size),
         config.layers
     );
     let built = tokio::task::spawn_blocking(move || builder.build())
@@ -388,7 +388,7 @@ async fn measure(
             let state = handle.image_state.clone();
             handle.stop().await;
             if let Some(state) = state {
-                clean &= inlet_plugin::image::leftovers(&state).is_empty();
+                clean &= inlet_image::leftovers(&state).is_empty();
             }
         }
     }
@@ -741,7 +741,7 @@ async fn unpublish(target: &mut Target, id: &str, path: &Path) -> Result<Duratio
 
 /// A driver's failed call, as the bench reports it.
 fn failed(driver: &str, status: &tonic::Status) -> String {
-    format!("{driver}: {}", inlet_plugin::volume::csi::rpc_error(status))
+    format!("{driver}: {}", inlet_proto::csi_call::rpc_error(status))
 }
 
 /// Unpublishes whatever `target` still has published; whether all went.

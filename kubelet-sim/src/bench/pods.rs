@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use inlet_plugin::mount::MountLayer;
+use inlet_host::mount::MountLayer;
 use k8s_openapi::api::core::v1::Pod;
 use serde::Serialize;
 

@@ -7,9 +7,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use inlet_plugin::mount::MountLayer;
-use inlet_plugin::volume::csi::CsiClient;
+use inlet_host::mount::MountLayer;
 use inlet_proto::csi::v1::{self as csi, identity_client::IdentityClient};
+use inlet_volume::csi::CsiClient;
 use k8s_openapi::api::storage::v1::CSIDriver;
 
 use crate::api::manifest::{self, Object};

@@ -7,9 +7,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use inlet_plugin::mount::MountLayer;
-use inlet_plugin::volume::csi::CsiCall;
+use inlet_host::mount::MountLayer;
 use inlet_proto::csi::v1::{self as csi, controller_client::ControllerClient};
+use inlet_proto::csi_call::CsiCall;
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use serde_json::json;
 
@@ -489,7 +489,7 @@ impl CheckEnv {
                 }
                 if self.conf.setup.arg.source == DriverSource::Image {
                     held.extend(
-                        inlet_plugin::image::leftovers(&state)
+                        inlet_image::leftovers(&state)
                             .into_iter()
                             .map(|p| format!("image volume state {}", p.display())),
                     );

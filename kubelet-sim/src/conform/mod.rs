@@ -29,8 +29,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use inlet_plugin::mount::MountLayer;
-use inlet_plugin::volume::csi::CsiCall;
+use inlet_host::mount::MountLayer;
+use inlet_proto::csi_call::CsiCall;
 
 use crate::drivers::{DriverArg, DriverSource};
 use crate::signals::Interrupts;

@@ -9,12 +9,12 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use inlet_plugin::volume::csi::CSI_TIMEOUT;
 use inlet_proto::csi::v1::{
     self as csi, controller_client::ControllerClient, controller_server::Controller,
     identity_client::IdentityClient, identity_server::Identity, node_client::NodeClient,
     node_server::Node,
 };
+use inlet_volume::csi::CSI_TIMEOUT;
 use parking_lot::Mutex;
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status};

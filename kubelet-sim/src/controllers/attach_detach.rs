@@ -17,11 +17,11 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use inlet_plugin::volume::PodInfo;
-use inlet_plugin::volume::csi::rpc_error;
 use inlet_proto::csi::v1::{
     self as csi, controller_service_capability::rpc::Type as ControllerCap,
 };
+use inlet_proto::csi_call::rpc_error;
+use inlet_volume::PodInfo;
 use k8s_openapi::api::core::v1::{CSIPersistentVolumeSource, Node, PersistentVolume, Pod, Secret};
 use k8s_openapi::api::storage::v1::{
     VolumeAttachment, VolumeAttachmentStatus, VolumeError as ApiVolumeError,

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::time::Instant;
 
-use inlet_plugin::volume::{PodInfo, Spec};
+use inlet_volume::{PodInfo, Spec};
 
 /// Whether a mount surely exists.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

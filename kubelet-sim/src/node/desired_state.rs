@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
-use inlet_plugin::volume::{PodInfo, Spec};
+use inlet_volume::{PodInfo, Spec};
 
 /// One pod's use of a volume.
 #[derive(Debug, Clone)]

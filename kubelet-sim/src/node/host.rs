@@ -6,9 +6,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use inlet_plugin::mount::MountLayer;
-use inlet_plugin::volume::csi::CsiClient;
-use inlet_plugin::volume::{PodInfo, TokenRequestArgs, VolumeHost};
+use inlet_host::mount::MountLayer;
+use inlet_volume::csi::CsiClient;
+use inlet_volume::{PodInfo, TokenRequestArgs, VolumeHost};
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use k8s_openapi::api::storage::v1::{CSIDriver, VolumeAttachment};
 

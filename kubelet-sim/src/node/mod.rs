@@ -32,14 +32,14 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use inlet_plugin::image::Engine;
-use inlet_plugin::image::pull::{Puller, VerificationPolicy};
-use inlet_plugin::mount::MountLayer;
-use inlet_plugin::volume::VolumePlugin;
-use inlet_plugin::volume::csi::{CsiObserver, CsiPlugin};
-use inlet_plugin::volume::empty_dir::EmptyDirPlugin;
-use inlet_plugin::volume::image::ImagePlugin;
-use inlet_plugin::volume::secret::SecretPlugin;
+use inlet_host::mount::MountLayer;
+use inlet_image::Engine;
+use inlet_image::pull::{Puller, VerificationPolicy};
+use inlet_volume::VolumePlugin;
+use inlet_volume::csi::{CsiObserver, CsiPlugin};
+use inlet_volume::empty_dir::EmptyDirPlugin;
+use inlet_volume::image::ImagePlugin;
+use inlet_volume::secret::SecretPlugin;
 use k8s_openapi::api::core::v1::{Node, NodeStatus, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use parking_lot::Mutex;
@@ -370,7 +370,7 @@ impl Kubelet {
     }
 
     /// The plugin that handles `spec` on this node.
-    pub fn volume_plugin(&self, spec: &inlet_plugin::volume::Spec) -> Arc<dyn VolumePlugin> {
+    pub fn volume_plugin(&self, spec: &inlet_volume::Spec) -> Arc<dyn VolumePlugin> {
         self.plugin_for(spec)
     }
 

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use futures::FutureExt;
 use inlet_plugin::registration::CSI_PLUGIN;
-use inlet_plugin::volume::csi::rpc_error;
+use inlet_proto::csi_call::rpc_error;
 use inlet_proto::pluginregistration::registration_client::RegistrationClient;
 use inlet_proto::pluginregistration::{InfoRequest, RegistrationStatus};
 use tokio::task::JoinSet;

@@ -7,12 +7,12 @@ use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use inlet_plugin::image::auth::{self, Credentials};
-use inlet_plugin::image::pull::VerificationPolicy;
-use inlet_plugin::volume::PodInfo;
-use inlet_plugin::volume::csi::rpc_error;
-use inlet_plugin::volume::image::PLUGIN_NAME as IMAGE_PLUGIN;
+use inlet_image::auth::{self, Credentials};
+use inlet_image::pull::VerificationPolicy;
+use inlet_proto::csi_call::rpc_error;
 use inlet_proto::runtime::v1 as cri;
+use inlet_volume::PodInfo;
+use inlet_volume::image::PLUGIN_NAME as IMAGE_PLUGIN;
 use k8s_openapi::api::core::v1::{
     Container, ContainerState, ContainerStateRunning, ContainerStateTerminated,
     ContainerStateWaiting, ContainerStatus, Pod, PodCondition, PodStatus, Secret,
@@ -306,7 +306,7 @@ impl Kubelet {
                 return false;
             }
         };
-        inlet_plugin::crash::point("pod.sandbox-started");
+        inlet_host::crash::point("pod.sandbox-started");
         let mut reports = Vec::new();
         for container in containers {
             match Box::pin(self.start_container(&pod, container, &sandbox_id, &sandbox_config, 0))

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use inlet_plugin::volume::PodInfo;
+use inlet_volume::PodInfo;
 use k8s_openapi::api::core::v1::Pod;
 
 use super::Kubelet;

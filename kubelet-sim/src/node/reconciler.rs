@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-use inlet_plugin::volume::{ErrorClass, MounterArgs, PodInfo, Spec, VolumeError, VolumePlugin};
+use inlet_volume::{ErrorClass, MounterArgs, PodInfo, Spec, VolumeError, VolumePlugin};
 use k8s_openapi::api::core::v1::Pod;
 
 use super::Kubelet;

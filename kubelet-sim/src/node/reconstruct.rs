@@ -9,10 +9,10 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use inlet_plugin::volume::PodInfo;
-use inlet_plugin::volume::csi::vol_data::{FILE_NAME, VolData};
-use inlet_plugin::volume::image::PLUGIN_NAME as IMAGE_PLUGIN;
 use inlet_proto::runtime::v1 as cri;
+use inlet_volume::PodInfo;
+use inlet_volume::csi::vol_data::{FILE_NAME, VolData};
+use inlet_volume::image::PLUGIN_NAME as IMAGE_PLUGIN;
 use k8s_openapi::api::core::v1::Pod;
 
 use super::actual_state::{MountState, MountedPod};
@@ -41,7 +41,7 @@ impl Kubelet {
         for (data, path) in staging_dirs(&self.config.root.join("plugins").join(plugin.name())) {
             let unique = unique_name(&data, "");
             {
-                let spec = inlet_plugin::volume::csi::spec_from_vol_data(&data);
+                let spec = inlet_volume::csi::spec_from_vol_data(&data);
                 let mut asw = self.asw.lock();
                 asw.mark_attached(&unique, &spec);
                 asw.set_device(&unique, Some((path, MountState::Uncertain)));
@@ -199,7 +199,7 @@ impl Kubelet {
         &self,
         pods: &HashMap<String, std::sync::Arc<Pod>>,
         unique: &str,
-        spec: &inlet_plugin::volume::Spec,
+        spec: &inlet_volume::Spec,
         uid: &str,
         spec_name: String,
         path: PathBuf,

@@ -8,9 +8,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use inlet_plugin::volume::csi::{CSI_TIMEOUT, CsiClient, CsiObserver, rpc_error};
 use inlet_proto::csi::v1::NodeGetInfoResponse;
 use inlet_proto::csi::v1::{GetPluginInfoRequest, identity_client::IdentityClient};
+use inlet_proto::csi_call::rpc_error;
+use inlet_volume::csi::{CSI_TIMEOUT, CsiClient, CsiObserver};
 use k8s_openapi::api::storage::v1::{CSINode, CSINodeDriver, CSINodeSpec, VolumeNodeResources};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use parking_lot::RwLock;

@@ -13,8 +13,8 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use inlet_plugin::host_path::{self, Refused};
-use inlet_plugin::mount::{MountFlags, MountLayer};
+use inlet_host::host_path::{self, Refused};
+use inlet_host::mount::{MountFlags, MountLayer};
 use nix::sys::stat::{FileStat, SFlag, fstat};
 
 /// The directory of a pod's subPath binds (`containerSubPathDirectoryName`).
@@ -249,7 +249,7 @@ fn remove_target(target: &Path, pod_dir: &Path) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use inlet_plugin::mount::{LinuxMounter, RecordingMounter, can_mount};
+    use inlet_host::mount::{LinuxMounter, RecordingMounter, can_mount};
     use std::os::unix::fs::symlink;
 
     struct Pod {

@@ -11,8 +11,8 @@ use cri_fake::layout::{ImageBuilder, push};
 use cri_fake::registry::LocalRegistry;
 use cucumber::gherkin::Step;
 use cucumber::{given, then, when};
-use inlet_plugin::image::pull::VerificationPolicy;
-use inlet_plugin::mount::can_mount;
+use inlet_host::mount::can_mount;
+use inlet_image::pull::VerificationPolicy;
 use oci_client::secrets::RegistryAuth;
 
 use super::Sim;
@@ -150,7 +150,7 @@ async fn registry_artifact(w: &mut Sim, reference: String, step: &Step) {
         .iter()
         .map(|row| {
             let title = std::collections::BTreeMap::from([(
-                inlet_plugin::image::artifact::TITLE_ANNOTATION.to_string(),
+                inlet_image::artifact::TITLE_ANNOTATION.to_string(),
                 row[0].clone(),
             )]);
             ImageLayer::new(

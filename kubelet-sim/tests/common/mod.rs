@@ -4,8 +4,8 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use inlet_host::mount::{LinuxMounter, MountLayer, RecordingMounter, can_mount};
 use inlet_plugin::local::{LocalConfig, LocalDriver, LocalService};
-use inlet_plugin::mount::{LinuxMounter, MountLayer, RecordingMounter, can_mount};
 
 /// The `kubelet-sim` binary.
 pub const BIN: &str = env!("CARGO_BIN_EXE_kubelet-sim");

@@ -19,8 +19,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use futures::future::BoxFuture;
-use inlet_plugin::volume::csi::{CsiCall, TOKENS_KEY};
 use inlet_proto::csi::v1 as csi;
+use inlet_proto::csi_call::{CsiCall, TOKENS_KEY};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use serde_json::json;
 

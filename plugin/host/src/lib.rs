@@ -1,0 +1,19 @@
+//! inlet-host: the code that touches the host, shared by the kubelet side and the drivers.
+//!
+//! # Layout
+//! - [`mount`]: the mount layer (bind, tmpfs, overlay, remount, unmount, loop devices): a real Linux
+//!   implementation and a recording fake, so mount logic is testable without root.
+//! - [`host_path`]: target and staging paths walked and created without following a symlink.
+//! - [`records`]: durable JSON records (write, fsync, rename), shared by the local driver and the image engine.
+//! - [`crash`]: named crash points (`INLET_CRASH_POINT`) for the kill-anywhere tests.
+//! - [`quantity`]: Kubernetes quantities (`64Mi`) as bytes.
+//! - [`error`]: the one error type of the drivers and the image engine, and its mapping to gRPC codes.
+
+pub mod crash;
+pub mod error;
+pub mod host_path;
+pub mod mount;
+pub mod quantity;
+pub mod records;
+
+pub use error::{Error, Result};

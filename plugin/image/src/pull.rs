@@ -1,0 +1,500 @@
+//! Pulling volume images through the runtime's CRI ImageService, so its registry configuration (mirrors,
+//! proxies, certificates, credentials) applies to volumes exactly as to containers.
+//!
+//! - Pull policies are the container ones (`Always`, `IfNotPresent`, `Never`; the default is `Always` for
+//!   `:latest` and untagged images, else `IfNotPresent`, as `pkg/apis/core/v1/defaults.go` sets them).
+//! - Credentials are tried in keyring order, and anonymously when none apply (`kuberuntime_image.go`).
+//! - A pull runs in the background, owned by the [`Puller`], not by the caller: a caller waits at most its
+//!   budget and gets [`PullError::InProgress`] meanwhile; a later call for the same image and credentials
+//!   joins the same pull or takes its result. The kubelet gives a CSI call two minutes; large images take
+//!   longer (warm-metal PR #71).
+//! - A cached image pulled with credentials is handed only to callers that prove access (KEP-2535, "ensure
+//!   secret pulled images"): by a credential that pulled it before, or by pulling it again with their own.
+//!   Which credentials pulled which image is kept on disk as salted hashes, so restarts keep the rule.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use inlet_proto::runtime::v1::{self as cri, image_service_client::ImageServiceClient};
+use parking_lot::Mutex;
+use tokio::sync::watch;
+use tonic::Code;
+use tonic::transport::Channel;
+
+use super::auth::Credentials;
+use super::pull_records::PullRecords;
+use super::store::ImageStore;
+use inlet_host::Error;
+
+/// When to pull (the container image pull policy, reused by image volumes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PullPolicy {
+    /// Pull on every mount.
+    Always,
+    /// Pull when the image is not on the node.
+    IfNotPresent,
+    /// Never pull; fail when the image is not on the node.
+    Never,
+}
+
+impl PullPolicy {
+    /// Parses `Always` / `IfNotPresent` / `Never`; empty means the default for `image`.
+    pub fn parse(value: &str, image: &oci_client::Reference) -> Result<Self, String> {
+        match value {
+            "" => Ok(Self::default_for(image)),
+            "Always" => Ok(Self::Always),
+            "IfNotPresent" => Ok(Self::IfNotPresent),
+            "Never" => Ok(Self::Never),
+            other => Err(format!(
+                "unsupported pull policy {other:?}: use Always, IfNotPresent or Never"
+            )),
+        }
+    }
+
+    /// `Always` for `:latest` (and untagged, which parse as `:latest`) unless pinned by digest, else
+    /// `IfNotPresent`.
+    pub fn default_for(image: &oci_client::Reference) -> Self {
+        if image.digest().is_none() && image.tag() == Some("latest") {
+            Self::Always
+        } else {
+            Self::IfNotPresent
+        }
+    }
+}
+
+/// Which cached images a caller must prove access to (the kubelet's
+/// `imagePullCredentialsVerificationPolicy`, KEP-2535).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum VerificationPolicy {
+    /// Any cached image is handed to anyone.
+    #[value(name = "NeverVerify")]
+    NeverVerify,
+    /// Images this node pulled with credentials need the caller's proof; images it found on the node
+    /// (preloaded, or pulled by someone else) are trusted. The upstream default.
+    #[default]
+    #[value(name = "NeverVerifyPreloadedImages")]
+    NeverVerifyPreloadedImages,
+    /// Every cached image needs proof unless it was pulled anonymously.
+    #[value(name = "AlwaysVerify")]
+    AlwaysVerify,
+}
+
+/// What a caller asks for.
+#[derive(Debug, Clone)]
+pub struct PullRequest {
+    /// The normalized reference.
+    pub image: String,
+    /// When to pull.
+    pub policy: PullPolicy,
+    /// The credentials that apply to the image, in the order to try them.
+    pub credentials: Vec<Credentials>,
+    /// How long the caller waits for a pull before getting [`PullError::InProgress`].
+    pub wait: Duration,
+}
+
+/// Why an image is not ready. Messages name the image, never a credential.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PullError {
+    /// A pull is running; retry later.
+    #[error(
+        "pulling image {image:?} in the background ({progress}); the volume is mounted on a later retry"
+    )]
+    InProgress {
+        /// The image.
+        image: String,
+        /// Elapsed time and, where the runtime tells, bytes and layers.
+        progress: String,
+    },
+    /// `Never` and the image is absent (the kubelet's ErrImageNeverPull text).
+    #[error("image {0:?} is not present with pull policy of Never")]
+    NeverPull(String),
+    /// The caller could not prove access to a cached image pulled with credentials.
+    #[error(
+        "image {image:?} is on this node but was pulled with credentials this volume does not have: {reason}"
+    )]
+    Denied {
+        /// The image.
+        image: String,
+        /// Why proof failed.
+        reason: String,
+    },
+    /// The registry has no such image.
+    #[error("image {image:?} not found: {message}")]
+    NotFound {
+        /// The image.
+        image: String,
+        /// The runtime's words.
+        message: String,
+    },
+    /// The registry refused the credentials (or their absence).
+    #[error("failed to pull image {image:?}: unauthorized: {message}")]
+    Unauthorized {
+        /// The image.
+        image: String,
+        /// The runtime's words.
+        message: String,
+    },
+    /// The runtime could not be reached.
+    #[error("container runtime is unavailable: {0}")]
+    Unavailable(String),
+    /// Any other pull failure.
+    #[error("failed to pull image {image:?}: {message}")]
+    Failed {
+        /// The image.
+        image: String,
+        /// The runtime's words.
+        message: String,
+    },
+}
+
+impl From<PullError> for Error {
+    fn from(err: PullError) -> Self {
+        match &err {
+            PullError::InProgress { .. } => Error::Aborted(err.to_string()),
+            PullError::Denied { .. } | PullError::Unauthorized { .. } => {
+                Error::PermissionDenied(err.to_string())
+            }
+            PullError::Unavailable(_) => Error::Unavailable(err.to_string()),
+            PullError::NotFound { image, .. } => Error::not_found("image", image),
+            PullError::NeverPull(_) | PullError::Failed { .. } => {
+                Error::FailedPrecondition(err.to_string())
+            }
+        }
+    }
+}
+
+/// A pulled image: the runtime's id for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pulled {
+    /// `Image.id` (`PullImageResponse.image_ref`).
+    pub id: String,
+    /// True when this call pulled (or took the result of a pull); false when the cached image was used.
+    pub pulled: bool,
+}
+
+type Outcome = Option<Result<(String, Option<String>), PullError>>;
+
+struct Running {
+    started: Instant,
+    done: watch::Receiver<Outcome>,
+}
+
+/// Pulls images through CRI and remembers who may use them. Cheap to share behind an `Arc`.
+pub struct Puller {
+    cri: ImageServiceClient<Channel>,
+    records: PullRecords,
+    running: Mutex<HashMap<String, Running>>,
+    verification: VerificationPolicy,
+    progress: Option<Arc<dyn ImageStore>>,
+}
+
+/// How long the result of a finished pull waits for its caller.
+const FORGET_AFTER: Duration = Duration::from_secs(600);
+
+impl Puller {
+    /// A puller over `cri`, keeping which credentials pulled which image in the node's shared record in
+    /// `records_dir` (see [`PullRecords`]), reading the progress of pulls from `progress` (the runtime's
+    /// store) when given.
+    pub fn new(
+        cri: ImageServiceClient<Channel>,
+        records_dir: &Path,
+        verification: VerificationPolicy,
+        progress: Option<Arc<dyn ImageStore>>,
+    ) -> inlet_host::Result<Self> {
+        Ok(Self {
+            cri,
+            records: PullRecords::open(records_dir)?,
+            running: Mutex::default(),
+            verification,
+            progress,
+        })
+    }
+
+    /// Announces a pull of `image` before it starts (upstream's pull intent): until its record is
+    /// written, the image counts as pulled by this node with credentials unknown. An error means the
+    /// pull must not start: its record could not be kept.
+    pub fn intend_pull(&self, image: &str) -> Result<(), PullError> {
+        self.records
+            .update(|r| {
+                r.intents.insert(image.to_string());
+            })
+            .map_err(|e| PullError::Failed {
+                image: image.to_string(),
+                message: format!("recording the pull: {e}"),
+            })
+    }
+
+    /// Records that `image` was pulled, as the runtime's `image_ref`, with `credentials` (None:
+    /// anonymously), by a puller outside the engine.
+    pub async fn record_pull(
+        &self,
+        image: &str,
+        image_ref: &str,
+        credentials: Option<&Credentials>,
+    ) -> Result<(), PullError> {
+        // The id ImageStatus gives the pulled reference, not whatever the tag names by now.
+        let id = self
+            .status(image_ref)
+            .await?
+            .unwrap_or_else(|| image_ref.to_string());
+        let fingerprint = credentials.map(|c| c.fingerprint(self.salt().as_bytes()));
+        self.remember(image, &id, fingerprint);
+        Ok(())
+    }
+
+    /// The node's salt for fingerprints (empty if the record cannot be read: then nothing matches).
+    fn salt(&self) -> String {
+        self.records.read(|r| r.salt.clone()).unwrap_or_default()
+    }
+
+    /// Makes `request.image` present and usable by the caller, per its policy and credentials.
+    pub async fn ensure(&self, request: &PullRequest) -> Result<Pulled, PullError> {
+        let present = self.status(&request.image).await?;
+        let need_pull = match (request.policy, &present) {
+            (PullPolicy::Always, _) => true,
+            (PullPolicy::Never, None) => return Err(PullError::NeverPull(request.image.clone())),
+            (_, None) => true,
+            (_, Some(id)) => !self.may_use(&request.image, id, &request.credentials),
+        };
+        if !need_pull {
+            return Ok(Pulled {
+                id: present.unwrap_or_default(),
+                pulled: false,
+            });
+        }
+        if request.policy == PullPolicy::Never {
+            return Err(PullError::Denied {
+                image: request.image.clone(),
+                reason: "pull policy Never forbids proving access at the registry".into(),
+            });
+        }
+        self.intend_pull(&request.image)?;
+        let (id, fingerprint) = match self.pull(request).await {
+            Ok(pulled) => pulled,
+            Err(PullError::Unauthorized { message, .. }) if present.is_some() => {
+                return Err(PullError::Denied {
+                    image: request.image.clone(),
+                    reason: message,
+                });
+            }
+            Err(e) => return Err(e),
+        };
+        // PullImage's `image_ref` is the image id on containerd but `repository@digest` on CRI-O: the id
+        // the store and the credential record know comes from ImageStatus. Recording credentials under
+        // the reference instead would leave a private image pulled on CRI-O unrecorded, so served to
+        // pods without them as if preloaded.
+        let id = self.status(&id).await?.unwrap_or(id);
+        self.remember(&request.image, &id, fingerprint);
+        Ok(Pulled { id, pulled: true })
+    }
+
+    /// The id of the image if the runtime has it.
+    async fn status(&self, image: &str) -> Result<Option<String>, PullError> {
+        let request = cri::ImageStatusRequest {
+            image: Some(image_spec(image)),
+            verbose: false,
+        };
+        match self.cri.clone().image_status(request).await {
+            Ok(r) => Ok(r.into_inner().image.map(|i| i.id)),
+            Err(s) => Err(classify(image, s)),
+        }
+    }
+
+    /// True when the caller may use the cached `image` (the runtime's `id` for it) without pulling it.
+    /// Records that cannot be read, or a pull announced and never recorded, mean no. Public for pullers
+    /// outside the engine (the kubelet's container images), which have the id from their ImageStatus.
+    pub fn may_use(&self, image: &str, id: &str, credentials: &[Credentials]) -> bool {
+        self.records
+            .read(|records| {
+                let Some(record) = records.images.get(id) else {
+                    return !records.intents.contains(image)
+                        && self.verification != VerificationPolicy::AlwaysVerify;
+                };
+                if self.verification == VerificationPolicy::NeverVerify || record.anonymous {
+                    return true;
+                }
+                credentials.iter().any(|c| {
+                    record
+                        .credentials
+                        .contains(&c.fingerprint(records.salt.as_bytes()))
+                })
+            })
+            .unwrap_or(false)
+    }
+
+    /// Records who pulled `image` (the runtime's `id`), and clears its intent. A failure is logged: the
+    /// intent stays, so the image keeps needing proof.
+    fn remember(&self, image: &str, id: &str, fingerprint: Option<String>) {
+        let saved = self.records.update(|records| {
+            let record = records.images.entry(id.to_string()).or_default();
+            match fingerprint {
+                Some(f) => {
+                    record.credentials.insert(f);
+                }
+                None => record.anonymous = true,
+            }
+            records.intents.remove(image);
+        });
+        if let Err(e) = saved {
+            tracing::warn!(error = %e, "could not save pull records");
+        }
+    }
+
+    /// Joins or starts the background pull for this image and credentials, and waits up to the budget.
+    async fn pull(&self, request: &PullRequest) -> Result<(String, Option<String>), PullError> {
+        let salt = self.salt();
+        let fingerprints: Vec<String> = request
+            .credentials
+            .iter()
+            .map(|c| c.fingerprint(salt.as_bytes()))
+            .collect();
+        let key = format!("{}\n{}", request.image, fingerprints.join(","));
+        let (started, mut done) = {
+            let mut running = self.running.lock();
+            // A finished pull whose caller never came back (its pod was deleted) is forgotten after a while.
+            running.retain(|_, r| r.done.borrow().is_none() || r.started.elapsed() < FORGET_AFTER);
+            let entry = running.entry(key.clone()).or_insert_with(|| {
+                let (tx, rx) = watch::channel(None);
+                let cri = self.cri.clone();
+                let request = request.clone();
+                let progress = self.progress.clone();
+                tokio::spawn(async move {
+                    let outcome = pull_with(cri, &request, &fingerprints, progress).await;
+                    let _ = tx.send(Some(outcome));
+                });
+                Running {
+                    started: Instant::now(),
+                    done: rx,
+                }
+            });
+            (entry.started, entry.done.clone())
+        };
+        let finished = tokio::time::timeout(request.wait, async {
+            done.wait_for(Option::is_some).await.map(|o| o.clone())
+        })
+        .await;
+        match finished {
+            Ok(Ok(outcome)) => {
+                let outcome = outcome.unwrap_or_else(|| unreachable_outcome(&request.image));
+                // The result is taken once; the next caller starts afresh (a failed pull is retried).
+                self.running.lock().remove(&key);
+                outcome
+            }
+            Ok(Err(_)) => {
+                self.running.lock().remove(&key);
+                Err(unreachable_outcome(&request.image).unwrap_err())
+            }
+            Err(_) => Err(PullError::InProgress {
+                image: request.image.clone(),
+                progress: describe_progress(started, self.progress.as_deref()).await,
+            }),
+        }
+    }
+}
+
+fn unreachable_outcome(image: &str) -> Result<(String, Option<String>), PullError> {
+    Err(PullError::Failed {
+        image: image.to_string(),
+        message: "the pull task ended without a result".into(),
+    })
+}
+
+/// Tries each credential in turn (anonymously when there are none), logging progress while it runs.
+async fn pull_with(
+    cri: ImageServiceClient<Channel>,
+    request: &PullRequest,
+    fingerprints: &[String],
+    progress: Option<Arc<dyn ImageStore>>,
+) -> Result<(String, Option<String>), PullError> {
+    let started = Instant::now();
+    let attempts: Vec<(Option<&Credentials>, Option<String>)> = if request.credentials.is_empty() {
+        vec![(None, None)]
+    } else {
+        request
+            .credentials
+            .iter()
+            .zip(fingerprints.iter().cloned())
+            .map(|(c, f)| (Some(c), Some(f)))
+            .collect()
+    };
+    tracing::info!(image = %request.image, "pulling image");
+    let mut last = None;
+    for (credentials, fingerprint) in attempts {
+        let mut client = cri.clone();
+        let pull = client.pull_image(cri::PullImageRequest {
+            image: Some(image_spec(&request.image)),
+            auth: credentials.map(Credentials::to_cri),
+            sandbox_config: None,
+        });
+        tokio::pin!(pull);
+        let mut ticker = tokio::time::interval(Duration::from_secs(10));
+        ticker.tick().await;
+        let result = loop {
+            tokio::select! {
+                result = &mut pull => break result,
+                _ = ticker.tick() => {
+                    let progress = describe_progress(started, progress.as_deref()).await;
+                    tracing::info!(image = %request.image, %progress, "still pulling image");
+                }
+            }
+        };
+        match result {
+            Ok(reply) => {
+                let id = reply.into_inner().image_ref;
+                tracing::info!(image = %request.image, id, elapsed = ?started.elapsed(), "pulled image");
+                return Ok((id, fingerprint));
+            }
+            Err(status) => {
+                let err = classify(&request.image, status);
+                tracing::warn!(image = %request.image, error = %err, "pull failed");
+                // Another credential may work; anything but a refusal will not change with one.
+                if !matches!(err, PullError::Unauthorized { .. }) {
+                    return Err(err);
+                }
+                last = Some(err);
+            }
+        }
+    }
+    Err(last.unwrap_or_else(|| unreachable_outcome(&request.image).unwrap_err()))
+}
+
+async fn describe_progress(started: Instant, store: Option<&dyn ImageStore>) -> String {
+    let elapsed = humantime::format_duration(Duration::from_secs(started.elapsed().as_secs()));
+    let progress = match store {
+        Some(store) => store.progress().await,
+        None => None,
+    };
+    match progress {
+        Some(p) => format!("{elapsed} elapsed, {p}"),
+        None => format!("{elapsed} elapsed"),
+    }
+}
+
+/// Sorts a runtime's pull error into the classes callers act on. Runtimes report registry refusals as
+/// UNKNOWN with the registry's words (containerd: "401 Unauthorized"), so the message is read too.
+fn classify(image: &str, status: tonic::Status) -> PullError {
+    let message = status.message().to_string();
+    let lower = message.to_ascii_lowercase();
+    let image = image.to_string();
+    match status.code() {
+        Code::Unavailable => PullError::Unavailable(message),
+        Code::Unauthenticated | Code::PermissionDenied => {
+            PullError::Unauthorized { image, message }
+        }
+        _ if lower.contains("unauthorized") || lower.contains("401") || lower.contains("403") => {
+            PullError::Unauthorized { image, message }
+        }
+        Code::NotFound => PullError::NotFound { image, message },
+        _ if lower.contains("not found") => PullError::NotFound { image, message },
+        _ => PullError::Failed { image, message },
+    }
+}
+
+fn image_spec(image: &str) -> cri::ImageSpec {
+    cri::ImageSpec {
+        image: image.to_string(),
+        ..Default::default()
+    }
+}

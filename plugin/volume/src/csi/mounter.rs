@@ -1,0 +1,426 @@
+//! `SetUpAt` and `TearDownAt` of the CSI plugin, step by step as the kubelet's `csi_mounter.go` (see the
+//! reference's order of operations): client, source, lifecycle mode, fsGroup policy, access mode, staging and
+//! publish context (persistent only), secrets from the pod's namespace, pod info, tokens, `vol_data.json`,
+//! NodePublishVolume, fsGroup.
+
+use inlet_proto::csi_call::rpc_error;
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use inlet_proto::csi::v1::{self as csi, node_service_capability::rpc::Type as NodeCap};
+
+use super::driver::{
+    check_lifecycle_mode, fs_group_policy, pod_info_attributes, service_account_tokens,
+    supports_fs_group,
+};
+use super::handle::attachment_name;
+use super::source::{CsiSource, LifecycleMode, resolve};
+use super::vol_data::VolData;
+use super::{CsiPlugin, PLUGIN_NAME, device_path_for, log, spec_driver};
+use crate::{Mounter, MounterArgs, PodInfo, SecretRef, Spec, Unmounter, VolumeError, VolumeHost};
+use k8s_openapi::api::storage::v1::CSIDriver;
+
+/// Mounts one CSI volume for one pod.
+pub struct CsiMounter {
+    pub(super) host: Arc<dyn VolumeHost>,
+    pub(super) spec: Spec,
+    pub(super) pod: PodInfo,
+}
+
+#[async_trait]
+impl Mounter for CsiMounter {
+    fn path(&self) -> PathBuf {
+        self.host
+            .pod_volume_dir(&self.pod.uid, PLUGIN_NAME, self.spec.name())
+            .join("mount")
+    }
+
+    async fn set_up_at(&self, dir: &Path, args: &MounterArgs) -> Result<(), VolumeError> {
+        self.set_up(dir, args).await
+    }
+}
+
+impl CsiMounter {
+    async fn set_up(&self, dir: &Path, args: &MounterArgs) -> Result<(), VolumeError> {
+        let host = self.host.as_ref();
+        let driver_name = spec_driver(&self.spec);
+        // 1. The driver must be registered: checked before anything else, as upstream does.
+        let client = host.csi_client(&driver_name).await.map_err(|e| {
+            VolumeError::transient(log(format!(
+                "mounter.SetUpAt failed to get CSI client: {e}"
+            )))
+        })?;
+        // 3. The source.
+        let source = resolve(host, &self.spec, &self.pod)
+            .await
+            .map_err(|e| e.context(log("mounter.SetupAt failed to get CSI persistent source")))?;
+        // 4-5. The CSIDriver object decides the lifecycle modes and the fsGroup policy.
+        let driver = host
+            .csi_driver(&driver_name)
+            .await
+            .map_err(|e| VolumeError::transient(log(e)))?;
+        check_lifecycle_mode(&driver_name, driver.as_ref(), source.mode).map_err(|e| {
+            VolumeError::transient(log(format!(
+                "mounter.SetupAt failed to check volume lifecycle mode: {e}"
+            )))
+        })?;
+        let policy = fs_group_policy(driver.as_ref()).map_err(|e| {
+            VolumeError::transient(log(format!(
+                "mounter.SetupAt failed to check fsGroup policy: {e}"
+            )))
+        })?;
+        let handle = source
+            .require_handle(self.spec.name())
+            .map_err(|e| e.context(PLUGIN_NAME))?
+            .to_string();
+
+        // 6. Access mode, by the mapper the driver's SINGLE_NODE_MULTI_WRITER capability selects.
+        let caps = client.node_capabilities().await.map_err(|s| {
+            VolumeError::transient(log(format!(
+                "mounter.SetUpAt failed to get node capabilities: {}",
+                s.message()
+            )))
+        })?;
+        let access_mode = source.csi_access_mode(caps.contains(&NodeCap::SingleNodeMultiWriter));
+
+        // 7. Persistent volumes only: the staging path and the attachment's publish context.
+        let (staging_path, publish_context) = match source.mode {
+            LifecycleMode::Ephemeral => (String::new(), HashMap::new()),
+            LifecycleMode::Persistent => {
+                let staging = match caps.contains(&NodeCap::StageUnstageVolume) {
+                    true => device_path_for(host, &driver_name, &handle)
+                        .display()
+                        .to_string(),
+                    false => String::new(),
+                };
+                let context = publish_context(host, driver.as_ref(), &driver_name, &handle)
+                    .await
+                    .map_err(|e| {
+                        e.context(log("mounter.SetUpAt failed to fetch publishContext"))
+                    })?;
+                (staging, context)
+            }
+        };
+
+        // 8. The volume's parent dir (the driver creates `mount/` itself).
+        let parent = dir.parent().unwrap_or(dir);
+        std::fs::create_dir_all(parent).map_err(|e| {
+            VolumeError::transient(log(format!(
+                "mounter.SetUpAt failed to create dir {:?}:  {e}",
+                parent.display()
+            )))
+        })?;
+
+        // 9. Secrets: only the referenced one, from the namespace the source resolved to.
+        let mut secrets = read_secret(
+            host,
+            source.node_publish_secret.as_ref(),
+            "NodePublishSecretRef",
+        )
+        .await?;
+
+        // 10-11. Volume context: kubelet keys overwrite same-named user attributes (mergeMap).
+        let mut context: BTreeMap<String, String> = source.attributes.clone();
+        if driver.as_ref().and_then(|d| d.spec.pod_info_on_mount) == Some(true) {
+            context.extend(pod_info_attributes(&self.pod, source.mode));
+        }
+        let tokens = service_account_tokens(host, driver.as_ref(), &self.pod)
+            .await
+            .map_err(|e| {
+                VolumeError::transient(log(format!(
+                    "mounter.SetUpAt failed to get service accoount token attributes: {e}"
+                )))
+            })?;
+        // With `serviceAccountTokenInSecrets` (1.35, KEP-5538) the tokens go only in the secrets, under
+        // the same key, so drivers and sidecars that log the volume context never see them.
+        if let Some(tokens) = tokens {
+            let in_secrets = driver
+                .as_ref()
+                .and_then(|d| d.spec.service_account_token_in_secrets)
+                == Some(true);
+            match in_secrets {
+                true => secrets.insert(inlet_proto::csi_call::TOKENS_KEY.to_string(), tokens),
+                false => context.insert(inlet_proto::csi_call::TOKENS_KEY.to_string(), tokens),
+            };
+        }
+
+        // 12. A driver with VOLUME_MOUNT_GROUP applies fsGroup itself.
+        let mount_group = caps.contains(&NodeCap::VolumeMountGroup);
+        let volume_mount_group = match (mount_group, args.fs_group) {
+            (true, Some(gid)) => gid.to_string(),
+            _ => String::new(),
+        };
+
+        // 14. vol_data.json, so the volume can be unmounted (and reconstructed) without the pod.
+        let data = vol_data(host, &self.spec, &driver_name, &handle, source.mode);
+        data.save(parent).map_err(|e| {
+            VolumeError::transient(log(format!(
+                "mounter.SetUpAt failed to save volume info data: {e}"
+            )))
+        })?;
+        inlet_host::crash::point("setup.recorded");
+
+        // 15. NodePublishVolume.
+        let request = csi::NodePublishVolumeRequest {
+            volume_id: handle.clone(),
+            publish_context,
+            staging_target_path: staging_path,
+            target_path: dir.display().to_string(),
+            volume_capability: Some(capability(
+                &source,
+                access_mode,
+                mount_options(&self.spec),
+                volume_mount_group,
+            )),
+            readonly: source.read_only,
+            secrets,
+            volume_context: context.into_iter().collect(),
+        };
+        // The driver's error is returned as it is, without the plugin's prefix (csi_mounter.go).
+        if let Err(status) = client.node_publish(request).await {
+            let err = VolumeError::from_csi(&status, rpc_error(&status));
+            if err.class == crate::ErrorClass::Final {
+                remove_mount_dir(host, dir);
+            }
+            return Err(err);
+        }
+        inlet_host::crash::point("setup.published");
+
+        // 17. fsGroup, unless the volume is read-only, the policy says no, or the driver applied it.
+        if !mount_group
+            && supports_fs_group(
+                source.fs_type.as_deref(),
+                args.fs_group,
+                &policy,
+                source.read_only,
+                source.pv_access_modes.as_deref(),
+            )
+        {
+            if let Some(gid) = args.fs_group {
+                apply_fs_group(dir, gid).map_err(|e| {
+                    VolumeError::uncertain(format!("applyFSGroup failed for vol {handle}: {e}"))
+                })?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The publish context of a persistent volume: its VolumeAttachment's `attachmentMetadata`, when the driver
+/// needs attaching (`attachRequired` unset or true); a missing attachment is transient (not attached yet).
+pub(super) async fn publish_context(
+    host: &dyn VolumeHost,
+    driver: Option<&CSIDriver>,
+    driver_name: &str,
+    handle: &str,
+) -> Result<HashMap<String, String>, VolumeError> {
+    if driver.and_then(|d| d.spec.attach_required) == Some(false) {
+        return Ok(HashMap::new());
+    }
+    let name = attachment_name(handle, driver_name, host.node_name());
+    let attachment = host
+        .volume_attachment(&name)
+        .await
+        .map_err(VolumeError::transient)?;
+    let attachment = attachment.ok_or_else(|| {
+        VolumeError::transient(format!(
+            "volumeattachments.storage.k8s.io {name:?} not found"
+        ))
+    })?;
+    Ok(attachment
+        .status
+        .and_then(|s| s.attachment_metadata)
+        .unwrap_or_default()
+        .into_iter()
+        .collect())
+}
+
+/// The `vol_data.json` record of a volume set up (or staged) on this node.
+fn vol_data(
+    host: &dyn VolumeHost,
+    spec: &Spec,
+    driver_name: &str,
+    handle: &str,
+    mode: LifecycleMode,
+) -> VolData {
+    VolData {
+        spec_vol_id: spec.name().to_string(),
+        volume_handle: handle.to_string(),
+        driver_name: driver_name.to_string(),
+        node_name: host.node_name().to_string(),
+        attachment_id: attachment_name(handle, driver_name, host.node_name()),
+        lifecycle_mode: mode.as_str().to_string(),
+    }
+}
+
+/// Unmounts one CSI volume of one pod; needs only what `vol_data.json` recorded.
+pub struct CsiUnmounter {
+    pub(super) host: Arc<dyn VolumeHost>,
+    pub(super) spec_name: String,
+    pub(super) pod_uid: String,
+}
+
+#[async_trait]
+impl Unmounter for CsiUnmounter {
+    fn path(&self) -> PathBuf {
+        self.host
+            .pod_volume_dir(&self.pod_uid, PLUGIN_NAME, &self.spec_name)
+            .join("mount")
+    }
+
+    async fn tear_down_at(&self, dir: &Path) -> Result<(), VolumeError> {
+        self.tear_down(dir)
+            .await
+            .map_err(|e| e.context(PLUGIN_NAME))
+    }
+}
+
+impl CsiUnmounter {
+    async fn tear_down(&self, dir: &Path) -> Result<(), VolumeError> {
+        let host = self.host.as_ref();
+        let parent = dir.parent().unwrap_or(dir);
+        let data = match VolData::load(parent) {
+            Ok(data) => data,
+            // Nothing recorded and nothing mounted: a set-up that never reached the driver. Clean up.
+            Err(_) if !host.mounter().is_mount_point(dir).unwrap_or(true) => {
+                remove_mount_dir(host, dir);
+                return Ok(());
+            }
+            Err(e) => {
+                let file = parent.join(super::vol_data::FILE_NAME);
+                return Err(VolumeError::final_(format!(
+                    "unmounter failed to load volume data file [{}]: {e}",
+                    file.display()
+                )));
+            }
+        };
+        let client = host.csi_client(&data.driver_name).await.map_err(|e| {
+            VolumeError::transient(format!(
+                "Unmounter.TearDownAt failed to get CSI client: {e}"
+            ))
+        })?;
+        client
+            .node_unpublish(&data.volume_handle, &dir.display().to_string())
+            .await
+            .map_err(|s| {
+                VolumeError::from_csi(
+                    &s,
+                    format!("Unmounter.TearDownAt failed: {}", rpc_error(&s)),
+                )
+            })?;
+        inlet_host::crash::point("teardown.unpublished");
+        remove_mount_dir(host, dir);
+        Ok(())
+    }
+}
+
+/// The CSI capability for a volume.
+pub(super) fn capability(
+    source: &CsiSource,
+    mode: csi::volume_capability::access_mode::Mode,
+    mount_flags: Vec<String>,
+    volume_mount_group: String,
+) -> csi::VolumeCapability {
+    csi::VolumeCapability {
+        access_mode: Some(csi::volume_capability::AccessMode { mode: mode as i32 }),
+        access_type: Some(csi::volume_capability::AccessType::Mount(
+            csi::volume_capability::MountVolume {
+                fs_type: source.fs_type.clone().unwrap_or_default(),
+                mount_flags,
+                volume_mount_group,
+            },
+        )),
+    }
+}
+
+/// A PV's `mountOptions`; inline volumes have none.
+pub(super) fn mount_options(spec: &Spec) -> Vec<String> {
+    match spec {
+        Spec::Persistent { pv, .. } => pv
+            .spec
+            .as_ref()
+            .and_then(|s| s.mount_options.clone())
+            .unwrap_or_default(),
+        Spec::Inline { .. } => Vec::new(),
+    }
+}
+
+/// Reads a referenced secret: every key of `data`, as strings. A missing one is transient: the mount goes
+/// through once the secret appears.
+pub(super) async fn read_secret(
+    host: &dyn VolumeHost,
+    reference: Option<&SecretRef>,
+    field: &str,
+) -> Result<HashMap<String, String>, VolumeError> {
+    let Some(r) = reference else {
+        return Ok(HashMap::new());
+    };
+    let fail = |why: String| {
+        VolumeError::transient(format!(
+            "fetching {field} {}/{} failed: {why}",
+            r.namespace, r.name
+        ))
+    };
+    let secret = host.secret(&r.namespace, &r.name).await.map_err(fail)?;
+    let secret = secret.ok_or_else(|| fail(format!("secrets {:?} not found", r.name)))?;
+    let mut values = HashMap::new();
+    for (key, value) in secret.data.unwrap_or_default() {
+        values.insert(key, String::from_utf8_lossy(&value.0).into_owned());
+    }
+    for (key, value) in secret.string_data.unwrap_or_default() {
+        values.insert(key, value);
+    }
+    Ok(values)
+}
+
+/// `removeMountDir`: once `dir` is no longer a mount point, removes it, then `vol_data.json`, then the
+/// volume dir. A dir still mounted is left alone (the driver did not unmount it).
+pub(super) fn remove_mount_dir(host: &dyn VolumeHost, dir: &Path) {
+    if host.mounter().is_mount_point(dir).unwrap_or(true) {
+        tracing::warn!(dir = %dir.display(), "still a mount point; not removing it");
+        return;
+    }
+    let _ = std::fs::remove_dir(dir);
+    if let Some(parent) = dir.parent() {
+        let _ = std::fs::remove_file(parent.join(super::vol_data::FILE_NAME));
+        let _ = std::fs::remove_dir(parent);
+    }
+}
+
+/// `SetVolumeOwnership`: the group of every file becomes `gid`, with group read/write, and directories get
+/// the setgid bit so new files inherit the group. Needs root; without it nothing can be chowned and the
+/// step is skipped (the recording mounter ran, so nothing is mounted either).
+fn apply_fs_group(dir: &Path, gid: i64) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    if !inlet_host::mount::can_mount() {
+        return Ok(());
+    }
+    let gid = nix::unistd::Gid::from_raw(u32::try_from(gid).map_err(std::io::Error::other)?);
+    for entry in walkdir::WalkDir::new(dir) {
+        let entry = entry.map_err(std::io::Error::other)?;
+        if entry.path_is_symlink() {
+            continue;
+        }
+        nix::unistd::chown(entry.path(), None, Some(gid)).map_err(std::io::Error::from)?;
+        let meta = entry.metadata().map_err(std::io::Error::other)?;
+        let mut mode = meta.permissions().mode() | 0o060;
+        if meta.is_dir() {
+            mode |= 0o2010;
+        }
+        std::fs::set_permissions(entry.path(), std::fs::Permissions::from_mode(mode))?;
+    }
+    Ok(())
+}
+
+impl CsiPlugin {
+    /// A mounter (used by `VolumePlugin::new_mounter`).
+    pub(super) fn mounter(&self, spec: &Spec, pod: &PodInfo) -> CsiMounter {
+        CsiMounter {
+            host: Arc::clone(&self.host),
+            spec: spec.clone(),
+            pod: pod.clone(),
+        }
+    }
+}

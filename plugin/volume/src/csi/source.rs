@@ -1,0 +1,212 @@
+//! Resolving a [`Spec`] into what the CSI calls need: driver, handle, lifecycle mode, attributes and secret
+//! references with their namespaces (upstream `getSourceFromSpec`, `getVolumeLifecycleMode`, `NewMounter`).
+//!
+//! # Persistent inline volumes (feature gate `PersistentInlineCSI`, off by default)
+//! The early KEP-596 draft let an inline `csi` source name a pre-provisioned `volumeHandle` and go through
+//! attach, stage and publish like a PV. It left open which mode applies when a driver offers both; inlet
+//! decides, with the gate on, by the CSIDriver object and the handle:
+//!
+//! | CSIDriver `volumeLifecycleModes` | inline source is |
+//! |---|---|
+//! | no CSIDriver object | Persistent (the draft's default); a missing handle fails at attach |
+//! | `[Ephemeral]` | Ephemeral; a `volumeHandle` is ignored, as the draft says |
+//! | `[]` or `[Persistent]` | Persistent |
+//! | both | Persistent when `volumeHandle` is set, else Ephemeral |
+//!
+//! With the gate off every inline source is Ephemeral and `volumeHandle` is ignored, as upstream ships.
+//! Secrets of a persistent inline volume are read in the pod's namespace, like `nodePublishSecretRef`.
+
+use std::collections::BTreeMap;
+
+use inlet_proto::csi::v1::volume_capability::access_mode::Mode as CsiMode;
+
+use super::handle::ephemeral_volume_handle;
+use crate::{PodInfo, SecretRef, Spec, VolumeError, VolumeHost};
+
+/// The feature gate that enables the draft's persistent inline volumes.
+pub const PERSISTENT_INLINE_GATE: &str = "PersistentInlineCSI";
+
+/// `Persistent` or `Ephemeral` (`storage/v1` VolumeLifecycleMode).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub enum LifecycleMode {
+    /// A PV, or a persistent inline volume.
+    Persistent,
+    /// An inline volume created on publish and deleted on unpublish.
+    Ephemeral,
+}
+
+impl LifecycleMode {
+    /// The API's spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Persistent => "Persistent",
+            Self::Ephemeral => "Ephemeral",
+        }
+    }
+}
+
+/// Everything the CSI calls need about one volume.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CsiSource {
+    /// The driver's name.
+    pub driver: String,
+    /// The handle; `None` only for a persistent inline volume whose source has no `volumeHandle`.
+    pub handle: Option<String>,
+    /// The lifecycle mode.
+    pub mode: LifecycleMode,
+    /// `readOnly` of the source (inline `csi.readOnly`, or the PV's / claim's).
+    pub read_only: bool,
+    /// `fsType`.
+    pub fs_type: Option<String>,
+    /// `volumeAttributes`, the volume context.
+    pub attributes: BTreeMap<String, String>,
+    /// The Kubernetes access mode the CSI one is mapped from: a PV's first `accessModes` entry, and
+    /// `ReadWriteOnce` for inline volumes (see [`CsiSource::csi_access_mode`]).
+    pub access_mode: String,
+    /// A PV's `accessModes` (None for inline volumes), for the fsGroup decision.
+    pub pv_access_modes: Option<Vec<String>>,
+    /// `nodePublishSecretRef`, resolved.
+    pub node_publish_secret: Option<SecretRef>,
+    /// `nodeStageSecretRef`, resolved.
+    pub node_stage_secret: Option<SecretRef>,
+    /// `controllerPublishSecretRef`, resolved.
+    pub controller_publish_secret: Option<SecretRef>,
+}
+
+impl CsiSource {
+    /// The CSI access mode of this volume for a driver with or without the SINGLE_NODE_MULTI_WRITER node
+    /// capability: `asCSIAccessModeV1` and `asSingleNodeMultiWriterCapableCSIAccessModeV1` in upstream's
+    /// `csi_client.go`, chosen per call by `getNodeV1AccessModeMapper`, so NodeStageVolume and
+    /// NodePublishVolume always agree. ReadWriteOncePod becomes SINGLE_NODE_WRITER for drivers without
+    /// the capability, so they keep working with it.
+    pub fn csi_access_mode(&self, multi_writer_capable: bool) -> CsiMode {
+        match (self.access_mode.as_str(), multi_writer_capable) {
+            ("ReadWriteOnce", false) | ("ReadWriteOncePod", false) => CsiMode::SingleNodeWriter,
+            ("ReadWriteOnce", true) => CsiMode::SingleNodeMultiWriter,
+            ("ReadWriteOncePod", true) => CsiMode::SingleNodeSingleWriter,
+            ("ReadOnlyMany", _) => CsiMode::MultiNodeReaderOnly,
+            ("ReadWriteMany", _) => CsiMode::MultiNodeMultiWriter,
+            _ => CsiMode::Unknown,
+        }
+    }
+
+    /// The handle, or the error a persistent inline volume without one gets.
+    pub fn require_handle(&self, spec_name: &str) -> Result<&str, VolumeError> {
+        self.handle.as_deref().ok_or_else(|| {
+            VolumeError::final_(format!(
+                "persistent inline volume {spec_name:?} of driver {} has no volumeHandle: a persistent inline volume must name a pre-provisioned volume",
+                self.driver
+            ))
+        })
+    }
+}
+
+/// Resolves `spec` as used by `pod`.
+pub async fn resolve(
+    host: &dyn VolumeHost,
+    spec: &Spec,
+    pod: &PodInfo,
+) -> Result<CsiSource, VolumeError> {
+    match spec {
+        Spec::Inline { volume, csi } => {
+            let inline = csi.as_ref().ok_or_else(|| {
+                VolumeError::final_(format!("volume {:?} is not a CSI volume", volume.name))
+            })?;
+            let source = &inline.source;
+            let mode = inline_mode(host, inline).await?;
+            let handle = match mode {
+                LifecycleMode::Ephemeral => Some(ephemeral_volume_handle(&pod.uid, &volume.name)),
+                LifecycleMode::Persistent => inline.volume_handle.clone(),
+            };
+            let in_pod_ns = |name: &Option<String>| {
+                name.clone().map(|name| SecretRef {
+                    namespace: pod.namespace.clone(),
+                    name,
+                })
+            };
+            Ok(CsiSource {
+                driver: source.driver.clone(),
+                handle,
+                mode,
+                read_only: source.read_only.unwrap_or(false),
+                fs_type: source.fs_type.clone(),
+                attributes: source.volume_attributes.clone().unwrap_or_default(),
+                // Inline volumes are always ReadWriteOnce (csi_mounter.go).
+                access_mode: "ReadWriteOnce".into(),
+                pv_access_modes: None,
+                node_publish_secret: in_pod_ns(
+                    &source
+                        .node_publish_secret_ref
+                        .as_ref()
+                        .map(|r| r.name.clone()),
+                ),
+                node_stage_secret: in_pod_ns(&inline.node_stage_secret),
+                controller_publish_secret: in_pod_ns(&inline.controller_publish_secret),
+            })
+        }
+        Spec::Persistent { pv, read_only } => {
+            let name = pv.metadata.name.clone().unwrap_or_default();
+            let pv_spec = pv.spec.as_ref();
+            let csi = pv_spec.and_then(|s| s.csi.as_ref()).ok_or_else(|| {
+                VolumeError::final_(format!("persistent volume {name:?} has no CSI source"))
+            })?;
+            let pv_access_modes = pv_spec.and_then(|s| s.access_modes.clone());
+            // SetUpAt and MountDevice take the PV's first access mode, ReadWriteOnce when it has none.
+            let access_mode = pv_access_modes
+                .as_ref()
+                .and_then(|m| m.first().cloned())
+                .unwrap_or_else(|| "ReadWriteOnce".into());
+            Ok(CsiSource {
+                driver: csi.driver.clone(),
+                handle: Some(csi.volume_handle.clone()),
+                mode: LifecycleMode::Persistent,
+                // The volume spec's read-only (the claim's `readOnly` in the pod), never
+                // `spec.csi.readOnly`: `getReadOnlyFromSpec` in csi_util.go (kubernetes#69843). The
+                // container's mount uses the same flag, so the two cannot disagree.
+                read_only: *read_only,
+                fs_type: csi.fs_type.clone(),
+                attributes: csi.volume_attributes.clone().unwrap_or_default(),
+                access_mode,
+                pv_access_modes,
+                node_publish_secret: csi
+                    .node_publish_secret_ref
+                    .as_ref()
+                    .and_then(SecretRef::from_pv),
+                node_stage_secret: csi
+                    .node_stage_secret_ref
+                    .as_ref()
+                    .and_then(SecretRef::from_pv),
+                controller_publish_secret: csi
+                    .controller_publish_secret_ref
+                    .as_ref()
+                    .and_then(SecretRef::from_pv),
+            })
+        }
+    }
+}
+
+/// The lifecycle mode of an inline source (see the module doc for the gate's table).
+async fn inline_mode(
+    host: &dyn VolumeHost,
+    inline: &super::super::InlineCsi,
+) -> Result<LifecycleMode, VolumeError> {
+    if !host.feature_enabled(PERSISTENT_INLINE_GATE) {
+        return Ok(LifecycleMode::Ephemeral);
+    }
+    let driver = host
+        .csi_driver(&inline.source.driver)
+        .await
+        .map_err(VolumeError::transient)?;
+    let Some(driver) = driver else {
+        return Ok(LifecycleMode::Persistent);
+    };
+    let modes = driver.spec.volume_lifecycle_modes.unwrap_or_default();
+    let has = |m: &str| modes.iter().any(|x| x == m);
+    let persistent = modes.is_empty() || has("Persistent");
+    Ok(match (persistent, has("Ephemeral")) {
+        (true, true) if inline.volume_handle.is_some() => LifecycleMode::Persistent,
+        (true, true) => LifecycleMode::Ephemeral,
+        (true, false) => LifecycleMode::Persistent,
+        (false, _) => LifecycleMode::Ephemeral,
+    })
+}

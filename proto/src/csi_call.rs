@@ -1,0 +1,251 @@
+//! A CSI call as a record: which RPC, on which volume and paths, with which context and capability, and
+//! how it ended. The simulated kubelet's CSI client reports each call it makes as a [`CsiCall`], and the
+//! drivers' `--call-log` writes each call they receive in the same form, so the two can be compared call by
+//! call. Secrets keep only their key names; service-account tokens are redacted.
+
+use std::collections::{BTreeMap, HashMap};
+
+use tonic::Status;
+
+use crate::csi::v1 as csi;
+
+/// The volume-context key whose value carries service-account tokens: never reported.
+pub const TOKENS_KEY: &str = "csi.storage.k8s.io/serviceAccount.tokens";
+
+/// One CSI call as the report shows it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct CsiCall {
+    /// The driver's name.
+    pub driver: String,
+    /// The RPC (`NodePublishVolume`).
+    pub method: String,
+    /// The volume handle.
+    pub volume_id: String,
+    /// `target_path`, when the call has one.
+    pub target_path: String,
+    /// `staging_target_path`, when the call has one.
+    pub staging_path: String,
+    /// The `readonly` flag.
+    pub readonly: bool,
+    /// The volume context (tokens redacted).
+    pub volume_context: BTreeMap<String, String>,
+    /// The names of the secrets' keys, never their values.
+    pub secret_keys: Vec<String>,
+    /// The publish context.
+    pub publish_context: BTreeMap<String, String>,
+    /// `OK` or the gRPC code's name.
+    pub code: String,
+    /// The driver's error message (empty when OK): the evidence a failed call leaves.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+    /// The capability's access mode (`SINGLE_NODE_WRITER`), when the call has a capability.
+    pub access_mode: String,
+    /// The capability's `volume_mount_group` (the fsGroup a VOLUME_MOUNT_GROUP driver applies).
+    pub volume_mount_group: String,
+}
+
+/// What a call's report needs from its request.
+#[derive(Default)]
+pub struct CallInfo<'a> {
+    volume_id: &'a str,
+    target_path: &'a str,
+    staging_path: &'a str,
+    readonly: bool,
+    volume_context: Option<&'a HashMap<String, String>>,
+    secrets: Option<&'a HashMap<String, String>>,
+    publish_context: Option<&'a HashMap<String, String>>,
+    capability: Option<&'a csi::VolumeCapability>,
+}
+
+/// A CSI request a [`CsiCall`] can be made of: its method's name and the fields the record keeps.
+pub trait CallRequest {
+    /// The RPC's name (`NodePublishVolume`).
+    const METHOD: &'static str;
+    /// The fields a record keeps.
+    fn info(&self) -> CallInfo<'_>;
+}
+
+macro_rules! call_request {
+    ($request:ty, $method:literal) => {
+        call_request!($request, $method, |_r| CallInfo::default());
+    };
+    ($request:ty, $method:literal, |$r:ident| $info:expr) => {
+        impl CallRequest for $request {
+            const METHOD: &'static str = $method;
+            fn info(&self) -> CallInfo<'_> {
+                let $r = self;
+                $info
+            }
+        }
+    };
+}
+
+call_request!(csi::NodePublishVolumeRequest, "NodePublishVolume", |r| {
+    CallInfo {
+        volume_id: &r.volume_id,
+        target_path: &r.target_path,
+        staging_path: &r.staging_target_path,
+        readonly: r.readonly,
+        volume_context: Some(&r.volume_context),
+        secrets: Some(&r.secrets),
+        publish_context: Some(&r.publish_context),
+        capability: r.volume_capability.as_ref(),
+    }
+});
+call_request!(
+    csi::NodeUnpublishVolumeRequest,
+    "NodeUnpublishVolume",
+    |r| CallInfo {
+        volume_id: &r.volume_id,
+        target_path: &r.target_path,
+        ..Default::default()
+    }
+);
+call_request!(csi::NodeStageVolumeRequest, "NodeStageVolume", |r| {
+    CallInfo {
+        volume_id: &r.volume_id,
+        staging_path: &r.staging_target_path,
+        volume_context: Some(&r.volume_context),
+        secrets: Some(&r.secrets),
+        publish_context: Some(&r.publish_context),
+        capability: r.volume_capability.as_ref(),
+        ..Default::default()
+    }
+});
+call_request!(csi::NodeUnstageVolumeRequest, "NodeUnstageVolume", |r| {
+    CallInfo {
+        volume_id: &r.volume_id,
+        staging_path: &r.staging_target_path,
+        ..Default::default()
+    }
+});
+call_request!(csi::NodeGetVolumeStatsRequest, "NodeGetVolumeStats", |r| {
+    CallInfo {
+        volume_id: &r.volume_id,
+        target_path: &r.volume_path,
+        staging_path: &r.staging_target_path,
+        ..Default::default()
+    }
+});
+call_request!(csi::NodeExpandVolumeRequest, "NodeExpandVolume", |r| {
+    CallInfo {
+        volume_id: &r.volume_id,
+        target_path: &r.volume_path,
+        staging_path: &r.staging_target_path,
+        secrets: Some(&r.secrets),
+        capability: r.volume_capability.as_ref(),
+        ..Default::default()
+    }
+});
+call_request!(csi::NodeGetCapabilitiesRequest, "NodeGetCapabilities");
+call_request!(csi::NodeGetInfoRequest, "NodeGetInfo");
+call_request!(
+    csi::ControllerGetCapabilitiesRequest,
+    "ControllerGetCapabilities"
+);
+call_request!(
+    csi::ControllerPublishVolumeRequest,
+    "ControllerPublishVolume",
+    |r| CallInfo {
+        volume_id: &r.volume_id,
+        readonly: r.readonly,
+        volume_context: Some(&r.volume_context),
+        secrets: Some(&r.secrets),
+        capability: r.volume_capability.as_ref(),
+        ..Default::default()
+    }
+);
+call_request!(
+    csi::ControllerUnpublishVolumeRequest,
+    "ControllerUnpublishVolume",
+    |r| CallInfo {
+        volume_id: &r.volume_id,
+        secrets: Some(&r.secrets),
+        ..Default::default()
+    }
+);
+
+impl CsiCall {
+    /// The record of `request` sent to `driver`, answered with `failure` (None: OK). Secrets keep only
+    /// their key names; service-account tokens are redacted.
+    pub fn of<R: CallRequest>(driver: &str, request: &R, failure: Option<&Status>) -> Self {
+        let info = request.info();
+        let map = |m: Option<&HashMap<String, String>>| -> BTreeMap<String, String> {
+            m.into_iter()
+                .flatten()
+                .map(|(k, v)| {
+                    let value = if k == TOKENS_KEY {
+                        redact_tokens(v)
+                    } else {
+                        v.clone()
+                    };
+                    (k.clone(), value)
+                })
+                .collect()
+        };
+        let mut secret_keys: Vec<String> = info
+            .secrets
+            .into_iter()
+            .flatten()
+            .map(|(k, _)| k.clone())
+            .collect();
+        secret_keys.sort();
+        CsiCall {
+            driver: driver.to_string(),
+            method: R::METHOD.to_string(),
+            volume_id: info.volume_id.to_string(),
+            target_path: info.target_path.to_string(),
+            staging_path: info.staging_path.to_string(),
+            readonly: info.readonly,
+            volume_context: map(info.volume_context),
+            secret_keys,
+            publish_context: map(info.publish_context),
+            code: match failure {
+                None => "OK".into(),
+                Some(status) => format!("{:?}", status.code()),
+            },
+            message: failure.map(|s| s.message().to_string()).unwrap_or_default(),
+            access_mode: info
+                .capability
+                .and_then(|c| c.access_mode.as_ref())
+                .and_then(|m| csi::volume_capability::access_mode::Mode::try_from(m.mode).ok())
+                .map(|m| m.as_str_name().to_string())
+                .unwrap_or_default(),
+            volume_mount_group: match info.capability.and_then(|c| c.access_type.as_ref()) {
+                Some(csi::volume_capability::AccessType::Mount(m)) => m.volume_mount_group.clone(),
+                _ => String::new(),
+            },
+        }
+    }
+}
+
+/// The tokens' JSON with every `token` replaced by `<redacted>`: audiences and expiry times stay
+/// visible; anything unexpected is redacted whole.
+fn redact_tokens(value: &str) -> String {
+    let Ok(serde_json::Value::Object(mut audiences)) = serde_json::from_str(value) else {
+        return "<redacted>".into();
+    };
+    for status in audiences.values_mut() {
+        match status.as_object_mut() {
+            Some(status) => {
+                status.insert("token".into(), "<redacted>".into());
+            }
+            None => *status = "<redacted>".into(),
+        }
+    }
+    serde_json::Value::Object(audiences).to_string()
+}
+
+/// `rpc error: code = X desc = Y`, the way Go's gRPC prints a status, which users know from events.
+pub fn rpc_error(status: &Status) -> String {
+    // tonic reports a call that outlived its timeout as CANCELLED "Timeout expired"; grpc-go, which the
+    // kubelet's events come from, as DEADLINE_EXCEEDED with the context's text.
+    if status.code() == tonic::Code::Cancelled && status.message() == "Timeout expired" {
+        return "rpc error: code = DeadlineExceeded desc = context deadline exceeded".into();
+    }
+    format!(
+        "rpc error: code = {:?} desc = {}",
+        status.code(),
+        status.message()
+    )
+}
