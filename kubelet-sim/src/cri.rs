@@ -1,13 +1,19 @@
 //! The CRI client the pod workers use: RuntimeService and ImageService over one unix socket (cri-fake or
-//! a real runtime such as containerd).
+//! a real runtime such as containerd); and the in-process cri-fake a simulation serves without `--cri`.
 
-use std::path::Path;
-use std::time::Duration;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cri_fake::FakeRuntime;
+use cri_fake::pull::Registries;
 
 use inlet_proto::runtime::v1::{
     image_service_client::ImageServiceClient, runtime_service_client::RuntimeServiceClient,
 };
 use tonic::transport::Channel;
+
+use crate::images::SimImages;
 
 /// Both CRI services. Cheap to clone.
 #[derive(Debug, Clone)]
@@ -33,4 +39,108 @@ impl Cri {
             image: ImageServiceClient::new(image),
         })
     }
+}
+
+/// Connects to the runtime on `socket`, retrying for up to 5 s while it starts (an in-process cri-fake
+/// binds its socket in the background).
+pub async fn connect_when_up(socket: &Path, runtime_timeout: Duration) -> Result<Cri, CriError> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match Cri::connect(socket, runtime_timeout).await {
+            Ok(cri) => return Ok(cri),
+            Err(source) if Instant::now() >= deadline => {
+                return Err(CriError::Connect {
+                    socket: socket.to_path_buf(),
+                    source,
+                });
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(5)).await,
+        }
+    }
+}
+
+/// The runtime as a Node reports it: `<name>://<version>` (CRI Version); empty when it does not answer.
+pub async fn runtime_version(socket: &Path) -> String {
+    let Ok(mut cri) = Cri::connect(socket, Duration::from_secs(10)).await else {
+        return String::new();
+    };
+    let request = inlet_proto::runtime::v1::VersionRequest {
+        version: "v1".into(),
+    };
+    match cri.runtime.version(request).await {
+        Ok(v) => {
+            let v = v.into_inner();
+            format!("{}://{}", v.runtime_name, v.runtime_version)
+        }
+        Err(_) => String::new(),
+    }
+}
+
+/// The in-process runtime a simulation runs without `--cri`: a cri-fake under `root`, with the images
+/// given imported, served on `root/cri.sock` by [`serve_fake`].
+pub fn start_fake(
+    root: &Path,
+    images: &SimImages,
+) -> Result<(PathBuf, Arc<FakeRuntime>), CriError> {
+    let registries = Registries {
+        secure: Vec::new(),
+        insecure: images.insecure_registries.clone(),
+    };
+    let runtime = FakeRuntime::with_registries(root.to_path_buf(), Default::default(), registries)
+        .map_err(CriError::Fake)?;
+    for (repository, dir) in &images.layouts {
+        runtime
+            .images()
+            .import_layout(dir, repository)
+            .map_err(|source| CriError::Layout {
+                repository: repository.clone(),
+                dir: dir.clone(),
+                source,
+            })?;
+    }
+    Ok((root.join("cri.sock"), Arc::new(runtime)))
+}
+
+/// The in-process runtime's server: its stop signal and task.
+pub type RuntimeServer = (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<()>,
+);
+
+/// Serves `runtime` on `socket` in the background, until the returned sender is used (or dropped).
+pub fn serve_fake(runtime: Arc<FakeRuntime>, socket: &Path) -> RuntimeServer {
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let path = socket.to_path_buf();
+    let task = tokio::spawn(async move {
+        let _ = cri_fake::serve(&path, runtime, async move { drop(stopped.await) }).await;
+    });
+    (stop, task)
+}
+
+/// Why the runtime cannot be had.
+#[derive(Debug, thiserror::Error)]
+pub enum CriError {
+    /// Its socket did not answer.
+    #[error("CRI runtime: {source}")]
+    Connect {
+        /// The runtime's socket.
+        socket: PathBuf,
+        /// What dialing it said.
+        #[source]
+        source: inlet_proto::uds::EndpointError,
+    },
+    /// The in-process cri-fake could not open its storage.
+    #[error("cri-fake: {0}")]
+    Fake(#[source] std::io::Error),
+    /// An OCI layout given with `--image-layout` could not be imported.
+    #[error("image layout {repository}={}: {source}", dir.display())]
+    Layout {
+        /// The repository its tags are imported as.
+        repository: String,
+        /// The layout's directory.
+        dir: PathBuf,
+        /// What the import said.
+        #[source]
+        source: std::io::Error,
+    },
 }

@@ -12,7 +12,7 @@ use inlet_plugin::image::{ImageDriverConfig, ImageService};
 use inlet_plugin::local::content_mount::ContentMount;
 use inlet_plugin::local::{LocalConfig, LocalDriver, LocalService};
 
-use crate::sim::SimImages;
+use crate::images::SimImages;
 use inlet_host::mount::MountLayer;
 use inlet_plugin::registration::Registrar;
 use inlet_plugin::server::serve_csi_on;
@@ -108,22 +108,100 @@ pub struct DriverHandle {
     content: Option<ContentMount>,
 }
 
+/// The node an in-process driver is started for.
+pub struct DriverNode<'a> {
+    /// The node's name (the driver's node id).
+    pub node: &'a str,
+    /// The node's kubelet root: the driver's socket and state go under `plugins/<name>/`, its target
+    /// paths are confined below it.
+    pub node_root: &'a Path,
+    /// The runtime an image driver pulls through.
+    pub cri_socket: &'a Path,
+    /// Where images come from and how their pulls are checked.
+    pub images: &'a SimImages,
+    /// The mount layer the driver mounts through.
+    pub mounter: Arc<dyn MountLayer>,
+}
+
+/// A driver for one node: started in-process, or a user's already serving on its socket.
+pub enum Driver {
+    /// inlet's driver, served by this process until [`DriverHandle::stop`].
+    InProcess(DriverHandle),
+    /// A driver serving on this socket, started by someone else.
+    External(PathBuf),
+}
+
+impl Driver {
+    /// The socket the driver serves CSI on.
+    pub fn socket(&self) -> &Path {
+        match self {
+            Driver::InProcess(handle) => &handle.socket,
+            Driver::External(socket) => socket,
+        }
+    }
+}
+
+/// Why an in-process driver did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum DriverError {
+    /// The driver could not open its state, mount its content dir or reach the runtime.
+    #[error("{kind} driver {name} on {node}: {source}")]
+    Start {
+        /// `local` or `image`.
+        kind: &'static str,
+        /// The driver's name.
+        name: String,
+        /// The node it was started for.
+        node: String,
+        /// What the driver said.
+        #[source]
+        source: inlet_host::Error,
+    },
+    /// Its socket could not be served.
+    #[error("driver {name} on {node}: {source}")]
+    Listen {
+        /// The driver's name.
+        name: String,
+        /// The node it was started for.
+        node: String,
+        /// What listening said.
+        #[source]
+        source: inlet_proto::uds::EndpointError,
+    },
+}
+
+impl DriverArg {
+    /// The driver for one node: inlet's `local` or `image` driver started in-process on the node's own
+    /// socket (as a DaemonSet's pod would serve it), or the external driver's socket. The one place that
+    /// choice is made, for simulations, conform and the benches.
+    pub async fn start(&self, on: DriverNode<'_>) -> Result<Driver, DriverError> {
+        let handle = match &self.source {
+            DriverSource::Socket(path) => return Ok(Driver::External(path.clone())),
+            DriverSource::Local {
+                attach,
+                mount_group,
+            } => DriverHandle::start_local(&self.name, &on, *attach, *mount_group).await?,
+            DriverSource::Image => DriverHandle::start_image(&self.name, &on).await?,
+        };
+        Ok(Driver::InProcess(handle))
+    }
+}
+
 impl DriverHandle {
-    /// Starts the local driver `name` for `node`: socket and state under the node's
-    /// `plugins/<name>/`, target paths confined to the node's kubelet root.
-    pub async fn start_local(
+    /// Starts the local driver `name` for a node: socket and state under the node's `plugins/<name>/`,
+    /// target paths confined to the node's kubelet root.
+    async fn start_local(
         name: &str,
-        node: &str,
-        node_root: &Path,
-        (attach, mount_group): (bool, bool),
-        mounter: Arc<dyn MountLayer>,
-    ) -> Result<Self, String> {
-        let dir = node_root.join("plugins").join(name);
+        on: &DriverNode<'_>,
+        attach: bool,
+        mount_group: bool,
+    ) -> Result<Self, DriverError> {
+        let dir = on.node_root.join("plugins").join(name);
         let config = LocalConfig {
             name: name.to_string(),
-            node_id: node.to_string(),
+            node_id: on.node.to_string(),
             state_dir: dir.join("state"),
-            kubelet_dir: node_root.to_path_buf(),
+            kubelet_dir: on.node_root.to_path_buf(),
             // Capacity is bookkeeping for directories (nothing is preallocated): large enough that a
             // simulation of many pods is limited by what it tests, not by the driver's pool.
             capacity_bytes: 1 << 40,
@@ -134,51 +212,60 @@ impl DriverHandle {
             ephemeral_default: true,
             volume_mount_group: mount_group,
         };
+        let failed = |source| DriverError::Start {
+            kind: "local",
+            name: name.to_string(),
+            node: on.node.to_string(),
+            source,
+        };
         let state_dir = config.state_dir.clone();
-        let driver = LocalDriver::open(config, Arc::clone(&mounter))
-            .map_err(|e| format!("local driver {name} on {node}: {e}"))?;
-        let content = ContentMount::bind(&state_dir, mounter)
-            .map_err(|e| format!("local driver {name} on {node}: {e}"))?;
-        let mut handle = Self::serve(name, node, &dir, LocalService::new(driver), None).await?;
+        let driver = LocalDriver::open(config, Arc::clone(&on.mounter)).map_err(failed)?;
+        let content = ContentMount::bind(&state_dir, Arc::clone(&on.mounter)).map_err(failed)?;
+        let mut handle = Self::serve(name, on.node, &dir, LocalService::new(driver), None).await?;
         handle.content = Some(content);
         Ok(handle)
     }
 
-    /// Starts the image driver `name` for `node`, pulling through the runtime at `cri_socket`: socket and
-    /// state under the node's `plugins/<name>/`.
-    pub async fn start_image(
-        name: &str,
-        node: &str,
-        node_root: &Path,
-        cri_socket: &Path,
-        images: &SimImages,
-        mounter: Arc<dyn MountLayer>,
-    ) -> Result<Self, String> {
-        let dir = node_root.join("plugins").join(name);
+    /// Starts the image driver `name` for a node, pulling through the node's runtime: socket and state
+    /// under the node's `plugins/<name>/`.
+    async fn start_image(name: &str, on: &DriverNode<'_>) -> Result<Self, DriverError> {
+        let dir = on.node_root.join("plugins").join(name);
         let engine = Engine::start(
             &EngineConfig {
                 // The simulation's plain-HTTP registries serve artifacts too.
-                artifact_insecure_registries: images.insecure_registries.clone(),
-                verification: images.verification,
+                artifact_insecure_registries: on.images.insecure_registries.clone(),
+                verification: on.images.verification,
                 // One record per node of which credentials pulled which image, shared with the
                 // kubelet's own pulls: else an image one pulled with credentials looks preloaded to
                 // the other.
-                pull_records_dir: Some(crate::node::image_plugin_dir(node_root)),
-                ..EngineConfig::new(cri_socket, &dir.join("state"))
+                pull_records_dir: Some(crate::node::image_plugin_dir(on.node_root)),
+                ..EngineConfig::new(on.cri_socket, &dir.join("state"))
             },
-            mounter,
+            Arc::clone(&on.mounter),
         )
         .await
-        .map_err(|e| format!("image driver {name} on {node}: {e}"))?;
+        .map_err(|source| DriverError::Start {
+            kind: "image",
+            name: name.to_string(),
+            node: on.node.to_string(),
+            source,
+        })?;
         let config = ImageDriverConfig {
             name: name.to_string(),
-            node_id: node.to_string(),
-            kubelet_dir: node_root.to_path_buf(),
+            node_id: on.node.to_string(),
+            kubelet_dir: on.node_root.to_path_buf(),
             state_dir: dir.join("state"),
-            pull_wait: images.pull_wait,
+            pull_wait: on.images.pull_wait,
         };
         let state = Some(dir.join("state"));
-        Self::serve(name, node, &dir, ImageService::new(config, engine), state).await
+        Self::serve(
+            name,
+            on.node,
+            &dir,
+            ImageService::new(config, engine),
+            state,
+        )
+        .await
     }
 
     async fn serve<S>(
@@ -187,14 +274,19 @@ impl DriverHandle {
         dir: &Path,
         service: S,
         image_state: Option<PathBuf>,
-    ) -> Result<Self, String>
+    ) -> Result<Self, DriverError>
     where
         S: Identity + Controller + Node + Clone,
     {
         let socket = dir.join("csi.sock");
-        let incoming = inlet_proto::uds::listen(&socket)
-            .await
-            .map_err(|e| format!("driver {name} on {node}: {e}"))?;
+        let incoming =
+            inlet_proto::uds::listen(&socket)
+                .await
+                .map_err(|source| DriverError::Listen {
+                    name: name.to_string(),
+                    node: node.to_string(),
+                    source,
+                })?;
         let (stop, mut stopped) = tokio::sync::watch::channel(false);
         let serve_socket = socket.clone();
         let task = tokio::spawn(async move {

@@ -10,8 +10,11 @@
 //!   events, CSINode, only the referenced Secrets), with the `kube` crate.
 //! - [`node`]: one simulated kubelet: desired/actual state, populator, reconciler, operations with backoff,
 //!   pod workers, the `VolumeHost` for plugins, and the CSI driver registry.
-//! - [`controllers`]: the attach/detach controller and the external attacher (VolumeAttachments).
-//! - [`drivers`]: `--driver NAME=local|unix:///PATH`; [`cri`]: the CRI client; [`specs`]: pod volume -> spec.
+//! - [`controllers`]: the attach/detach controller and the external attacher (VolumeAttachments), the PV
+//!   binder, the local driver's pre-provisioning, the round-robin scheduler.
+//! - [`drivers`]: `--driver NAME=local|image|unix:///PATH`, started for a node by `DriverArg::start`;
+//!   [`images`]: where a simulation's images come from; [`cri`]: the CRI client and the in-process
+//!   cri-fake; [`specs`]: pod volume -> spec.
 //! - [`sim`]: a whole simulated cluster; [`report`]: the JSON report and the summary table;
 //!   [`signals`]: SIGINT/SIGTERM for a run (tear down, then exit 128+N; a second signal exits at once).
 //! - `main.rs`: the `kubelet-sim run` CLI.
@@ -23,6 +26,7 @@ pub mod conform;
 pub mod controllers;
 pub mod cri;
 pub mod drivers;
+pub mod images;
 pub mod node;
 pub mod report;
 pub mod signals;

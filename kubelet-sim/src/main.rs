@@ -290,7 +290,7 @@ async fn run(args: RunArgs) -> Result<Outcome, String> {
         );
     })
     .map_err(|e| format!("listening for signals: {e}"))?;
-    let mut sim = Simulation::start(config).await?;
+    let mut sim = Simulation::start(config).await.map_err(|e| e.to_string())?;
     // `--timeout` bounds the whole settle phase: at the deadline (or a signal) the operations still running
     // are left behind, the report is written, and teardown (if asked, or after a signal) gets its own.
     let settled = if serve_until_stopped {

@@ -5,7 +5,10 @@ use std::io::Write;
 use inlet_proto::csi_call::CsiCall;
 use serde::Serialize;
 
-use crate::api::ApiRead;
+use k8s_openapi::api::core::v1::Pod;
+
+use crate::api::manifest::EXPECTED_PHASE_ANNOTATION;
+use crate::api::{Api, ApiRead};
 use crate::controllers::attach_detach::AttachmentReport;
 use crate::node::ContainerReport;
 
@@ -98,6 +101,52 @@ impl TeardownReport {
             && self.leftover_pod_dirs.is_empty()
             && self.leftover_attachments.is_empty()
             && self.leftover_image_state.is_empty()
+    }
+}
+
+impl PodReport {
+    /// The report of `pod` as the API has it, with its events and the `containers` its node reports.
+    pub fn of(pod: &Pod, api: &Api, containers: Vec<ContainerReport>) -> Self {
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let node = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.clone())
+            .unwrap_or_default();
+        PodReport {
+            namespace: pod.metadata.namespace.clone().unwrap_or_default(),
+            name: pod.metadata.name.clone().unwrap_or_default(),
+            phase: pod
+                .status
+                .as_ref()
+                .and_then(|s| s.phase.clone())
+                .unwrap_or_else(|| "Pending".into()),
+            expected_phase: pod
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(EXPECTED_PHASE_ANNOTATION).cloned())
+                .unwrap_or_else(|| "Running".into()),
+            volumes: pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.volumes.as_ref())
+                .map(|v| v.iter().map(|v| v.name.clone()).collect())
+                .unwrap_or_default(),
+            events: api
+                .events_for(&uid)
+                .into_iter()
+                .map(|e| EventReport {
+                    type_: e.type_.unwrap_or_default(),
+                    reason: e.reason.unwrap_or_default(),
+                    message: e.message.unwrap_or_default(),
+                    count: e.count.unwrap_or(1),
+                })
+                .collect(),
+            containers,
+            uid,
+            node,
+        }
     }
 }
 

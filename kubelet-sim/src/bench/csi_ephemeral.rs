@@ -14,7 +14,8 @@ use serde::Serialize;
 use tonic::transport::Channel;
 
 use super::stats::Summary;
-use crate::drivers::{DriverArg, DriverHandle, DriverSource};
+use crate::drivers::{Driver, DriverArg, DriverHandle, DriverNode, DriverSource};
+use crate::images::SimImages;
 
 /// Rounds each figure's cycles are split into, drivers taking turns.
 const ROUNDS: usize = 5;
@@ -120,28 +121,22 @@ async fn measure(
 
 async fn connect(driver: &DriverArg, config: &EphemeralConfig) -> Result<Target, String> {
     let kubelet_dir = config.root.join(&driver.name);
-    let (socket, handle) = match &driver.source {
-        DriverSource::Local {
-            attach,
-            mount_group,
-        } => {
-            let handle = DriverHandle::start_local(
-                &driver.name,
-                "bench",
-                &kubelet_dir,
-                (*attach, *mount_group),
-                Arc::clone(&config.mounter),
-            )
-            .await?;
-            (handle.socket.clone(), Some(handle))
-        }
-        DriverSource::Socket(path) => (path.clone(), None),
-        DriverSource::Image => {
-            return Err(format!(
-                "--driver {}=image: csi-ephemeral measures volume drivers (NAME=local or NAME=unix:///PATH)",
-                driver.name
-            ));
-        }
+    if driver.source == DriverSource::Image {
+        return Err(format!(
+            "--driver {}=image: csi-ephemeral measures volume drivers (NAME=local or NAME=unix:///PATH)",
+            driver.name
+        ));
+    }
+    let on = DriverNode {
+        node: "bench",
+        node_root: &kubelet_dir,
+        cri_socket: Path::new(""),
+        images: &SimImages::default(),
+        mounter: Arc::clone(&config.mounter),
+    };
+    let (socket, handle) = match driver.start(on).await.map_err(|e| e.to_string())? {
+        Driver::InProcess(handle) => (handle.socket.clone(), Some(handle)),
+        Driver::External(socket) => (socket, None),
     };
     let channel = inlet_proto::uds::connect(&socket)
         .await

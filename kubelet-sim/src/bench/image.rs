@@ -34,8 +34,9 @@ use tonic::transport::Channel;
 
 use super::stats::Summary;
 use crate::cri::Cri;
-use crate::drivers::{DriverArg, DriverHandle, DriverSource};
-use crate::sim::{RuntimeServer, SimImages, serve_runtime};
+use crate::cri::{RuntimeServer, serve_fake};
+use crate::drivers::{Driver, DriverArg, DriverHandle, DriverNode, DriverSource};
+use crate::images::SimImages;
 
 /// How long a RuntimeService call may take (the kubelet's default `runtimeRequestTimeout`).
 const RUNTIME_TIMEOUT: Duration = Duration::from_secs(120);
@@ -311,7 +312,7 @@ async fn start_runtime(config: &ImageConfig, registry: &str) -> Result<(Runtime,
     let runtime = FakeRuntime::with_registries(dir.clone(), Default::default(), registries)
         .map_err(|e| format!("cri-fake: {e}"))?;
     let socket = dir.join("cri.sock");
-    let server = serve_runtime(Arc::new(runtime), &socket);
+    let server = serve_fake(Arc::new(runtime), &socket);
     let deadline = Instant::now() + Duration::from_secs(10);
     while !socket.exists() && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -538,30 +539,26 @@ async fn start_driver(
     registry: &str,
 ) -> Result<Target, String> {
     let kubelet_dir = config.root.join(&driver.name);
-    let (endpoint, handle) = match &driver.source {
-        DriverSource::Image => {
-            let images = SimImages {
-                insecure_registries: vec![registry.to_string()],
-                ..Default::default()
-            };
-            let handle = DriverHandle::start_image(
-                &driver.name,
-                "bench",
-                &kubelet_dir,
-                socket,
-                &images,
-                Arc::clone(&config.mounter),
-            )
-            .await?;
-            (handle.socket.clone(), Some(handle))
-        }
-        DriverSource::Socket(path) => (path.clone(), None),
-        DriverSource::Local { .. } => {
-            return Err(format!(
-                "--driver {}=local: bench image measures image drivers (NAME=image or NAME=unix:///PATH)",
-                driver.name
-            ));
-        }
+    if matches!(driver.source, DriverSource::Local { .. }) {
+        return Err(format!(
+            "--driver {}=local: bench image measures image drivers (NAME=image or NAME=unix:///PATH)",
+            driver.name
+        ));
+    }
+    let images = SimImages {
+        insecure_registries: vec![registry.to_string()],
+        ..Default::default()
+    };
+    let on = DriverNode {
+        node: "bench",
+        node_root: &kubelet_dir,
+        cri_socket: socket,
+        images: &images,
+        mounter: Arc::clone(&config.mounter),
+    };
+    let (endpoint, handle) = match driver.start(on).await.map_err(|e| e.to_string())? {
+        Driver::InProcess(handle) => (handle.socket.clone(), Some(handle)),
+        Driver::External(socket) => (socket, None),
     };
     Ok(Target {
         name: driver.name.clone(),

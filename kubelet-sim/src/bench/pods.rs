@@ -114,7 +114,9 @@ pub async fn run(config: &PodsConfig) -> Result<PodsFigures, String> {
         node_name_prefix: "node".into(),
         cluster: None,
     };
-    let mut sim = Simulation::start(sim_config).await?;
+    let mut sim = Simulation::start(sim_config)
+        .await
+        .map_err(|e| e.to_string())?;
     let applied_at = SystemTime::now();
     let started = Instant::now();
     sim.apply(manifests).await;

@@ -13,8 +13,8 @@ use inlet_volume::csi::CsiClient;
 use k8s_openapi::api::storage::v1::CSIDriver;
 
 use crate::api::manifest::{self, Object};
-use crate::drivers::{DriverArg, DriverHandle, DriverSource};
-use crate::sim::SimImages;
+use crate::drivers::{Driver, DriverArg, DriverHandle, DriverNode, DriverSource};
+use crate::images::SimImages;
 
 /// What the driver says of itself, and the CSIDriver object it is tested with.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -203,23 +203,19 @@ impl DriverSetup {
         node_root: &Path,
         cri_socket: &Path,
     ) -> Result<(PathBuf, DriverRun), String> {
-        let name = self.name();
-        let mounter = Arc::clone(&self.mounter);
-        let handle = match &self.arg.source {
-            DriverSource::Socket(path) => return Ok((path.clone(), DriverRun::External)),
-            DriverSource::Local {
-                attach,
-                mount_group,
-            } => {
-                DriverHandle::start_local(name, node, node_root, (*attach, *mount_group), mounter)
-                    .await?
-            }
-            DriverSource::Image => {
-                DriverHandle::start_image(name, node, node_root, cri_socket, &self.images, mounter)
-                    .await?
-            }
+        let on = DriverNode {
+            node,
+            node_root,
+            cri_socket,
+            images: &self.images,
+            mounter: Arc::clone(&self.mounter),
         };
-        Ok((handle.socket.clone(), DriverRun::InProcess(Some(handle))))
+        Ok(match self.arg.start(on).await.map_err(|e| e.to_string())? {
+            Driver::External(socket) => (socket, DriverRun::External),
+            Driver::InProcess(handle) => {
+                (handle.socket.clone(), DriverRun::InProcess(Some(handle)))
+            }
+        })
     }
 
     /// Stops the driver and starts it again on the same state, as a crash and a DaemonSet's restart would;

@@ -129,7 +129,7 @@ impl CheckEnv {
             node_name_prefix: "node".into(),
             cluster: None,
         };
-        let mut sim = Simulation::start(config).await?;
+        let mut sim = Simulation::start(config).await.map_err(|e| e.to_string())?;
         let node_root = root.join(NODE);
         let (driver_socket, driver) = conf.setup.start(NODE, &node_root, sim.cri_socket()).await?;
         let proxy = FaultProxy::new(&driver_socket);
@@ -154,7 +154,9 @@ impl CheckEnv {
             object: Object::CsiDriver(Box::new(csi_driver)),
         }])
         .await;
-        sim.register(NODE, conf.setup.name(), &proxy_socket).await?;
+        sim.register(NODE, conf.setup.name(), &proxy_socket)
+            .await
+            .map_err(|e| e.to_string())?;
         Ok(Self {
             conf,
             sim,
@@ -520,7 +522,7 @@ impl CheckEnv {
     /// Stops the node's kubelet and starts a new one on the same root (reconstruction).
     pub async fn restart_kubelet(&mut self) -> Result<(), String> {
         self.sim.stop_node(NODE).await;
-        self.sim.start_node(NODE).await
+        self.sim.start_node(NODE).await.map_err(|e| e.to_string())
     }
 
     /// Stops the driver and starts it again on the same state, its socket served again.

@@ -242,7 +242,8 @@ async fn describe(
         node_name_prefix: "node".into(),
         cluster: None,
     })
-    .await?;
+    .await
+    .map_err(|e| e.to_string())?;
     let started = setup
         .start(env::NODE, &describe_root.join(env::NODE), sim.cri_socket())
         .await;

@@ -1,3 +1,11 @@
-//! Cluster-side controllers the simulation needs: the attach/detach controller and the external attacher.
+//! Cluster-side controllers the simulation needs (a real cluster's control plane runs them instead).
+//!
+//! - [`attach_detach`]: the attach/detach controller and the external attacher.
+//! - [`pv_binder`]: the PV controller's binding of pre-bound claims.
+//! - [`provisioner`]: static PVs' volumes pre-provisioned on inlet's local driver.
+//! - [`scheduler`]: round robin for pods that name no node.
 
 pub mod attach_detach;
+pub mod provisioner;
+pub mod pv_binder;
+pub mod scheduler;

@@ -33,8 +33,8 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use inlet_host::mount::MountLayer;
-use inlet_image::Engine;
 use inlet_image::pull::{Puller, VerificationPolicy};
+use inlet_image::{Engine, EngineConfig};
 use inlet_volume::VolumePlugin;
 use inlet_volume::csi::{CsiObserver, CsiPlugin};
 use inlet_volume::empty_dir::EmptyDirPlugin;
@@ -93,6 +93,28 @@ pub struct NodeConfig {
 /// image volumes, the in-process image drivers) shares it.
 pub fn image_plugin_dir(node_root: &Path) -> PathBuf {
     node_root.join("plugins/kubernetes.io/image")
+}
+
+/// The kubelet-side image engine of a node, over the runtime at `cri_socket`, with its state under the
+/// node's `plugins/kubernetes.io/image/`. None (image volumes unsupported on the node) when the runtime's
+/// storage cannot be opened.
+pub async fn image_engine(
+    cri_socket: &Path,
+    node_root: &Path,
+    mounter: &Arc<dyn MountLayer>,
+    verification: VerificationPolicy,
+) -> Option<Arc<Engine>> {
+    let config = EngineConfig {
+        verification,
+        ..EngineConfig::new(cri_socket, &image_plugin_dir(node_root))
+    };
+    match Engine::start(&config, Arc::clone(mounter)).await {
+        Ok(engine) => Some(Arc::new(engine)),
+        Err(e) => {
+            tracing::warn!(node_root = %node_root.display(), error = %e, "image volumes are unavailable");
+            None
+        }
+    }
 }
 
 /// How the kubelet follows started containers.

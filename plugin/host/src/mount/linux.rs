@@ -165,6 +165,16 @@ impl MountLayer for LinuxMounter {
         }
     }
 
+    fn mounts_under(&self, dir: &Path) -> io::Result<Vec<PathBuf>> {
+        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")?;
+        let mut under: Vec<PathBuf> = mount_points(&mountinfo)
+            .filter(|p| p.starts_with(dir))
+            .collect();
+        under.sort();
+        under.dedup();
+        Ok(under)
+    }
+
     fn attach_loop(&self, file: &Path) -> io::Result<PathBuf> {
         let out = losetup(&["--find", "--show", &file.display().to_string()])?;
         Ok(PathBuf::from(out.trim()))

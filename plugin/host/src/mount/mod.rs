@@ -78,6 +78,9 @@ pub trait MountLayer: Send + Sync + std::fmt::Debug {
     /// True when `path` is itself a mount point (including a bind mount on the same filesystem).
     /// A path that does not exist is not a mount point.
     fn is_mount_point(&self, path: &Path) -> io::Result<bool>;
+    /// Every mount point at or below `dir`, sorted, from one read of the mount table: what a teardown
+    /// check looks for, at a cost that does not grow with the directories under `dir`.
+    fn mounts_under(&self, dir: &Path) -> io::Result<Vec<PathBuf>>;
     /// Attaches `file` to a free loop device and returns the device path.
     fn attach_loop(&self, file: &Path) -> io::Result<PathBuf>;
     /// The loop device `file` is attached to, if any.

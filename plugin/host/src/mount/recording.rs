@@ -151,6 +151,16 @@ impl MountLayer for RecordingMounter {
         Ok(self.state.lock().mounts.contains_key(path))
     }
 
+    fn mounts_under(&self, dir: &Path) -> io::Result<Vec<PathBuf>> {
+        let state = self.state.lock();
+        Ok(state
+            .mounts
+            .keys()
+            .filter(|p| p.starts_with(dir))
+            .cloned()
+            .collect())
+    }
+
     fn attach_loop(&self, file: &Path) -> io::Result<PathBuf> {
         let mut state = self.state.lock();
         state.calls.push(MountCall::AttachLoop(file.into()));

@@ -1,0 +1,86 @@
+//! Pre-provisioning a static PV's volume on inlet's `local` driver: the step an administrator takes
+//! before writing a static PV (CreateVolume named by the PV's handle, of the PV's capacity). Volumes of
+//! other drivers are the user's to create.
+
+use inlet_proto::csi::v1 as csi;
+use inlet_proto::csi::v1::controller_client::ControllerClient;
+use k8s_openapi::api::core::v1::PersistentVolume;
+
+use crate::drivers::DriverHandle;
+
+/// Why a PV's volume could not be pre-provisioned (the text becomes the manifest's rejection).
+#[derive(Debug, thiserror::Error)]
+pub enum ProvisionError {
+    /// `spec.capacity.storage` is not a quantity.
+    #[error("PersistentVolume {pv:?}: spec.capacity.storage: {reason}")]
+    Capacity {
+        /// The PV's name.
+        pv: String,
+        /// What is wrong with the quantity.
+        reason: String,
+    },
+    /// The driver's socket did not answer.
+    #[error("{0}")]
+    Dial(#[from] inlet_proto::uds::EndpointError),
+    /// The driver refused CreateVolume.
+    #[error("pre-provisioning PersistentVolume {pv:?} on {node}: {}", status.message())]
+    CreateVolume {
+        /// The PV's name.
+        pv: String,
+        /// The node whose driver refused.
+        node: String,
+        /// The driver's answer.
+        #[source]
+        status: tonic::Status,
+    },
+}
+
+/// Creates `pv`'s volume on each of `local_drivers` (the in-process `local` drivers of the PV's driver
+/// name, one per node); nothing when the PV is not a CSI one.
+pub async fn pre_provision(
+    pv: &PersistentVolume,
+    local_drivers: &[&DriverHandle],
+) -> Result<(), ProvisionError> {
+    let Some(source) = pv.spec.as_ref().and_then(|s| s.csi.as_ref()) else {
+        return Ok(());
+    };
+    let name = pv.metadata.name.clone().unwrap_or_default();
+    let storage = pv
+        .spec
+        .as_ref()
+        .and_then(|s| s.capacity.as_ref())
+        .and_then(|c| c.get("storage"))
+        .map(|q| q.0.clone())
+        .unwrap_or_else(|| "1Gi".into());
+    let bytes =
+        inlet_host::quantity::parse_bytes(&storage).map_err(|reason| ProvisionError::Capacity {
+            pv: name.clone(),
+            reason,
+        })?;
+    for handle in local_drivers {
+        let channel = inlet_proto::uds::connect(&handle.socket).await?;
+        let request = csi::CreateVolumeRequest {
+            name: source.volume_handle.clone(),
+            capacity_range: Some(csi::CapacityRange {
+                required_bytes: i64::try_from(bytes).unwrap_or(i64::MAX),
+                limit_bytes: 0,
+            }),
+            volume_capabilities: vec![csi::VolumeCapability {
+                access_mode: Some(csi::volume_capability::AccessMode {
+                    mode: csi::volume_capability::access_mode::Mode::SingleNodeWriter as i32,
+                }),
+                access_type: Some(csi::volume_capability::AccessType::Mount(Default::default())),
+            }],
+            ..Default::default()
+        };
+        ControllerClient::new(channel)
+            .create_volume(request)
+            .await
+            .map_err(|status| ProvisionError::CreateVolume {
+                pv: name.clone(),
+                node: handle.node.clone(),
+                status,
+            })?;
+    }
+    Ok(())
+}

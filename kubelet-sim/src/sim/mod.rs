@@ -1,0 +1,515 @@
+//! A whole simulated cluster in one process: the embedded API, N nodes, their CSI drivers, a CRI runtime
+//! (cri-fake in-process, or a real one) and the controllers a control plane would run. The `kubelet-sim
+//! run` command, conform, the benches and the BDD scenarios all drive it.
+//!
+//! # Layout
+//! - `mod.rs`: [`Simulation`]: starting and stopping the runtime, nodes and drivers; waiting; the report.
+//! - `apply.rs`: manifests applied as an API server and scheduler would (or created in a real cluster).
+//! - `teardown.rs`: every pod deleted, and the scan for anything left under the root.
+//! - `error.rs`: [`SimError`], why a simulation (or one of its steps) could not run.
+
+mod apply;
+mod error;
+mod teardown;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cri_fake::FakeRuntime;
+use inlet_host::mount::MountLayer;
+use inlet_proto::csi_call::CsiCall;
+use inlet_volume::csi::CsiObserver;
+use k8s_openapi::api::core::v1::Pod;
+use parking_lot::Mutex;
+
+pub use error::SimError;
+
+use crate::api::Api;
+use crate::api::admission::Admission;
+use crate::api::manifest::EXPECTED_PHASE_ANNOTATION;
+use crate::api::now;
+use crate::controllers::attach_detach::AttachDetach;
+use crate::controllers::scheduler::RoundRobin;
+use crate::cri::{self, RuntimeServer};
+use crate::drivers::{Driver, DriverArg, DriverHandle, DriverNode};
+pub use crate::images::SimImages;
+use crate::node::{BackoffPolicy, ContainerTiming, Kubelet, NodeConfig};
+use crate::report::{PodReport, Rejection, Report};
+
+/// How a simulation is set up.
+#[derive(Clone)]
+pub struct SimConfig {
+    /// Root dir: `<root>/<node>/` is each node's kubelet root; `<root>/cri-fake/` the in-process runtime's.
+    pub root: PathBuf,
+    /// How many nodes (`node-1` ... `node-N`).
+    pub nodes: usize,
+    /// The CSI drivers.
+    pub drivers: Vec<DriverArg>,
+    /// A CRI runtime's socket; None starts cri-fake in-process.
+    pub cri: Option<PathBuf>,
+    /// Feature gates that are on (`PersistentInlineCSI`).
+    pub gates: BTreeSet<String>,
+    /// The inline-driver policy (None: every driver allowed).
+    pub allowed_inline_drivers: Option<BTreeSet<String>>,
+    /// Retry backoff.
+    pub backoff: BackoffPolicy,
+    /// How long pods wait for volumes before the kubelet's timeout event.
+    pub volume_wait_timeout: Duration,
+    /// How often `requiresRepublish` volumes are published again.
+    pub republish_period: Duration,
+    /// The mount layer (real when root).
+    pub mounter: Arc<dyn MountLayer>,
+    /// How started containers are followed (relist period, crash-loop back-off).
+    pub containers: ContainerTiming,
+    /// Where images come from, and how long image volumes wait for pulls.
+    pub images: SimImages,
+    /// `--plugins-registry`: the dir every node's plugin watcher registers drivers from.
+    pub plugins_registry: Option<PathBuf>,
+    /// Nodes are named `<prefix>-1` ... `<prefix>-N`.
+    pub node_name_prefix: String,
+    /// `--kubeconfig`: the nodes join this cluster's API server (see [`crate::cluster`]) instead of
+    /// running on the embedded API alone.
+    pub cluster: Option<kube::Client>,
+}
+
+/// Collects every CSI call the nodes make, for the report.
+#[derive(Default)]
+pub struct ReportedCalls(Mutex<Vec<CsiCall>>);
+
+impl CsiObserver for ReportedCalls {
+    fn observe(&self, call: CsiCall) {
+        self.0.lock().push(call);
+    }
+}
+
+impl ReportedCalls {
+    /// Every call so far.
+    pub fn calls(&self) -> Vec<CsiCall> {
+        self.0.lock().clone()
+    }
+}
+
+/// A running simulation.
+pub struct Simulation {
+    /// The API.
+    pub api: Arc<Api>,
+    /// The nodes.
+    pub nodes: Vec<Arc<Kubelet>>,
+    /// Every CSI call.
+    pub calls: Arc<ReportedCalls>,
+    /// The in-process runtime, when no `--cri` was given.
+    pub cri_fake: Option<Arc<FakeRuntime>>,
+    /// Its server on the runtime socket, while it serves.
+    cri_server: Option<RuntimeServer>,
+    config: SimConfig,
+    admission: Admission,
+    attach_detach: Arc<AttachDetach>,
+    stop: tokio::sync::watch::Sender<bool>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// Each running kubelet's stop signal and task, so one node can restart alone.
+    node_runs: BTreeMap<
+        String,
+        (
+            tokio::sync::oneshot::Sender<()>,
+            tokio::task::JoinHandle<()>,
+        ),
+    >,
+    /// The runtime's socket; each node dials it.
+    cri_socket: PathBuf,
+    drivers: Vec<DriverHandle>,
+    rejected: Vec<Rejection>,
+    scheduler: RoundRobin,
+    /// In a cluster, the pods this run's manifests created (namespace, name).
+    created: BTreeSet<(String, String)>,
+}
+
+impl Simulation {
+    /// Starts the runtime, the nodes, their drivers (registered on every node) and the controllers.
+    pub async fn start(config: SimConfig) -> Result<Self, SimError> {
+        std::fs::create_dir_all(&config.root).map_err(|source| SimError::Root {
+            path: config.root.clone(),
+            source,
+        })?;
+        let api = Api::new();
+        let (stop, _) = tokio::sync::watch::channel(false);
+        // Each node dials the runtime itself, as each real kubelet has its own connection: one shared
+        // HTTP/2 connection for every simulated node fails calls under load.
+        let (cri_socket, cri_fake) = match &config.cri {
+            Some(socket) => (socket.clone(), None),
+            None => {
+                let (socket, runtime) =
+                    cri::start_fake(&config.root.join("cri-fake"), &config.images)?;
+                (socket, Some(runtime))
+            }
+        };
+        let cri_server = cri_fake
+            .as_ref()
+            .map(|runtime| cri::serve_fake(Arc::clone(runtime), &cri_socket));
+        let calls = Arc::new(ReportedCalls::default());
+        let mut nodes: Vec<Arc<Kubelet>> = Vec::new();
+        for i in 1..=config.nodes.max(1) {
+            let name = format!("{}-{i}", config.node_name_prefix);
+            let node_config = NodeConfig {
+                root: config.root.join(&name),
+                name,
+                gates: config.gates.clone(),
+                backoff: config.backoff,
+                volume_wait_timeout: config.volume_wait_timeout,
+                republish_period: config.republish_period,
+                image_pull_wait: config.images.pull_wait,
+                containers: config.containers,
+                plugins_registry: config.plugins_registry.clone(),
+                image_verification: config.images.verification,
+            };
+            nodes.push(new_kubelet(node_config, &api, &cri_socket, &config, &calls).await?);
+        }
+        let attach_detach = AttachDetach::new(Arc::clone(&api), &nodes, config.backoff);
+        let mut sim = Self {
+            admission: Admission {
+                allowed_inline_drivers: config.allowed_inline_drivers.clone(),
+            },
+            api,
+            nodes,
+            calls,
+            cri_fake,
+            cri_server,
+            attach_detach,
+            stop,
+            tasks: Vec::new(),
+            node_runs: BTreeMap::new(),
+            cri_socket,
+            drivers: Vec::new(),
+            rejected: Vec::new(),
+            scheduler: RoundRobin::default(),
+            created: BTreeSet::new(),
+            config,
+        };
+        for driver in sim.config.drivers.clone() {
+            sim.add_driver(&driver).await?;
+        }
+        for node in sim.nodes.clone() {
+            sim.spawn_node(node);
+        }
+        match sim.config.cluster.clone() {
+            // Attach and detach are the control plane's in a real cluster.
+            Some(client) => {
+                let names = sim.nodes.iter().map(|n| n.config.name.clone()).collect();
+                let version = cri::runtime_version(&sim.cri_socket).await;
+                let stop = sim.stop.subscribe();
+                let tasks = crate::cluster::Cluster::start(
+                    client,
+                    Arc::clone(&sim.api),
+                    names,
+                    version,
+                    stop,
+                )
+                .await
+                .map_err(SimError::Cluster)?;
+                sim.tasks.extend(tasks);
+            }
+            None => {
+                let mut stopped = sim.stop.subscribe();
+                sim.tasks.push(tokio::spawn(
+                    Arc::clone(&sim.attach_detach)
+                        .run(async move { drop(stopped.changed().await) }),
+                ));
+            }
+        }
+        Ok(sim)
+    }
+
+    /// Starts (for `local` and `image`) and registers a driver on every node.
+    pub async fn add_driver(&mut self, driver: &DriverArg) -> Result<(), SimError> {
+        for node in self.nodes.clone() {
+            let socket = match self.start_driver(driver, &node).await? {
+                Driver::External(socket) => socket,
+                Driver::InProcess(handle) => {
+                    let socket = handle.socket.clone();
+                    self.drivers.push(handle);
+                    socket
+                }
+            };
+            self.register(&node.config.name, &driver.name, &socket)
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Starts an in-process driver (`local` or `image`) for the first node that registers itself: it
+    /// serves its registration socket in `--plugins-registry`, as a DaemonSet's driver with
+    /// `--registration-dir` does, and the node's plugin watcher registers it.
+    pub async fn add_self_registering_driver(
+        &mut self,
+        driver: &DriverArg,
+    ) -> Result<(), SimError> {
+        let dir = self
+            .config
+            .plugins_registry
+            .clone()
+            .ok_or(SimError::NoPluginsRegistry)?;
+        let node = Arc::clone(&self.nodes[0]);
+        let mut handle = match self.start_driver(driver, &node).await? {
+            Driver::InProcess(handle) => handle,
+            Driver::External(socket) => {
+                return Err(SimError::NotStarted {
+                    name: driver.name.clone(),
+                    socket,
+                });
+            }
+        };
+        handle.serve_registration(&dir);
+        self.drivers.push(handle);
+        Ok(())
+    }
+
+    async fn start_driver(&self, driver: &DriverArg, node: &Kubelet) -> Result<Driver, SimError> {
+        let on = DriverNode {
+            node: &node.config.name,
+            node_root: &node.config.root,
+            cri_socket: &self.cri_socket,
+            images: &self.config.images,
+            mounter: Arc::clone(&self.config.mounter),
+        };
+        Ok(driver.start(on).await?)
+    }
+
+    /// Stops serving the in-process runtime, as a runtime restart does: its socket goes away, what it runs
+    /// stays (containerd's containers outlive its restarts), and the kubelets' calls fail meanwhile.
+    pub async fn stop_runtime(&mut self) {
+        if let Some((stop, task)) = self.cri_server.take() {
+            let _ = stop.send(());
+            let _ = task.await;
+        }
+    }
+
+    /// Serves the in-process runtime again, on the same socket.
+    pub fn start_runtime(&mut self) {
+        if let (None, Some(runtime)) = (&self.cri_server, &self.cri_fake) {
+            self.cri_server = Some(cri::serve_fake(Arc::clone(runtime), &self.cri_socket));
+        }
+    }
+
+    /// Stops every in-process instance of the driver `name`, as a crash would: its sockets go away, the
+    /// kubelets are not told, and their calls fail until the driver is started (and registered) again.
+    pub async fn stop_driver(&mut self, name: &str) {
+        let (stopping, kept) = std::mem::take(&mut self.drivers)
+            .into_iter()
+            .partition(|d| d.name == name);
+        self.drivers = kept;
+        for driver in stopping {
+            driver.stop().await;
+        }
+    }
+
+    /// Registers a driver serving on `socket` with one node (as its plugin watcher would).
+    pub async fn register(&self, node: &str, name: &str, socket: &Path) -> Result<(), SimError> {
+        let kubelet = self
+            .node(node)
+            .ok_or_else(|| SimError::NoNode(node.to_string()))?;
+        kubelet
+            .registry
+            .register(name, socket)
+            .await
+            .map_err(|reason| SimError::Register {
+                name: name.to_string(),
+                node: node.to_string(),
+                reason,
+            })?;
+        kubelet.wake();
+        Ok(())
+    }
+
+    fn spawn_node(&mut self, node: Arc<Kubelet>) {
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let name = node.config.name.clone();
+        let task = tokio::spawn(node.run(async move { drop(stopped.await) }));
+        self.node_runs.insert(name, (stop, task));
+    }
+
+    /// Stops one node's kubelet (its mounts, drivers and sandboxes stay, as when a kubelet process dies).
+    pub async fn stop_node(&mut self, name: &str) {
+        if let Some((stop, task)) = self.node_runs.remove(name) {
+            let _ = stop.send(());
+            let _ = task.await;
+        }
+    }
+
+    /// Starts a new kubelet for a stopped node, on the same root: it re-registers the node's drivers and
+    /// reconstructs its volumes and pods from disk and the runtime.
+    pub async fn start_node(&mut self, name: &str) -> Result<(), SimError> {
+        let old = self
+            .node(name)
+            .ok_or_else(|| SimError::NoNode(name.to_string()))?;
+        let node = new_kubelet(
+            old.config.clone(),
+            &self.api,
+            &self.cri_socket,
+            &self.config,
+            &self.calls,
+        )
+        .await?;
+        for (driver, socket) in old.registry.endpoints() {
+            node.registry
+                .register(&driver, &socket)
+                .await
+                .map_err(SimError::Reregister)?;
+        }
+        for slot in self.nodes.iter_mut().filter(|n| n.config.name == name) {
+            *slot = Arc::clone(&node);
+        }
+        self.attach_detach.replace_node(Arc::clone(&node));
+        self.spawn_node(node);
+        Ok(())
+    }
+
+    /// The runtime's socket (the in-process cri-fake's, or `--cri`).
+    pub fn cri_socket(&self) -> &Path {
+        &self.cri_socket
+    }
+
+    /// A node by name.
+    pub fn node(&self, name: &str) -> Option<Arc<Kubelet>> {
+        self.nodes.iter().find(|n| n.config.name == name).cloned()
+    }
+
+    /// Starts deleting a pod (graceful: the node stops it, tears its volumes down, then it leaves the API).
+    pub fn delete_pod(&self, namespace: &str, name: &str) -> bool {
+        self.api.update::<Pod>(namespace, name, |p| {
+            p.metadata.deletion_timestamp.get_or_insert_with(now);
+        })
+    }
+
+    /// Waits until `done` holds for the simulation, or the timeout passes; true when it held. Checks every
+    /// 20 ms rather than on every API change: a check may look at every pod, and changes come in thousands.
+    pub async fn wait_for(&self, timeout: Duration, done: impl Fn(&Self) -> bool) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let checked = Instant::now();
+            if done(self) {
+                return true;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            // Every 20 ms, or less often when a check is slow (it may look at every pod): waiting must not
+            // take the CPU from what it waits for.
+            let pause = Duration::from_millis(20).max(4 * (now - checked));
+            tokio::time::sleep(pause.min(deadline - now)).await;
+        }
+    }
+
+    /// Waits until `done` holds for the whole report (convenient, but builds the report on every wake).
+    pub async fn wait_until(&self, timeout: Duration, done: impl Fn(&Report) -> bool) -> bool {
+        self.wait_for(timeout, |sim| done(&sim.report())).await
+    }
+
+    /// True when every pod is where its manifest expects it.
+    pub fn pods_as_expected(&self) -> bool {
+        self.run_pods().iter().all(|p| {
+            let expected = p
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(EXPECTED_PHASE_ANNOTATION));
+            match expected.map(String::as_str) {
+                // The common case, checked without building the pod's report (its events).
+                None | Some("Running") => {
+                    p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+                }
+                Some(_) => self.pod_report(p).as_expected(),
+            }
+        })
+    }
+
+    /// The pods this run is about: in a cluster, those its manifests created (other pods may run on its
+    /// nodes: DaemonSets tolerate any taint); alone, every pod.
+    fn run_pods(&self) -> Vec<Arc<Pod>> {
+        let pods = self.api.list::<Pod>();
+        if self.config.cluster.is_none() || self.created.is_empty() {
+            return pods;
+        }
+        let created = |p: &Arc<Pod>| {
+            let meta = &p.metadata;
+            self.created.contains(&(
+                meta.namespace.clone().unwrap_or_default(),
+                meta.name.clone().unwrap_or_default(),
+            ))
+        };
+        pods.into_iter().filter(created).collect()
+    }
+
+    /// The report now.
+    pub fn report(&self) -> Report {
+        let mut pods: Vec<PodReport> = self
+            .api
+            .list::<Pod>()
+            .iter()
+            .map(|p| self.pod_report(p))
+            .collect();
+        pods.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+        Report {
+            pods,
+            csi_calls: self.calls.calls(),
+            api_reads: self.api.reads(),
+            volume_attachments: self.attach_detach.report(),
+            rejected: self.rejected.clone(),
+            teardown: None,
+        }
+    }
+
+    fn pod_report(&self, pod: &Pod) -> PodReport {
+        let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+        let node = pod.spec.as_ref().and_then(|s| s.node_name.as_deref());
+        let containers = node
+            .and_then(|node| self.node(node))
+            .and_then(|n| n.pod_runtime(uid))
+            .map(|r| r.containers)
+            .unwrap_or_default();
+        PodReport::of(pod, &self.api, containers)
+    }
+
+    /// Stops controllers, nodes, drivers and the in-process runtime.
+    pub async fn shutdown(mut self) {
+        let _ = self.stop.send(true);
+        for name in self.node_runs.keys().cloned().collect::<Vec<_>>() {
+            self.stop_node(&name).await;
+        }
+        for task in self.tasks.drain(..) {
+            let _ = task.await;
+        }
+        for driver in self.drivers.drain(..) {
+            driver.stop().await;
+        }
+        self.stop_runtime().await;
+    }
+}
+
+/// A kubelet for `config` over the simulation's API and runtime, with its kubelet-side image engine.
+async fn new_kubelet(
+    config: NodeConfig,
+    api: &Arc<Api>,
+    cri_socket: &Path,
+    sim: &SimConfig,
+    calls: &Arc<ReportedCalls>,
+) -> Result<Arc<Kubelet>, SimError> {
+    let timeout = config.containers.runtime_request_timeout;
+    let cri = cri::connect_when_up(cri_socket, timeout).await?;
+    let images = crate::node::image_engine(
+        cri_socket,
+        &config.root,
+        &sim.mounter,
+        sim.images.verification,
+    )
+    .await;
+    Ok(Kubelet::new(
+        config,
+        Arc::clone(api),
+        cri,
+        Arc::clone(&sim.mounter),
+        calls.clone(),
+        images,
+    ))
+}
