@@ -38,6 +38,21 @@ impl PrivateContainerd {
         BINARIES.iter().all(|b| installed(b))
     }
 
+    /// [`Self::start`] on the blocking pool, for callers on an async runtime: the wait for the socket
+    /// sleeps, and may take seconds.
+    pub async fn launch(dir: &Path, options: &ContainerdOptions) -> io::Result<Self> {
+        let (dir, options) = (dir.to_path_buf(), options.clone());
+        tokio::task::spawn_blocking(move || Self::start(&dir, &options))
+            .await
+            .map_err(io::Error::other)?
+    }
+
+    /// Stops containerd and what it runs on the blocking pool (what dropping it does, which waits), for
+    /// callers on an async runtime.
+    pub async fn stop(self) {
+        let _ = tokio::task::spawn_blocking(move || drop(self)).await;
+    }
+
     /// Starts containerd keeping everything in `dir`, and waits for its socket.
     pub fn start(dir: &Path, options: &ContainerdOptions) -> io::Result<Self> {
         std::fs::create_dir_all(dir)?;

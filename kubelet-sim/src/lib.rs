@@ -28,6 +28,7 @@ pub mod cri;
 pub mod drivers;
 pub mod images;
 pub mod node;
+pub mod operations;
 pub mod report;
 pub mod signals;
 pub mod sim;

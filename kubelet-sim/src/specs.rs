@@ -11,7 +11,7 @@ use crate::api::manifest::draft_fields;
 /// its informer cache and are not.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Reads {
-    /// `Api::get`, recorded.
+    /// `Api::get_recorded`.
     Recorded,
     /// `Api::peek`, not recorded.
     Cached,
@@ -24,7 +24,7 @@ fn read<T: crate::api::store::Kind>(
     name: &str,
 ) -> Option<std::sync::Arc<T>> {
     match reads {
-        Reads::Recorded => api.get(namespace, name),
+        Reads::Recorded => api.get_recorded(namespace, name),
         Reads::Cached => api.peek(namespace, name),
     }
 }

@@ -132,13 +132,14 @@ async fn image_volumes_on_containerd() {
 
     let containerd_dir = dir.path().join("containerd");
     std::fs::create_dir_all(&containerd_dir).unwrap();
-    let containerd = PrivateContainerd::start(
+    let containerd = PrivateContainerd::launch(
         &containerd_dir,
         &ContainerdOptions {
             sandbox_image: Some(format!("{}/pause:1", open.address)),
             plain_http_registries: vec![open.address.clone(), private.address.clone()],
         },
     )
+    .await
     .unwrap();
 
     let auth = base64_encode("bob:hunter22");

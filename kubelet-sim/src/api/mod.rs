@@ -74,7 +74,7 @@ impl Api {
         expiration_seconds: Option<i64>,
     ) -> Result<(String, String), String> {
         if self
-            .get::<ServiceAccount>(namespace, service_account)
+            .get_recorded::<ServiceAccount>(namespace, service_account)
             .is_none()
         {
             return Err(format!("serviceaccounts {service_account:?} not found"));

@@ -210,7 +210,7 @@ impl Api {
     }
 
     /// Reads one object, recording the read as the report's `api_reads`.
-    pub fn get<T: Kind>(&self, namespace: &str, name: &str) -> Option<Arc<T>> {
+    pub fn get_recorded<T: Kind>(&self, namespace: &str, name: &str) -> Option<Arc<T>> {
         self.reads.lock().push(ApiRead {
             verb: "get".into(),
             kind: T::KIND.into(),
@@ -371,12 +371,15 @@ mod tests {
         });
         assert!(watch.has_changed().unwrap());
         watch.mark_unchanged();
-        assert!(api.get::<Secret>("ns", "s").is_some());
+        assert!(api.get_recorded::<Secret>("ns", "s").is_some());
         assert!(
-            api.get::<Secret>("other", "s").is_none(),
+            api.get_recorded::<Secret>("other", "s").is_none(),
             "namespaces are separate"
         );
-        assert!(api.get::<Pod>("ns", "s").is_none(), "kinds are separate");
+        assert!(
+            api.get_recorded::<Pod>("ns", "s").is_none(),
+            "kinds are separate"
+        );
         assert_eq!(api.reads().len(), 3);
         assert_eq!(
             api.reads()[0],

@@ -298,7 +298,8 @@ async fn start_runtime(config: &ImageConfig, registry: &str) -> Result<(Runtime,
             plain_http_registries: vec![registry.to_string()],
             ..Default::default()
         };
-        let containerd = PrivateContainerd::start(&config.root.join("containerd"), &options)
+        let containerd = PrivateContainerd::launch(&config.root.join("containerd"), &options)
+            .await
             .map_err(|e| format!("containerd: {e}"))?;
         let socket = containerd.socket.clone();
         return Ok((Runtime::Containerd(containerd), socket));
@@ -323,9 +324,7 @@ async fn start_runtime(config: &ImageConfig, registry: &str) -> Result<(Runtime,
 async fn stop_runtime(runtime: Runtime) {
     match runtime {
         Runtime::Given => {}
-        Runtime::Containerd(containerd) => {
-            let _ = tokio::task::spawn_blocking(move || drop(containerd)).await;
-        }
+        Runtime::Containerd(containerd) => containerd.stop().await,
         Runtime::Fake((stop, task)) => {
             let _ = stop.send(());
             let _ = task.await;

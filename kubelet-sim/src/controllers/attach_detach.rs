@@ -30,7 +30,7 @@ use parking_lot::Mutex;
 
 use crate::api::{Api, now};
 use crate::node::Kubelet;
-use crate::node::operations::{BackoffPolicy, OpKey, Operations};
+use crate::operations::{BackoffPolicy, OpKey, Operations};
 use crate::specs::{Reads, volume_spec};
 
 /// A VolumeAttachment as the report lists it.
@@ -174,9 +174,9 @@ impl AttachDetach {
                         continue;
                     }
                 }
-                let key = OpKey {
-                    volume: format!("attach/{}/{}", info.uid, outer),
-                    pod: None,
+                let key = OpKey::Attach {
+                    pod: info.uid.clone(),
+                    volume: outer.clone(),
                 };
                 if !self.ops.lock().try_start(&key) {
                     continue;
@@ -271,10 +271,7 @@ impl AttachDetach {
         if !deleting && attached {
             return;
         }
-        let key = OpKey {
-            volume: format!("va/{name}"),
-            pod: None,
-        };
+        let key = OpKey::VolumeAttachment(name.clone());
         if !self.ops.lock().try_start(&key) {
             return;
         }
@@ -488,7 +485,7 @@ impl AttachDetach {
         );
         let secret = self
             .api
-            .get::<Secret>(&namespace, &name)
+            .get_recorded::<Secret>(&namespace, &name)
             .ok_or_else(|| format!("secrets {name:?} not found in namespace {namespace:?}"))?;
         Ok(secret
             .data

@@ -13,7 +13,9 @@ use inlet_proto::runtime::v1 as cri;
 use k8s_openapi::api::core::v1::Pod;
 
 use super::Kubelet;
-use super::pod_worker::{ContainerReport, PodState};
+use super::kuberuntime::{ContainerReport, ContainerState};
+use super::pod_worker::PodState;
+use crate::operations::OpKey;
 
 /// How many log lines the report keeps per container.
 const LOG_LINES: usize = 20;
@@ -86,7 +88,7 @@ impl Kubelet {
             let Some(exit) = exited.iter().find(|c| c.id == report.id) else {
                 continue;
             };
-            if report.state != "running" {
+            if report.state != ContainerState::Running {
                 continue;
             }
             changed = true;
@@ -95,7 +97,7 @@ impl Kubelet {
                 let delay = back_off(&self.config.containers.backoff, report.restart_count);
                 report.restart_at = Some(Instant::now() + delay);
                 if !delay.is_zero() {
-                    report.state = "waiting".into();
+                    report.state = ContainerState::Waiting;
                     report.reason = "CrashLoopBackOff".into();
                     self.api.record_event(
                         pod,
@@ -128,10 +130,7 @@ impl Kubelet {
         if phase != "Running" {
             // A pod that ended: stop its sandbox; its volumes go as a terminated pod's do.
             self.set_state(uid, PodState::Killing);
-            let key = super::operations::OpKey {
-                volume: format!("pod/{uid}"),
-                pod: None,
-            };
+            let key = OpKey::Pod(uid.to_string());
             let object = Arc::new(pod.clone());
             self.spawn_pod_op(key, uid, PodState::Running, move |me| me.kill(object));
         }
@@ -151,7 +150,7 @@ impl Kubelet {
             .ok()
             .and_then(|r| r.into_inner().status)
             .unwrap_or_default();
-        report.state = "terminated".into();
+        report.state = ContainerState::Terminated;
         report.exit_code = Some(status.exit_code);
         report.reason = status.reason;
         report.logs = self.log_tail(pod, &report.name, report.restart_count);
@@ -247,7 +246,7 @@ fn back_off(policy: &super::BackoffPolicy, restarts: u32) -> Duration {
 fn phase(policy: &str, containers: &[ContainerReport]) -> &'static str {
     let all_ended = containers
         .iter()
-        .all(|c| c.state == "terminated" && c.restart_at.is_none());
+        .all(|c| c.state == ContainerState::Terminated && c.restart_at.is_none());
     match (policy, all_ended) {
         ("Always", _) | (_, false) => "Running",
         _ if containers.iter().all(|c| c.exit_code == Some(0)) => "Succeeded",
@@ -271,7 +270,7 @@ mod tests {
 
     fn ended(code: i32) -> ContainerReport {
         ContainerReport {
-            state: "terminated".into(),
+            state: ContainerState::Terminated,
             exit_code: Some(code),
             ..Default::default()
         }

@@ -1,5 +1,5 @@
 //! [`NodeHost`]: the [`VolumeHost`] a simulated node gives its volume plugins, over the embedded API and the
-//! node's driver registry. Reads go through `Api::get`, so each one is recorded.
+//! node's driver registry. Reads go through `Api::get_recorded`, so each one is in the report.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -52,14 +52,14 @@ impl VolumeHost for NodeHost {
     async fn secret(&self, namespace: &str, name: &str) -> Result<Option<Secret>, String> {
         Ok(self
             .api
-            .get::<Secret>(namespace, name)
+            .get_recorded::<Secret>(namespace, name)
             .map(Arc::unwrap_or_clone))
     }
 
     async fn csi_driver(&self, name: &str) -> Result<Option<CSIDriver>, String> {
         Ok(self
             .api
-            .get::<CSIDriver>("", name)
+            .get_recorded::<CSIDriver>("", name)
             .map(Arc::unwrap_or_clone))
     }
 
@@ -86,7 +86,7 @@ impl VolumeHost for NodeHost {
     async fn volume_attachment(&self, name: &str) -> Result<Option<VolumeAttachment>, String> {
         Ok(self
             .api
-            .get::<VolumeAttachment>("", name)
+            .get_recorded::<VolumeAttachment>("", name)
             .map(Arc::unwrap_or_clone))
     }
 

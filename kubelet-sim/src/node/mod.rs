@@ -1,35 +1,34 @@
-//! One simulated node: a kubelet's volume manager and pod workers, over the embedded API, real CSI sockets
-//! and a CRI runtime.
+//! One simulated node: a kubelet's volume manager, pod workers and kuberuntime, over the embedded API,
+//! real CSI sockets and a CRI runtime.
 //!
 //! # Layout
-//! - `desired_state.rs`, `actual_state.rs`: what pods want, and what is attached/staged/mounted.
-//! - `populator.rs`: pods bound to this node -> desired state (PVCs resolved to their PVs).
-//! - `reconciler.rs`: unmount what is unwanted, then attach-check, stage and mount what is missing.
-//! - `operations.rs`: one operation per volume at a time, exponential backoff.
-//! - `pod_worker.rs`: start pods whose volumes are mounted (CRI), stop and clean up deleted pods.
+//! - `volumemanager/`: [`VolumeManager`], desired and actual state, the populator, the reconciler and
+//!   reconstruction after a restart, behind the kubelet's questions (`volume_manager.go`).
+//! - `pod_worker.rs`: each pod's state on the node; start once its volumes are mounted, stop and clean up
+//!   deleted pods; the pod's status.
+//! - `kuberuntime.rs`: sandboxes and containers through CRI (`computePodActions`, `startContainer`), and
+//!   the sandboxes a previous kubelet left; `images.rs`: the image manager (`EnsureImageExists`).
 //! - `containers.rs`: the relist of exited containers, restarts with back-off, Succeeded and Failed.
 //! - `subpath.rs`: subPath binds under `volume-subpaths`, made without following symlinks, and their cleanup.
-//! - `reconstruct.rs`: after a restart, the actual state from disk and running sandboxes from CRI.
+//! - `kubelet_volumes.rs`: orphaned pod directories removed once nothing of theirs is mounted.
 //! - `host.rs`: the `VolumeHost` plugins get; `registry.rs`: registered CSI drivers and the CSI
 //!   registration handler; `plugin_watcher.rs`: `--plugins-registry`, drivers registering themselves.
 
-mod actual_state;
 mod containers;
-mod desired_state;
 pub mod host;
-pub mod operations;
+mod images;
+mod kubelet_volumes;
+mod kuberuntime;
 pub mod plugin_watcher;
 mod pod_worker;
-mod populator;
-mod reconciler;
-mod reconstruct;
 pub mod registry;
 mod subpath;
+pub mod volumemanager;
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use inlet_host::mount::MountLayer;
@@ -45,17 +44,18 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 
-use actual_state::ActualState;
-pub use actual_state::MountState;
-use desired_state::DesiredState;
 use host::NodeHost;
-pub use operations::BackoffPolicy;
-use operations::Operations;
-pub use pod_worker::{ContainerReport, MountReport, PodRuntime};
+use images::ImageManager;
+pub use kuberuntime::{ContainerReport, ContainerState, MountReport};
+pub use pod_worker::PodRuntime;
 use registry::DriverRegistry;
+use volumemanager::VolumeManagerConfig;
+pub use volumemanager::{MountState, VolumeManager};
 
 use crate::api::Api;
 use crate::cri::Cri;
+pub use crate::operations::BackoffPolicy;
+use crate::operations::Operations;
 
 /// The shortest time between two passes of a node's loop (upstream's reconciler and populator sleep
 /// 100 ms between passes).
@@ -151,25 +151,20 @@ pub struct Kubelet {
     pub api: Arc<Api>,
     /// The registered CSI drivers.
     pub registry: Arc<DriverRegistry>,
-    host: Arc<NodeHost>,
-    plugins: Vec<Arc<dyn VolumePlugin>>,
+    /// The volume manager: what the pods want mounted and what is.
+    pub volumes: Arc<VolumeManager>,
     cri: Cri,
-    /// The node's image puller (shared with image volumes): its record of which credentials pulled which
-    /// image decides whether a pod may use a cached container image (KEP-2535).
-    puller: Option<Arc<Puller>>,
-    dsw: Mutex<DesiredState>,
-    asw: Mutex<ActualState>,
-    ops: Mutex<Operations>,
+    /// The image manager, over the node's image puller (shared with image volumes): its record of which
+    /// credentials pulled which image decides whether a pod may use a cached container image (KEP-2535).
+    images: ImageManager,
+    /// What the pod workers know of each pod, by UID.
     pods: Mutex<HashMap<String, PodRuntime>>,
-    kick: Notify,
-    /// Set once the state left by a previous kubelet is reconstructed; the node is not idle before.
-    reconstructed: std::sync::atomic::AtomicBool,
-    /// Set by the first populator pass after the API's sources are ready (upstream's `HasAddedPods`):
-    /// until then nothing is torn down, no sandbox is stopped and no pod dir removed, since a pod missing
-    /// from the desired state may only not be loaded yet (`reconstruct.go`, `readyToUnmount`).
-    populator_has_added_pods: std::sync::atomic::AtomicBool,
+    /// The pod workers' operations (start, stop), one at a time per pod, with backoff.
+    pod_ops: Mutex<Operations>,
+    /// Wakes the node's loop: an operation ended, a driver registered.
+    kick: Arc<Notify>,
     /// Set once the sandboxes a previous kubelet left have been adopted or stopped.
-    sandboxes_adopted: std::sync::atomic::AtomicBool,
+    sandboxes_adopted: AtomicBool,
     /// When the runtime was last relisted.
     last_relist: Mutex<Option<Instant>>,
 }
@@ -208,18 +203,19 @@ impl Kubelet {
         // The engine's puller, or (when the runtime's storage cannot be opened for image volumes) one of
         // the node's own over the same record: container images follow the policy either way.
         let puller = match &images {
-            Some(engine) => Some(Arc::clone(&engine.puller)),
-            None => Puller::new(
-                cri.image.clone(),
-                &image_plugin_dir(&config.root),
-                config.image_verification,
-                None,
-            )
-            .map(Arc::new)
-            .inspect_err(
-                |e| tracing::error!(node = %config.name, error = %e, "no image pull record"),
-            )
-            .ok(),
+            Some(engine) => Arc::clone(&engine.puller),
+            None => Arc::new(
+                Puller::new(
+                    cri.image.clone(),
+                    &image_plugin_dir(&config.root),
+                    config.image_verification,
+                    None,
+                )
+                .unwrap_or_else(|e| {
+                    tracing::error!(node = %config.name, error = %e, "no image pull record");
+                    Puller::unrecorded(cri.image.clone(), config.image_verification)
+                }),
+            ),
         };
         if let Some(engine) = images {
             plugins.push(Arc::new(ImagePlugin::new(
@@ -235,22 +231,30 @@ impl Kubelet {
             },
             ..Default::default()
         });
+        let kick = Arc::new(Notify::new());
+        let volumes = VolumeManager::new(
+            VolumeManagerConfig {
+                node: config.name.clone(),
+                root: config.root.clone(),
+                backoff: config.backoff,
+                republish_period: config.republish_period,
+            },
+            Arc::clone(&api),
+            host,
+            plugins,
+            Arc::clone(&kick),
+        );
         Arc::new(Self {
-            ops: Mutex::new(Operations::new(config.backoff)),
+            pod_ops: Mutex::new(Operations::new(config.backoff)),
+            images: ImageManager::new(Arc::clone(&api), cri.image.clone(), puller),
+            volumes: Arc::new(volumes),
             config,
             api,
             registry,
-            host,
-            plugins,
             cri,
-            puller,
-            dsw: Mutex::default(),
-            asw: Mutex::default(),
             pods: Mutex::default(),
-            kick: Notify::new(),
-            reconstructed: std::sync::atomic::AtomicBool::new(false),
-            populator_has_added_pods: std::sync::atomic::AtomicBool::new(false),
-            sandboxes_adopted: std::sync::atomic::AtomicBool::new(false),
+            kick,
+            sandboxes_adopted: AtomicBool::new(false),
             last_relist: Mutex::new(None),
         })
     }
@@ -259,8 +263,9 @@ impl Kubelet {
     /// the populator, the reconciler and the pod workers each take one pass.
     pub async fn run(self: Arc<Self>, stop: impl std::future::Future<Output = ()>) {
         tokio::pin!(stop);
-        self.reconstruct().await;
-        self.reconstructed.store(true, Ordering::Release);
+        // Reading the previous kubelet's state walks the pods' dirs: off the async workers.
+        let (volumes, pods) = (Arc::clone(&self.volumes), self.my_pods_by_uid());
+        let _ = tokio::task::spawn_blocking(move || volumes.reconstruct(&pods)).await;
         // The plugin manager lives as long as this kubelet (aborted with it).
         let _plugin_manager = self.config.plugins_registry.as_ref().map(|dir| {
             let node = Arc::clone(&self);
@@ -279,10 +284,11 @@ impl Kubelet {
         loop {
             let synced = Instant::now();
             self.sync().await;
-            let mut next = self
-                .ops
-                .lock()
-                .next_retry()
+            let retries = [self.volumes.next_retry(), self.pod_ops.lock().next_retry()];
+            let mut next = retries
+                .into_iter()
+                .flatten()
+                .min()
                 .unwrap_or_else(|| Instant::now() + Duration::from_secs(1));
             // Running pods are relisted on time, so their containers' exits are seen.
             if self.has_running_pods() {
@@ -306,12 +312,23 @@ impl Kubelet {
     }
 
     async fn sync(self: &Arc<Self>) {
-        self.populate().await;
-        let ready = self.populator_has_added_pods();
+        // Read before listing pods: a pass that began before the sources were ready may have missed some.
+        let sources_ready = self.api.sources_ready();
+        let pods = self.my_pods();
+        let terminated = |uid: &str| {
+            self.pods
+                .lock()
+                .get(uid)
+                .is_some_and(PodRuntime::terminated)
+        };
+        self.volumes
+            .populate(sources_ready, &pods, terminated)
+            .await;
+        let ready = self.volumes.populator_has_added_pods();
         if ready && !self.sandboxes_adopted.swap(true, Ordering::AcqRel) {
             self.adopt_sandboxes().await;
         }
-        self.reconcile().await;
+        self.volumes.reconcile().await;
         self.sync_pods().await;
         self.relist().await;
         if ready {
@@ -328,21 +345,21 @@ impl Kubelet {
             .any(|r| r.state == pod_worker::PodState::Running)
     }
 
-    /// True once the populator has added every pod of the API after its sources were ready.
-    fn populator_has_added_pods(&self) -> bool {
-        self.populator_has_added_pods.load(Ordering::Acquire)
-    }
-
     /// Pods bound to this node.
     fn my_pods(&self) -> Vec<Arc<Pod>> {
         self.api.pods_on(&self.config.name)
     }
 
-    /// `node.status.volumesInUse`: what the attach/detach controller must not detach. Written only when it
-    /// changes, so the node does not wake itself.
-    ///
-    /// Only attachable volumes, as upstream's `GetVolumesInUse`: those the desired state wants attached,
-    /// and, until they are unmounted, those already reported that the actual state still holds.
+    /// This node's pods by UID.
+    fn my_pods_by_uid(&self) -> HashMap<String, Arc<Pod>> {
+        self.my_pods()
+            .into_iter()
+            .filter_map(|p| Some((p.metadata.uid.clone()?, p)))
+            .collect()
+    }
+
+    /// `node.status.volumesInUse` from the volume manager, written only when it changes, so the node does
+    /// not wake itself.
     fn report_volumes_in_use(&self) {
         let current = self
             .api
@@ -350,18 +367,7 @@ impl Kubelet {
             .and_then(|n| n.status.clone())
             .and_then(|s| s.volumes_in_use)
             .unwrap_or_default();
-        let mut in_use: BTreeSet<String> = self
-            .dsw
-            .lock()
-            .volumes()
-            .iter()
-            .filter(|(_, v)| v.attachable)
-            .map(|(unique, _)| unique.clone())
-            .collect();
-        let asw = self.asw.lock();
-        in_use.extend(current.iter().filter(|v| asw.volume(v).is_some()).cloned());
-        drop(asw);
-        let in_use: Vec<String> = in_use.into_iter().collect();
+        let in_use = self.volumes.volumes_in_use(&current);
         if current != in_use {
             self.api.update::<Node>("", &self.config.name, |n| {
                 n.status
@@ -378,22 +384,20 @@ impl Kubelet {
 
     /// True once this kubelet has looked at what a previous one left on disk (its reconstruction).
     pub fn reconstructed(&self) -> bool {
-        self.reconstructed.load(Ordering::Acquire)
+        self.volumes.reconstructed()
     }
 
     /// True when nothing is wanted, nothing is attached, staged or mounted, and no operation runs (and
     /// what a previous kubelet left has been looked at).
     pub fn idle(&self) -> bool {
-        self.reconstructed.load(Ordering::Acquire)
+        self.volumes.idle()
             && self.sandboxes_adopted.load(Ordering::Acquire)
-            && !self.ops.lock().busy()
-            && self.dsw.lock().volumes().is_empty()
-            && self.asw.lock().volumes().is_empty()
+            && !self.pod_ops.lock().busy()
     }
 
     /// The plugin that handles `spec` on this node.
     pub fn volume_plugin(&self, spec: &inlet_volume::Spec) -> Arc<dyn VolumePlugin> {
-        self.plugin_for(spec)
+        self.volumes.plugin_for(spec)
     }
 
     /// Wakes the node's loop now.

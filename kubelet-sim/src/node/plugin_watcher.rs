@@ -23,8 +23,8 @@ use inlet_proto::pluginregistration::{InfoRequest, RegistrationStatus};
 use tokio::task::JoinSet;
 use tonic::transport::Channel;
 
-use super::operations::BackoffPolicy;
 use super::registry::DriverRegistry;
+use crate::operations::BackoffPolicy;
 
 /// How often the reconciler runs (upstream's `loopSleepDuration`).
 const LOOP_PERIOD: Duration = Duration::from_secs(1);

@@ -136,7 +136,7 @@ async fn csinode_lists(w: &mut Sim, node: String, lists: String, driver: String)
     let want = lists == "lists";
     let api = Arc::clone(&w.sim().api);
     let listed = move || {
-        api.get::<CSINode>("", &node)
+        api.get_recorded::<CSINode>("", &node)
             .is_some_and(|n| n.spec.drivers.iter().any(|d| d.name == driver))
     };
     w.wait(&format!("the CSINode {lists} the driver"), |_| {

@@ -90,8 +90,26 @@ pub struct PullRequest {
     pub policy: PullPolicy,
     /// The credentials that apply to the image, in the order to try them.
     pub credentials: Vec<Credentials>,
-    /// How long the caller waits for a pull before getting [`PullError::InProgress`].
+    /// How long the caller waits for a pull before getting [`PullError::InProgress`] (`Duration::MAX`:
+    /// until it ends, as a container's pull does).
     pub wait: Duration,
+    /// The pod sandbox the image is for, passed to the runtime's PullImage (a container's pull has one;
+    /// a volume's has none).
+    pub sandbox: Option<cri::PodSandboxConfig>,
+}
+
+/// What a request needs, given whether the image is present (`image_manager.go` EnsureImageExists:
+/// the pull policy, then the pull manager's `MustAttemptImagePull` for a cached image).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// The image is present and the caller may use it: no pull.
+    UseCached(String),
+    /// The image must be pulled: it is absent, the policy is Always, or it is cached and the caller must
+    /// prove access by pulling it with its own credentials.
+    Pull,
+    /// No pull may happen: the policy is Never and the image is absent ([`PullError::NeverPull`]) or
+    /// cached but not the caller's to use ([`PullError::Denied`]).
+    Refused(PullError),
 }
 
 /// Why an image is not ready. Messages name the image, never a credential.
@@ -125,6 +143,8 @@ pub enum PullError {
     NotFound {
         /// The image.
         image: String,
+        /// The runtime's code.
+        code: Code,
         /// The runtime's words.
         message: String,
     },
@@ -133,6 +153,8 @@ pub enum PullError {
     Unauthorized {
         /// The image.
         image: String,
+        /// The runtime's code.
+        code: Code,
         /// The runtime's words.
         message: String,
     },
@@ -144,9 +166,29 @@ pub enum PullError {
     Failed {
         /// The image.
         image: String,
+        /// The runtime's code, when the runtime answered so (None: the pull failed here).
+        code: Option<Code>,
         /// The runtime's words.
         message: String,
     },
+}
+
+impl PullError {
+    /// The runtime's answer, when the error is one: its code and message, which the kubelet's events
+    /// show as grpc-go prints them.
+    pub fn runtime_status(&self) -> Option<(Code, &str)> {
+        match self {
+            PullError::NotFound { code, message, .. }
+            | PullError::Unauthorized { code, message, .. } => Some((*code, message)),
+            PullError::Failed {
+                code: Some(code),
+                message,
+                ..
+            } => Some((*code, message)),
+            PullError::Unavailable(message) => Some((Code::Unavailable, message)),
+            _ => None,
+        }
+    }
 }
 
 impl From<PullError> for Error {
@@ -184,7 +226,9 @@ struct Running {
 /// Pulls images through CRI and remembers who may use them. Cheap to share behind an `Arc`.
 pub struct Puller {
     cri: ImageServiceClient<Channel>,
-    records: PullRecords,
+    /// The node's record of who pulled what; None only for a node whose record cannot be opened at all
+    /// (see [`Puller::unrecorded`]).
+    records: Option<PullRecords>,
     running: Mutex<HashMap<String, Running>>,
     verification: VerificationPolicy,
     progress: Option<Arc<dyn ImageStore>>,
@@ -205,82 +249,96 @@ impl Puller {
     ) -> inlet_host::Result<Self> {
         Ok(Self {
             cri,
-            records: PullRecords::open(records_dir)?,
+            records: Some(PullRecords::open(records_dir)?),
             running: Mutex::default(),
             verification,
             progress,
         })
     }
 
+    /// A puller without a record, for a node whose record cannot be opened: nothing is remembered, and
+    /// a cached image is used unproven only under `NeverVerify`.
+    pub fn unrecorded(cri: ImageServiceClient<Channel>, verification: VerificationPolicy) -> Self {
+        Self {
+            cri,
+            records: None,
+            running: Mutex::default(),
+            verification,
+            progress: None,
+        }
+    }
+
     /// Announces a pull of `image` before it starts (upstream's pull intent): until its record is
     /// written, the image counts as pulled by this node with credentials unknown. An error means the
     /// pull must not start: its record could not be kept.
-    pub fn intend_pull(&self, image: &str) -> Result<(), PullError> {
-        self.records
+    fn intend_pull(&self, image: &str) -> Result<(), PullError> {
+        let Some(records) = &self.records else {
+            return Ok(());
+        };
+        records
             .update(|r| {
                 r.intents.insert(image.to_string());
             })
             .map_err(|e| PullError::Failed {
                 image: image.to_string(),
+                code: None,
                 message: format!("recording the pull: {e}"),
             })
     }
 
-    /// Records that `image` was pulled, as the runtime's `image_ref`, with `credentials` (None:
-    /// anonymously), by a puller outside the engine.
-    pub async fn record_pull(
-        &self,
-        image: &str,
-        image_ref: &str,
-        credentials: Option<&Credentials>,
-    ) -> Result<(), PullError> {
-        // The id ImageStatus gives the pulled reference, not whatever the tag names by now.
-        let id = self
-            .status(image_ref)
-            .await?
-            .unwrap_or_else(|| image_ref.to_string());
-        let fingerprint = credentials.map(|c| c.fingerprint(self.salt().as_bytes()));
-        self.remember(image, &id, fingerprint);
-        Ok(())
-    }
-
     /// The node's salt for fingerprints (empty if the record cannot be read: then nothing matches).
     fn salt(&self) -> String {
-        self.records.read(|r| r.salt.clone()).unwrap_or_default()
+        self.records
+            .as_ref()
+            .and_then(|records| records.read(|r| r.salt.clone()))
+            .unwrap_or_default()
     }
 
-    /// Makes `request.image` present and usable by the caller, per its policy and credentials.
+    /// Makes `request.image` present and usable by the caller, per its policy and credentials: the
+    /// runtime's ImageStatus, [`Self::decide`], then [`Self::pull`] when needed. A cached image the
+    /// registry refuses the caller is [`PullError::Denied`].
     pub async fn ensure(&self, request: &PullRequest) -> Result<Pulled, PullError> {
         let present = self.status(&request.image).await?;
-        let need_pull = match (request.policy, &present) {
-            (PullPolicy::Always, _) => true,
-            (PullPolicy::Never, None) => return Err(PullError::NeverPull(request.image.clone())),
-            (_, None) => true,
-            (_, Some(id)) => !self.may_use(&request.image, id, &request.credentials),
-        };
-        if !need_pull {
-            return Ok(Pulled {
-                id: present.unwrap_or_default(),
-                pulled: false,
-            });
+        match self.decide(request, present.as_deref()) {
+            Decision::UseCached(id) => Ok(Pulled { id, pulled: false }),
+            Decision::Refused(e) => Err(e),
+            Decision::Pull => match self.pull(request).await {
+                Err(PullError::Unauthorized { message, .. }) if present.is_some() => {
+                    Err(PullError::Denied {
+                        image: request.image.clone(),
+                        reason: message,
+                    })
+                }
+                pulled => pulled,
+            },
         }
-        if request.policy == PullPolicy::Never {
-            return Err(PullError::Denied {
+    }
+
+    /// Whether `request` may use the image as it is (the runtime's id for it in `present`, None when
+    /// absent), must pull it, or may not have it: the one place a cached image is judged, for container
+    /// images and image volumes alike.
+    pub fn decide(&self, request: &PullRequest, present: Option<&str>) -> Decision {
+        let usable = |id: &str| self.may_use(&request.image, id, &request.credentials);
+        match (request.policy, present) {
+            (PullPolicy::Always, _) => Decision::Pull,
+            (PullPolicy::Never, None) => {
+                Decision::Refused(PullError::NeverPull(request.image.clone()))
+            }
+            (PullPolicy::Never, Some(id)) if !usable(id) => Decision::Refused(PullError::Denied {
                 image: request.image.clone(),
                 reason: "pull policy Never forbids proving access at the registry".into(),
-            });
+            }),
+            (_, None) => Decision::Pull,
+            (_, Some(id)) if usable(id) => Decision::UseCached(id.to_string()),
+            (_, Some(_)) => Decision::Pull,
         }
+    }
+
+    /// Pulls `request.image` (announced first, recorded after with the credential that worked), joining
+    /// a running pull of the same image and credentials; waits at most `request.wait`.
+    pub async fn pull(&self, request: &PullRequest) -> Result<Pulled, PullError> {
         self.intend_pull(&request.image)?;
-        let (id, fingerprint) = match self.pull(request).await {
-            Ok(pulled) => pulled,
-            Err(PullError::Unauthorized { message, .. }) if present.is_some() => {
-                return Err(PullError::Denied {
-                    image: request.image.clone(),
-                    reason: message,
-                });
-            }
-            Err(e) => return Err(e),
-        };
+        let (id, fingerprint) = self.join_pull(request).await?;
         // PullImage's `image_ref` is the image id on containerd but `repository@digest` on CRI-O: the id
         // the store and the credential record know comes from ImageStatus. Recording credentials under
         // the reference instead would leave a private image pulled on CRI-O unrecorded, so served to
@@ -303,10 +361,12 @@ impl Puller {
     }
 
     /// True when the caller may use the cached `image` (the runtime's `id` for it) without pulling it.
-    /// Records that cannot be read, or a pull announced and never recorded, mean no. Public for pullers
-    /// outside the engine (the kubelet's container images), which have the id from their ImageStatus.
-    pub fn may_use(&self, image: &str, id: &str, credentials: &[Credentials]) -> bool {
-        self.records
+    /// Records that cannot be read, or a pull announced and never recorded, mean no.
+    fn may_use(&self, image: &str, id: &str, credentials: &[Credentials]) -> bool {
+        let Some(records) = &self.records else {
+            return self.verification == VerificationPolicy::NeverVerify;
+        };
+        records
             .read(|records| {
                 let Some(record) = records.images.get(id) else {
                     return !records.intents.contains(image)
@@ -327,7 +387,10 @@ impl Puller {
     /// Records who pulled `image` (the runtime's `id`), and clears its intent. A failure is logged: the
     /// intent stays, so the image keeps needing proof.
     fn remember(&self, image: &str, id: &str, fingerprint: Option<String>) {
-        let saved = self.records.update(|records| {
+        let Some(records) = &self.records else {
+            return;
+        };
+        let saved = records.update(|records| {
             let record = records.images.entry(id.to_string()).or_default();
             match fingerprint {
                 Some(f) => {
@@ -343,7 +406,10 @@ impl Puller {
     }
 
     /// Joins or starts the background pull for this image and credentials, and waits up to the budget.
-    async fn pull(&self, request: &PullRequest) -> Result<(String, Option<String>), PullError> {
+    async fn join_pull(
+        &self,
+        request: &PullRequest,
+    ) -> Result<(String, Option<String>), PullError> {
         let salt = self.salt();
         let fingerprints: Vec<String> = request
             .credentials
@@ -397,6 +463,7 @@ impl Puller {
 fn unreachable_outcome(image: &str) -> Result<(String, Option<String>), PullError> {
     Err(PullError::Failed {
         image: image.to_string(),
+        code: None,
         message: "the pull task ended without a result".into(),
     })
 }
@@ -426,7 +493,7 @@ async fn pull_with(
         let pull = client.pull_image(cri::PullImageRequest {
             image: Some(image_spec(&request.image)),
             auth: credentials.map(Credentials::to_cri),
-            sandbox_config: None,
+            sandbox_config: request.sandbox.clone(),
         });
         tokio::pin!(pull);
         let mut ticker = tokio::time::interval(Duration::from_secs(10));
@@ -449,10 +516,8 @@ async fn pull_with(
             Err(status) => {
                 let err = classify(&request.image, status);
                 tracing::warn!(image = %request.image, error = %err, "pull failed");
-                // Another credential may work; anything but a refusal will not change with one.
-                if !matches!(err, PullError::Unauthorized { .. }) {
-                    return Err(err);
-                }
+                // The next credential is tried whatever the error, as kuberuntime_image.go PullImage
+                // does; the last error is the answer.
                 last = Some(err);
             }
         }
@@ -480,15 +545,36 @@ fn classify(image: &str, status: tonic::Status) -> PullError {
     let image = image.to_string();
     match status.code() {
         Code::Unavailable => PullError::Unavailable(message),
-        Code::Unauthenticated | Code::PermissionDenied => {
-            PullError::Unauthorized { image, message }
+        code @ (Code::Unauthenticated | Code::PermissionDenied) => PullError::Unauthorized {
+            image,
+            code,
+            message,
+        },
+        code if lower.contains("unauthorized")
+            || lower.contains("401")
+            || lower.contains("403") =>
+        {
+            PullError::Unauthorized {
+                image,
+                code,
+                message,
+            }
         }
-        _ if lower.contains("unauthorized") || lower.contains("401") || lower.contains("403") => {
-            PullError::Unauthorized { image, message }
-        }
-        Code::NotFound => PullError::NotFound { image, message },
-        _ if lower.contains("not found") => PullError::NotFound { image, message },
-        _ => PullError::Failed { image, message },
+        code @ Code::NotFound => PullError::NotFound {
+            image,
+            code,
+            message,
+        },
+        code if lower.contains("not found") => PullError::NotFound {
+            image,
+            code,
+            message,
+        },
+        code => PullError::Failed {
+            image,
+            code: Some(code),
+            message,
+        },
     }
 }
 

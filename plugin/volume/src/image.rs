@@ -201,6 +201,7 @@ impl Mounter for ImageMounter {
             policy,
             credentials,
             wait: self.pull_wait,
+            sandbox: None,
         };
         // The kubelet's image events, for the volume's image (`kuberuntime_image.go` words).
         let pulled = match self.engine.puller.ensure(&request).await {

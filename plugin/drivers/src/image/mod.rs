@@ -170,6 +170,7 @@ impl ImageService {
                 policy,
                 credentials,
                 wait: pull_wait(deadline, self.config.pull_wait),
+                sandbox: None,
             })
             .await?;
         let volume = ImageVolume {

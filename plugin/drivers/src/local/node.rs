@@ -253,24 +253,17 @@ impl LocalDriver {
 
     /// Gives the volume mounted at `path` to the capability's `volume_mount_group` (VOLUME_MOUNT_GROUP): its
     /// root dir gets the group, group read/write and the setgid bit, so files made there inherit the group.
-    /// Needs root; without it (the recording mounter ran, nothing is mounted) there is nothing to change.
+    /// Through the mount layer, as every host effect (the recording fake records it).
     fn apply_mount_group(&self, path: &Path, cap: &Capability) -> Result<()> {
-        use std::os::unix::fs::PermissionsExt;
         let Some(gid) = cap.mount_group.filter(|_| self.config.volume_mount_group) else {
             return Ok(());
         };
-        if !inlet_host::mount::can_mount() || cap.flags.read_only {
+        if cap.flags.read_only {
             return Ok(());
         }
-        nix::unistd::chown(path, None, Some(nix::unistd::Gid::from_raw(gid)))
-            .map_err(io::Error::from)
-            .context(|| format!("giving {} to group {gid}", path.display()))?;
-        let mode = fs::metadata(path)
-            .context(|| format!("reading {}", path.display()))?
-            .permissions()
-            .mode();
-        fs::set_permissions(path, fs::Permissions::from_mode(mode | 0o2070))
-            .context(|| format!("setting the group bits of {}", path.display()))
+        self.mounter
+            .set_group(path, gid, 0o2070)
+            .context(|| format!("giving {} to group {gid}", path.display()))
     }
 
     /// NodeUnpublishVolume: unmounts and removes the target; the last unpublish of an ephemeral volume deletes

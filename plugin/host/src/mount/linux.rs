@@ -166,13 +166,47 @@ impl MountLayer for LinuxMounter {
     }
 
     fn mounts_under(&self, dir: &Path) -> io::Result<Vec<PathBuf>> {
-        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")?;
-        let mut under: Vec<PathBuf> = mount_points(&mountinfo)
-            .filter(|p| p.starts_with(dir))
-            .collect();
-        under.sort();
-        under.dedup();
-        Ok(under)
+        // A walk with one statx per entry, not a read of the mount table: its cost is the entries under
+        // `dir`, whatever the node's other mounts. Symlinks are not followed, mounts not entered; an
+        // entry that cannot be looked at counts as mounted, so no caller removes what it cannot see.
+        let mut found = Vec::new();
+        let mut stack = vec![dir.to_path_buf()];
+        while let Some(path) = stack.pop() {
+            if self.is_mount_point(&path).unwrap_or(true) {
+                found.push(path);
+                continue;
+            }
+            let is_dir = std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir());
+            if !is_dir {
+                continue;
+            }
+            for entry in std::fs::read_dir(&path).into_iter().flatten().flatten() {
+                stack.push(entry.path());
+            }
+        }
+        found.sort();
+        Ok(found)
+    }
+
+    fn set_group(&self, path: &Path, gid: u32, mode_bits: u32) -> io::Result<()> {
+        use nix::fcntl::AtFlags;
+        use std::os::unix::fs::PermissionsExt;
+        let meta = std::fs::symlink_metadata(path)?;
+        if meta.file_type().is_symlink() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{} is a symlink", path.display()),
+            ));
+        }
+        nix::unistd::fchownat(
+            nix::fcntl::AT_FDCWD,
+            path,
+            None,
+            Some(nix::unistd::Gid::from_raw(gid)),
+            AtFlags::AT_SYMLINK_NOFOLLOW,
+        )?;
+        let mode = meta.permissions().mode() | mode_bits;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
     }
 
     fn attach_loop(&self, file: &Path) -> io::Result<PathBuf> {

@@ -78,9 +78,15 @@ pub trait MountLayer: Send + Sync + std::fmt::Debug {
     /// True when `path` is itself a mount point (including a bind mount on the same filesystem).
     /// A path that does not exist is not a mount point.
     fn is_mount_point(&self, path: &Path) -> io::Result<bool>;
-    /// Every mount point at or below `dir`, sorted, from one read of the mount table: what a teardown
-    /// check looks for, at a cost that does not grow with the directories under `dir`.
+    /// Every mount point at or below `dir` (directories and files), sorted; mounts inside another are not
+    /// listed, and symlinks are not followed; an entry that cannot be looked at is listed. What every "is
+    /// anything left mounted here" check asks. The cost is the entries under `dir`, never the node's mount
+    /// table.
     fn mounts_under(&self, dir: &Path) -> io::Result<Vec<PathBuf>>;
+    /// Gives `path` itself (a symlink is refused, never followed) to group `gid` and adds `mode_bits`
+    /// (`0o060`, the setgid bit `0o2000`...) to its mode: the fsGroup step (`SetVolumeOwnership`) and a
+    /// driver's VOLUME_MOUNT_GROUP. The owner is left alone.
+    fn set_group(&self, path: &Path, gid: u32, mode_bits: u32) -> io::Result<()>;
     /// Attaches `file` to a free loop device and returns the device path.
     fn attach_loop(&self, file: &Path) -> io::Result<PathBuf>;
     /// The loop device `file` is attached to, if any.

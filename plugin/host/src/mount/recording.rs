@@ -41,6 +41,15 @@ pub enum MountCall {
     RemountReadOnly(PathBuf),
     /// `unmount(target)`.
     Unmount(PathBuf),
+    /// `set_group(path, gid, mode_bits)`.
+    SetGroup {
+        /// What was given to the group.
+        path: PathBuf,
+        /// The group.
+        gid: u32,
+        /// The mode bits added.
+        mode_bits: u32,
+    },
     /// `attach_loop(file)`.
     AttachLoop(PathBuf),
     /// `refresh_loop(device)`.
@@ -153,12 +162,24 @@ impl MountLayer for RecordingMounter {
 
     fn mounts_under(&self, dir: &Path) -> io::Result<Vec<PathBuf>> {
         let state = self.state.lock();
-        Ok(state
-            .mounts
-            .keys()
-            .filter(|p| p.starts_with(dir))
-            .cloned()
-            .collect())
+        let under: Vec<&PathBuf> = state.mounts.keys().filter(|p| p.starts_with(dir)).collect();
+        // Sorted, so a mount inside another comes after it.
+        let mut outer: Vec<PathBuf> = Vec::new();
+        for path in under {
+            if !outer.iter().any(|o| path.starts_with(o)) {
+                outer.push(path.clone());
+            }
+        }
+        Ok(outer)
+    }
+
+    fn set_group(&self, path: &Path, gid: u32, mode_bits: u32) -> io::Result<()> {
+        self.state.lock().calls.push(MountCall::SetGroup {
+            path: path.into(),
+            gid,
+            mode_bits,
+        });
+        Ok(())
     }
 
     fn attach_loop(&self, file: &Path) -> io::Result<PathBuf> {

@@ -3,13 +3,14 @@
 //! publish context (persistent only), secrets from the pod's namespace, pod info, tokens, `vol_data.json`,
 //! NodePublishVolume, fsGroup.
 
-use inlet_proto::csi_call::rpc_error;
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use inlet_host::mount::MountLayer;
 use inlet_proto::csi::v1::{self as csi, node_service_capability::rpc::Type as NodeCap};
+use inlet_proto::csi_call::rpc_error;
 
 use super::driver::{
     check_lifecycle_mode, fs_group_policy, pod_info_attributes, service_account_tokens,
@@ -199,9 +200,11 @@ impl CsiMounter {
             )
         {
             if let Some(gid) = args.fs_group {
-                apply_fs_group(dir, gid).map_err(|e| {
-                    VolumeError::uncertain(format!("applyFSGroup failed for vol {handle}: {e}"))
-                })?;
+                apply_fs_group(self.host.mounter(), dir, gid)
+                    .await
+                    .map_err(|e| {
+                        VolumeError::uncertain(format!("applyFSGroup failed for vol {handle}: {e}"))
+                    })?;
             }
         }
         Ok(())
@@ -389,29 +392,30 @@ pub(super) fn remove_mount_dir(host: &dyn VolumeHost, dir: &Path) {
     }
 }
 
-/// `SetVolumeOwnership`: the group of every file becomes `gid`, with group read/write, and directories get
-/// the setgid bit so new files inherit the group. Needs root; without it nothing can be chowned and the
-/// step is skipped (the recording mounter ran, so nothing is mounted either).
-fn apply_fs_group(dir: &Path, gid: i64) -> std::io::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    if !inlet_host::mount::can_mount() {
-        return Ok(());
-    }
-    let gid = nix::unistd::Gid::from_raw(u32::try_from(gid).map_err(std::io::Error::other)?);
-    for entry in walkdir::WalkDir::new(dir) {
-        let entry = entry.map_err(std::io::Error::other)?;
-        if entry.path_is_symlink() {
-            continue;
+/// `SetVolumeOwnership` (`volume_linux.go`): the group of every file becomes `gid`, with group read/write,
+/// and directories get the setgid bit so new files inherit the group. Like upstream's `filepath.Walk`, the
+/// walk does not follow symlinks, and a symlink is left alone. Every change goes through the mount layer
+/// (the recording fake records it); the walk runs on the blocking pool.
+async fn apply_fs_group(mounter: Arc<dyn MountLayer>, dir: &Path, gid: i64) -> std::io::Result<()> {
+    let gid = u32::try_from(gid).map_err(std::io::Error::other)?;
+    let dir = dir.to_path_buf();
+    let walk = move || {
+        for entry in walkdir::WalkDir::new(&dir) {
+            let entry = entry.map_err(std::io::Error::other)?;
+            if entry.path_is_symlink() {
+                continue;
+            }
+            let bits = match entry.file_type().is_dir() {
+                true => 0o2070,
+                false => 0o060,
+            };
+            mounter.set_group(entry.path(), gid, bits)?;
         }
-        nix::unistd::chown(entry.path(), None, Some(gid)).map_err(std::io::Error::from)?;
-        let meta = entry.metadata().map_err(std::io::Error::other)?;
-        let mut mode = meta.permissions().mode() | 0o060;
-        if meta.is_dir() {
-            mode |= 0o2010;
-        }
-        std::fs::set_permissions(entry.path(), std::fs::Permissions::from_mode(mode))?;
-    }
-    Ok(())
+        Ok(())
+    };
+    tokio::task::spawn_blocking(walk)
+        .await
+        .map_err(std::io::Error::other)?
 }
 
 impl CsiPlugin {

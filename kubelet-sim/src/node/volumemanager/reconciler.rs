@@ -7,14 +7,14 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-use inlet_volume::{ErrorClass, MounterArgs, PodInfo, Spec, VolumeError, VolumePlugin};
+use inlet_volume::{ErrorClass, MounterArgs, PodInfo, Spec, VolumeError};
 use k8s_openapi::api::core::v1::Pod;
 
-use super::Kubelet;
+use super::VolumeManager;
 use super::actual_state::{MountState, MountedPod};
 use super::desired_state::PodVolume;
-use super::operations::OpKey;
-use super::subpath;
+use crate::node::subpath;
+use crate::operations::OpKey;
 
 /// One piece of work a pass decided on.
 enum Action {
@@ -51,8 +51,9 @@ enum Action {
     },
 }
 
-impl Kubelet {
-    pub(super) async fn reconcile(self: &Arc<Self>) {
+impl VolumeManager {
+    /// One pass: plans under the state locks, then starts each action as an operation.
+    pub async fn reconcile(self: &Arc<Self>) {
         for action in self.plan() {
             match action {
                 Action::Forget { unique } => self.asw.lock().remove(&unique),
@@ -67,7 +68,7 @@ impl Kubelet {
                         continue;
                     };
                     if attacher
-                        .wait_for_attach(&volume.spec, &volume.pod, &self.config.name)
+                        .wait_for_attach(&volume.spec, &volume.pod, &self.node)
                         .await
                         .is_ok()
                     {
@@ -80,39 +81,25 @@ impl Kubelet {
                     mount,
                     spec,
                 } => {
-                    let key = OpKey {
-                        volume: unique.clone(),
-                        pod: Some(mount.pod.uid.clone()),
-                    };
+                    let key = OpKey::volume(&unique, &mount.pod.uid);
                     self.spawn_op(key, move |me| me.tear_down(unique, *mount, spec));
                 }
                 Action::UnmountDevice { unique, spec, path } => {
-                    self.spawn_op(
-                        OpKey {
-                            volume: unique.clone(),
-                            pod: None,
-                        },
-                        move |me| me.unmount_device(unique, spec, path),
-                    );
+                    self.spawn_op(OpKey::device(&unique), move |me| {
+                        me.unmount_device(unique, spec, path)
+                    });
                 }
                 Action::MountDevice {
                     unique,
                     volume,
                     waiting,
                 } => {
-                    self.spawn_op(
-                        OpKey {
-                            volume: unique.clone(),
-                            pod: None,
-                        },
-                        move |me| me.mount_device(unique, volume, waiting),
-                    );
+                    self.spawn_op(OpKey::device(&unique), move |me| {
+                        me.mount_device(unique, volume, waiting)
+                    });
                 }
                 Action::SetUp { unique, volume } => {
-                    let key = OpKey {
-                        volume: unique.clone(),
-                        pod: Some(volume.pod.uid.clone()),
-                    };
+                    let key = OpKey::volume(&unique, &volume.pod.uid);
                     self.spawn_op(key, move |me| me.set_up(unique, volume));
                 }
             }
@@ -183,8 +170,7 @@ impl Kubelet {
             }
             for (uid, volume) in &desired.pods {
                 let republish_due = asw.mounted(unique, uid).is_some_and(|m| {
-                    volume.requires_republish
-                        && m.published_at.elapsed() >= self.config.republish_period
+                    volume.requires_republish && m.published_at.elapsed() >= self.republish_period
                 });
                 if asw.mounted(unique, uid).is_none() || republish_due {
                     actions.push(Action::SetUp {
@@ -216,16 +202,6 @@ impl Kubelet {
         });
     }
 
-    pub(super) fn plugin_for(&self, spec: &Spec) -> Arc<dyn VolumePlugin> {
-        // The populator only adds specs some plugin supports.
-        Arc::clone(
-            self.plugins
-                .iter()
-                .find(|p| p.can_support(spec))
-                .unwrap_or(&self.plugins[0]),
-        )
-    }
-
     fn pod_object(&self, pod: &PodInfo) -> Option<Arc<Pod>> {
         self.api
             .peek::<Pod>(&pod.namespace, &pod.name)
@@ -237,7 +213,7 @@ impl Kubelet {
             Some(object) => self
                 .api
                 .record_event(&object, "Warning", "FailedMount", message),
-            None => tracing::warn!(node = %self.config.name, pod = %pod.name, "{message}"),
+            None => tracing::warn!(node = %self.node, pod = %pod.name, "{message}"),
         }
     }
 
@@ -285,10 +261,10 @@ impl Kubelet {
     async fn tear_down(self: Arc<Self>, unique: String, mount: MountedPod, spec: Spec) -> bool {
         // The pod's subPath binds of this volume go first (`operation_generator.go` calls CleanSubPaths
         // before TearDown); while one stays, the volume is not torn down. No event, as upstream.
-        let pod_dir = self.config.root.join("pods").join(&mount.pod.uid);
+        let pod_dir = self.root.join("pods").join(&mount.pod.uid);
         if let Err(e) = subpath::clean(&*self.host.mounter, &pod_dir, &mount.spec_name) {
             tracing::warn!(
-                node = %self.config.name,
+                node = %self.node,
                 pod = %mount.pod.uid,
                 "UnmountVolume failed for volume {:?}: error cleaning subPath mounts: {e}",
                 mount.outer_name
@@ -310,7 +286,7 @@ impl Kubelet {
                 // uncertain until a retry succeeds, and SetUp runs again for a pod that still wants it
                 // (operation_generator.go, GenerateUnmountVolumeFunc).
                 tracing::warn!(
-                    node = %self.config.name,
+                    node = %self.node,
                     pod = %mount.pod.uid,
                     "UnmountVolume.TearDown failed for volume {:?} : {}",
                     mount.outer_name,
@@ -376,7 +352,7 @@ impl Kubelet {
                 true
             }
             Err(e) => {
-                tracing::warn!(node = %self.config.name, volume = unique, "UnmountDevice failed: {}", e.message);
+                tracing::warn!(node = %self.node, volume = unique, "UnmountDevice failed: {}", e.message);
                 false
             }
         }

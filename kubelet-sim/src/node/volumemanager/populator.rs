@@ -6,30 +6,30 @@ use std::sync::Arc;
 use inlet_volume::PodInfo;
 use k8s_openapi::api::core::v1::Pod;
 
-use super::Kubelet;
+use super::VolumeManager;
 use super::desired_state::PodVolume;
 use crate::specs::{Reads, volume_spec};
 
-impl Kubelet {
-    pub(super) async fn populate(self: &Arc<Self>) {
-        // Read before listing pods: a pass that began before the sources were ready may have missed some.
-        let sources_ready = self.api.sources_ready();
-        let pods = self.my_pods();
-        // Remove pods deleted from the API, or whose containers are gone while they terminate.
+impl VolumeManager {
+    /// One pass: removes the volumes of pods gone from the API or whose containers are gone while they
+    /// terminate (`terminated`, the pod workers' answer, as upstream's `podStateProvider`), then adds the
+    /// volumes of `pods` (this node's, listed after `sources_ready` was read) not added yet.
+    pub async fn populate(
+        &self,
+        sources_ready: bool,
+        pods: &[Arc<Pod>],
+        terminated: impl Fn(&str) -> bool,
+    ) {
         let known: std::collections::HashSet<&str> = pods
             .iter()
             .filter_map(|p| p.metadata.uid.as_deref())
             .collect();
         let gone: Vec<String> = {
-            let runtime = self.pods.lock();
             let dsw = self.dsw.lock();
             dsw.volumes()
                 .values()
                 .flat_map(|v| v.pods.keys())
-                .filter(|uid| {
-                    !known.contains(uid.as_str())
-                        || runtime.get(*uid).is_some_and(|r| r.terminated())
-                })
+                .filter(|uid| !known.contains(uid.as_str()) || terminated(uid))
                 .cloned()
                 .collect()
         };
@@ -38,23 +38,21 @@ impl Kubelet {
         }
         for pod in pods {
             let uid = pod.metadata.uid.clone().unwrap_or_default();
-            if pod.metadata.deletion_timestamp.is_some()
-                || self.pods.lock().get(&uid).is_some_and(|r| r.volumes_added)
-            {
+            if pod.metadata.deletion_timestamp.is_some() || self.processed.lock().contains(&uid) {
                 continue;
             }
-            match self.pod_volumes(&pod).await {
+            match self.pod_volumes(pod).await {
                 Ok(volumes) => {
                     let mut dsw = self.dsw.lock();
                     for (unique, attachable, device_mountable, volume) in volumes {
                         dsw.add(&unique, attachable, device_mountable, volume);
                     }
                     drop(dsw);
-                    self.pods.lock().entry(uid).or_default().volumes_added = true;
+                    self.processed.lock().insert(uid);
                 }
                 Err(message) => self
                     .api
-                    .record_event(&pod, "Warning", "FailedMount", &message),
+                    .record_event(pod, "Warning", "FailedMount", &message),
             }
         }
         if sources_ready {

@@ -1,6 +1,7 @@
 //! The operation table: at most one operation per volume at a time (a pod-less operation, such as staging,
 //! excludes every other on its volume; pod operations on one volume exclude only the same pod's), and
-//! exponential backoff after a failure (`nestedpendingoperations.go`, `exponentialbackoff.go`).
+//! exponential backoff after a failure (`nestedpendingoperations.go`, `exponentialbackoff.go`). Each
+//! node's volume manager and pod workers keep one, and so does the attach/detach controller.
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -23,22 +24,75 @@ impl Default for BackoffPolicy {
     }
 }
 
-/// What an operation is about: a volume, and a pod unless it is node-wide (attach, stage).
+/// What an operation is about: what it excludes while it runs, and what its backoff is kept under.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct OpKey {
-    /// The unique volume name.
-    pub volume: String,
-    /// The pod UID, for per-pod operations.
-    pub pod: Option<String>,
+pub enum OpKey {
+    /// A volume operation: on a volume (its unique name), for one pod (SetUp, TearDown), or node-wide
+    /// (`pod: None`: attach checks, MountDevice, UnmountDevice), which excludes every other on the volume.
+    Volume {
+        /// The unique volume name.
+        name: String,
+        /// The pod UID, for per-pod operations.
+        pod: Option<String>,
+    },
+    /// The attach/detach controller's attach of one pod's volume.
+    Attach {
+        /// The pod's UID.
+        pod: String,
+        /// The volume's name in the pod.
+        volume: String,
+    },
+    /// The external attacher's ControllerPublish or ControllerUnpublish for one VolumeAttachment (its name).
+    VolumeAttachment(String),
+    /// A pod worker's start, stop or restart of one pod (its UID).
+    Pod(String),
+}
+
+impl OpKey {
+    /// A per-pod operation on a volume.
+    pub fn volume(name: &str, pod: &str) -> Self {
+        Self::Volume {
+            name: name.to_string(),
+            pod: Some(pod.to_string()),
+        }
+    }
+
+    /// A node-wide operation on a volume.
+    pub fn device(name: &str) -> Self {
+        Self::Volume {
+            name: name.to_string(),
+            pod: None,
+        }
+    }
+
+    /// What the operation runs on, and for which pod: operations on one resource exclude each other
+    /// unless both are for different pods.
+    fn slot(&self) -> (Resource, Option<String>) {
+        match self {
+            Self::Volume { name, pod } => (Resource::Volume(name.clone()), pod.clone()),
+            Self::Attach { pod, volume } => (Resource::Attach(pod.clone(), volume.clone()), None),
+            Self::VolumeAttachment(name) => (Resource::VolumeAttachment(name.clone()), None),
+            Self::Pod(uid) => (Resource::Pod(uid.clone()), None),
+        }
+    }
+}
+
+/// What running operations are indexed by.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Resource {
+    Volume(String),
+    Attach(String, String),
+    VolumeAttachment(String),
+    Pod(String),
 }
 
 /// Pending operations and backoff.
 #[derive(Debug, Default)]
 pub struct Operations {
     policy: BackoffPolicy,
-    /// Running operations by volume: the pods they are for (None for a node-wide one). Indexed by
-    /// volume so a conflict check costs one lookup, not a scan of every running operation.
-    pending: HashMap<String, HashSet<Option<String>>>,
+    /// Running operations by what they run on: the pods they are for (None for a node-wide one).
+    /// Indexed so a conflict check costs one lookup, not a scan of every running operation.
+    pending: HashMap<Resource, HashSet<Option<String>>>,
     backoff: HashMap<OpKey, (Instant, Duration)>,
 }
 
@@ -53,9 +107,11 @@ impl Operations {
 
     /// Starts an operation unless a conflicting one runs or its backoff has not expired.
     pub fn try_start(&mut self, key: &OpKey) -> bool {
-        let conflicts = self.pending.get(&key.volume).is_some_and(|pods| {
-            key.pod.is_none() || pods.contains(&None) || pods.contains(&key.pod)
-        });
+        let (resource, pod) = key.slot();
+        let conflicts = self
+            .pending
+            .get(&resource)
+            .is_some_and(|pods| pod.is_none() || pods.contains(&None) || pods.contains(&pod));
         let waiting = self
             .backoff
             .get(key)
@@ -63,19 +119,17 @@ impl Operations {
         if conflicts || waiting {
             return false;
         }
-        self.pending
-            .entry(key.volume.clone())
-            .or_default()
-            .insert(key.pod.clone());
+        self.pending.entry(resource).or_default().insert(pod);
         true
     }
 
     /// Ends an operation: success clears its backoff, failure doubles it.
     pub fn finish(&mut self, key: &OpKey, ok: bool) {
-        if let Some(pods) = self.pending.get_mut(&key.volume) {
-            pods.remove(&key.pod);
+        let (resource, pod) = key.slot();
+        if let Some(pods) = self.pending.get_mut(&resource) {
+            pods.remove(&pod);
             if pods.is_empty() {
-                self.pending.remove(&key.volume);
+                self.pending.remove(&resource);
             }
         }
         if ok {
@@ -110,9 +164,9 @@ mod tests {
     use super::*;
 
     fn key(volume: &str, pod: Option<&str>) -> OpKey {
-        OpKey {
-            volume: volume.into(),
-            pod: pod.map(String::from),
+        match pod {
+            Some(pod) => OpKey::volume(volume, pod),
+            None => OpKey::device(volume),
         }
     }
 

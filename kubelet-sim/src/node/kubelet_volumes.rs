@@ -1,0 +1,40 @@
+//! The kubelet's pod directories (`kubelet_volumes.go`): a pod's directory goes once the volume manager
+//! holds none of its volumes and nothing under it is mounted, never through a mount.
+
+use std::path::Path;
+
+use inlet_host::mount::MountLayer;
+
+use super::Kubelet;
+
+impl Kubelet {
+    /// Removes the directories of pods that are gone, once the reconciler has torn their volumes down.
+    pub(super) fn clean_orphaned_pod_dirs(&self) {
+        let pods_dir = self.config.root.join("pods");
+        let Ok(entries) = std::fs::read_dir(&pods_dir) else {
+            return;
+        };
+        let pods = self.my_pods();
+        let live: std::collections::HashSet<&str> = pods
+            .iter()
+            .filter_map(|p| p.metadata.uid.as_deref())
+            .collect();
+        for entry in entries.flatten() {
+            let uid = entry.file_name().to_string_lossy().into_owned();
+            if live.contains(uid.as_str()) || self.volumes.pod_volumes_exist(&uid) {
+                continue;
+            }
+            let dir = entry.path();
+            if mounted_under(&*self.volumes.mounter(), &dir) {
+                continue;
+            }
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+    }
+}
+
+/// True when something is mounted at or under `dir`, or the mount table cannot be read (then nothing is
+/// removed).
+pub(super) fn mounted_under(mounter: &dyn MountLayer, dir: &Path) -> bool {
+    mounter.mounts_under(dir).map_or(true, |m| !m.is_empty())
+}

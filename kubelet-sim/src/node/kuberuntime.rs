@@ -1,0 +1,610 @@
+//! kuberuntime, much reduced (`pkg/kubelet/kuberuntime`): a pod's sandbox and containers through CRI.
+//! `start` is `SyncPod` for a new pod (`computePodActions`: a sandbox, then each container, images first
+//! through the image manager), `start_container` is `startContainer` (`kuberuntime_container.go`: its
+//! mounts from the volume manager, create, start), `kill` is `killPodWithSyncResult`, and
+//! `adopt_sandboxes` takes over what a previous kubelet left running.
+
+use std::collections::HashMap;
+use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use inlet_proto::csi_call::rpc_error;
+use inlet_proto::runtime::v1 as cri;
+use k8s_openapi::api::core::v1::{Container, Pod};
+
+use super::pod_worker::{PodRuntime, PodState};
+use super::{Kubelet, subpath};
+
+/// Where a container is, as the report and the pod's status show it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ContainerState {
+    /// Not running: before its first start, or between a crash and its restart.
+    #[default]
+    Waiting,
+    /// Started, and not seen to exit.
+    Running,
+    /// Its last run ended.
+    Terminated,
+}
+
+impl ContainerState {
+    /// The state's name, as the report's JSON has it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Waiting => "waiting",
+            Self::Running => "running",
+            Self::Terminated => "terminated",
+        }
+    }
+}
+
+/// One container as the runtime reports it.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct ContainerReport {
+    /// The container's name.
+    pub name: String,
+    /// Its runtime id (of its latest run).
+    pub id: String,
+    /// Its mounts, from the runtime's ContainerStatus.
+    pub mounts: Vec<MountReport>,
+    /// `running`, `terminated`, or `waiting` (before its start, or between a crash and its restart).
+    pub state: ContainerState,
+    /// The exit code of its last run, once one ended.
+    pub exit_code: Option<i32>,
+    /// How many times the kubelet restarted it.
+    pub restart_count: u32,
+    /// Why it is in its state: the runtime's `Completed`/`Error`, or `CrashLoopBackOff`.
+    pub reason: String,
+    /// The last lines of its log (the CRI log file), once its last run ended.
+    pub logs: Vec<String>,
+    /// When a crashed container is restarted (its back-off ends).
+    #[serde(skip)]
+    pub restart_at: Option<Instant>,
+}
+
+/// Why a container could not be started: the waiting reason kuberuntime gives it, and the event's text.
+#[derive(Debug)]
+pub struct StartError {
+    /// `CreateContainerConfigError` (its mounts could not be made), `CreateContainerError` or
+    /// `RunContainerError` (the runtime refused).
+    pub reason: &'static str,
+    /// What went wrong, for the pod's `Failed` event.
+    pub message: String,
+}
+
+impl StartError {
+    fn reason(reason: &'static str) -> impl Fn(String) -> Self {
+        move |message| Self { reason, message }
+    }
+}
+
+/// One CRI mount.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct MountReport {
+    /// Where the container sees it.
+    pub container_path: String,
+    /// The host path (the volume's mount dir, or a subPath in it).
+    pub host_path: String,
+    /// Read-only in the container.
+    pub readonly: bool,
+}
+
+impl Kubelet {
+    /// Starts a pod whose volumes are mounted, as `SyncPod` does for a new pod (`computePodActions`: a
+    /// sandbox, then each container): images, RunPodSandbox, then CreateContainer and StartContainer for
+    /// each container. A failure leaves nothing half-started and is retried after backoff.
+    ///
+    /// Every pod waiting to start holds this future, so the calls it awaits are boxed: a pending start
+    /// costs a few hundred bytes, not the largest CRI call's state (16 KB), which adds up over thousands
+    /// of pods starting at once.
+    pub(super) async fn start(self: Arc<Self>, pod: Arc<Pod>) -> bool {
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let containers = pod
+            .spec
+            .as_ref()
+            .map(|s| s.containers.as_slice())
+            .unwrap_or_default();
+        let sandbox_config = self.sandbox_config(&pod);
+        for container in containers {
+            let ensured = self
+                .images
+                .ensure_image_exists(&pod, container, &sandbox_config);
+            if !Box::pin(ensured).await {
+                return false;
+            }
+        }
+        let request = cri::RunPodSandboxRequest {
+            config: Some(sandbox_config.clone()),
+            runtime_handler: String::new(),
+        };
+        let sandbox_id = match Box::pin(self.cri.runtime.clone().run_pod_sandbox(request)).await {
+            Ok(reply) => reply.into_inner().pod_sandbox_id,
+            Err(s) => {
+                let message = format!("Failed to create pod sandbox: {}", rpc_error(&s));
+                self.api
+                    .record_event(&pod, "Warning", "FailedCreatePodSandBox", &message);
+                return false;
+            }
+        };
+        inlet_host::crash::point("pod.sandbox-started");
+        let mut reports = Vec::new();
+        for container in containers {
+            match Box::pin(self.start_container(&pod, container, &sandbox_id, &sandbox_config, 0))
+                .await
+            {
+                Ok(report) => reports.push(report),
+                Err(e) => {
+                    self.api.record_event(
+                        &pod,
+                        "Warning",
+                        "Failed",
+                        &format!("Error: {}", e.message),
+                    );
+                    let waiting = ContainerReport {
+                        name: container.name.clone(),
+                        state: ContainerState::Waiting,
+                        reason: e.reason.into(),
+                        ..Default::default()
+                    };
+                    self.set_status(&pod, std::slice::from_ref(&waiting), "Pending");
+                    if let Some(rt) = self.pods.lock().get_mut(&uid) {
+                        rt.containers = vec![waiting];
+                    }
+                    // Leave nothing half-started: the next attempt starts from a clean sandbox.
+                    let mut runtime = self.cri.runtime.clone();
+                    let _ = Box::pin(runtime.stop_pod_sandbox(cri::StopPodSandboxRequest {
+                        pod_sandbox_id: sandbox_id.clone(),
+                    }))
+                    .await;
+                    let _ = Box::pin(runtime.remove_pod_sandbox(cri::RemovePodSandboxRequest {
+                        pod_sandbox_id: sandbox_id.clone(),
+                    }))
+                    .await;
+                    return false;
+                }
+            }
+        }
+        // Record the containers before the status says Running, so whoever sees Running finds them.
+        if let Some(rt) = self.pods.lock().get_mut(&uid) {
+            rt.state = PodState::Running;
+            rt.sandbox_id = Some(sandbox_id);
+            rt.containers = reports.clone();
+        }
+        self.set_status(&pod, &reports, "Running");
+        true
+    }
+
+    /// The pod's sandbox config (`kuberuntime_sandbox.go` generatePodSandboxConfig): metadata, labels,
+    /// hostname, log dir, network namespace.
+    pub(super) fn sandbox_config(&self, pod: &Pod) -> cri::PodSandboxConfig {
+        let meta = &pod.metadata;
+        let (name, namespace, uid) = (
+            meta.name.clone().unwrap_or_default(),
+            meta.namespace.clone().unwrap_or_default(),
+            meta.uid.clone().unwrap_or_default(),
+        );
+        let log_directory = self
+            .config
+            .root
+            .join("logs")
+            .join(format!("{namespace}_{name}_{uid}"));
+        let _ = std::fs::create_dir_all(&log_directory);
+        let host_network = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.host_network)
+            .unwrap_or(false);
+        cri::PodSandboxConfig {
+            metadata: Some(cri::PodSandboxMetadata {
+                name: name.clone(),
+                uid: uid.clone(),
+                namespace: namespace.clone(),
+                attempt: 0,
+            }),
+            // Host-network pods keep the node's hostname (`kuberuntime_sandbox.go` sets one only for pods
+            // with their own network; runc refuses a hostname without a private UTS namespace).
+            hostname: if host_network {
+                String::new()
+            } else {
+                name.clone()
+            },
+            log_directory: log_directory.display().to_string(),
+            labels: HashMap::from([
+                ("io.kubernetes.pod.name".to_string(), name),
+                ("io.kubernetes.pod.namespace".to_string(), namespace),
+                ("io.kubernetes.pod.uid".to_string(), uid),
+            ]),
+            linux: Some(cri::LinuxPodSandboxConfig {
+                security_context: Some(cri::LinuxSandboxSecurityContext {
+                    namespace_options: Some(cri::NamespaceOption {
+                        network: if host_network {
+                            cri::NamespaceMode::Node as i32
+                        } else {
+                            cri::NamespaceMode::Pod as i32
+                        },
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    /// Creates and starts one container (run `attempt`, 0 for the first), as kuberuntime's
+    /// `startContainer` does.
+    pub(super) async fn start_container(
+        &self,
+        pod: &Pod,
+        container: &Container,
+        sandbox_id: &str,
+        sandbox_config: &cri::PodSandboxConfig,
+        attempt: u32,
+    ) -> Result<ContainerReport, StartError> {
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let mounts = self
+            .container_mounts(&uid, container)
+            .map_err(StartError::reason("CreateContainerConfigError"))?;
+        let config = cri::ContainerConfig {
+            metadata: Some(cri::ContainerMetadata {
+                name: container.name.clone(),
+                attempt,
+            }),
+            image: Some(cri::ImageSpec {
+                image: container.image.clone().unwrap_or_default(),
+                ..Default::default()
+            }),
+            command: container.command.clone().unwrap_or_default(),
+            args: container.args.clone().unwrap_or_default(),
+            working_dir: container.working_dir.clone().unwrap_or_default(),
+            envs: container
+                .env
+                .iter()
+                .flatten()
+                .filter_map(|e| {
+                    e.value.clone().map(|value| cri::KeyValue {
+                        key: e.name.clone(),
+                        value,
+                    })
+                })
+                .collect(),
+            mounts,
+            // The pod's labels too, as `newContainerLabels` sets them: the relist finds a container's pod.
+            labels: sandbox_config
+                .labels
+                .clone()
+                .into_iter()
+                .chain([(
+                    "io.kubernetes.container.name".to_string(),
+                    container.name.clone(),
+                )])
+                .collect(),
+            log_path: format!("{}/{attempt}.log", container.name),
+            ..Default::default()
+        };
+        let rpc = |reason| move |s: tonic::Status| StartError::reason(reason)(rpc_error(&s));
+        let request = cri::CreateContainerRequest {
+            pod_sandbox_id: sandbox_id.to_string(),
+            config: Some(config),
+            sandbox_config: Some(sandbox_config.clone()),
+        };
+        let id = self
+            .cri
+            .runtime
+            .clone()
+            .create_container(request)
+            .await
+            .map_err(rpc("CreateContainerError"))?
+            .into_inner()
+            .container_id;
+        self.api.record_event(
+            pod,
+            "Normal",
+            "Created",
+            &format!("Created container {}", container.name),
+        );
+        self.cri
+            .runtime
+            .clone()
+            .start_container(cri::StartContainerRequest {
+                container_id: id.clone(),
+            })
+            .await
+            .map_err(rpc("RunContainerError"))?;
+        self.api.record_event(
+            pod,
+            "Normal",
+            "Started",
+            &format!("Started container {}", container.name),
+        );
+        let status = self
+            .cri
+            .runtime
+            .clone()
+            .container_status(cri::ContainerStatusRequest {
+                container_id: id.clone(),
+                verbose: false,
+            })
+            .await
+            .map_err(rpc("RunContainerError"))?;
+        let mounts = status
+            .into_inner()
+            .status
+            .map(|s| s.mounts)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|m| MountReport {
+                container_path: m.container_path,
+                host_path: m.host_path,
+                readonly: m.readonly,
+            })
+            .collect();
+        Ok(ContainerReport {
+            name: container.name.clone(),
+            id,
+            mounts,
+            state: ContainerState::Running,
+            restart_count: attempt,
+            ..Default::default()
+        })
+    }
+
+    /// The CRI mounts of a container (`kubelet_pods.go` makeMounts): each volumeMount's volume dir, or for a
+    /// subPath the bind [`subpath::prepare`] makes of it; read-only when the volumeMount or the volume itself
+    /// says so. The errors are upstream's texts; a subPath's details go to the log only, as upstream keeps
+    /// host paths from the user.
+    fn container_mounts(
+        &self,
+        uid: &str,
+        container: &Container,
+    ) -> Result<Vec<cri::Mount>, String> {
+        let volumes = self.volumes.mounted_volumes_for_pod(uid);
+        let pod_dir = self.config.root.join("pods").join(uid);
+        let mut mounts = Vec::new();
+        for (index, mount) in container.volume_mounts.iter().flatten().enumerate() {
+            let volume = volumes.get(&mount.name).ok_or_else(|| {
+                format!(
+                    "cannot find volume {:?} to mount into container {:?}",
+                    mount.name, container.name
+                )
+            })?;
+            let dir = volume.path.clone();
+            let host_path = match mount.sub_path.as_deref().filter(|s| !s.is_empty()) {
+                None => dir,
+                Some(sub) => {
+                    check_sub_path(sub)?;
+                    let request = subpath::SubPath {
+                        volume_path: &dir,
+                        sub_path: sub,
+                        volume_name: &volume.spec_name,
+                        container: &container.name,
+                        index,
+                        pod_dir: &pod_dir,
+                    };
+                    self.sub_path_mount(&request, &mount.name, volume.image)?
+                }
+            };
+            let propagation = match mount.mount_propagation.as_deref() {
+                Some("HostToContainer") => cri::MountPropagation::PropagationHostToContainer,
+                Some("Bidirectional") => cri::MountPropagation::PropagationBidirectional,
+                _ => cri::MountPropagation::PropagationPrivate,
+            };
+            mounts.push(cri::Mount {
+                container_path: mount.mount_path.clone(),
+                host_path: host_path.display().to_string(),
+                readonly: mount.read_only.unwrap_or(false) || volume.read_only,
+                propagation: propagation as i32,
+                ..Default::default()
+            });
+        }
+        Ok(mounts)
+    }
+
+    /// The bind of one volumeMount's subPath; a missing subPath is created first in a writable volume, as the
+    /// kubelet does, and must exist in an image volume (the CRI's `image_sub_path` rule).
+    fn sub_path_mount(
+        &self,
+        request: &subpath::SubPath,
+        name: &str,
+        image_volume: bool,
+    ) -> Result<PathBuf, String> {
+        let (sub, cname, volume_path) = (request.sub_path, request.container, request.volume_path);
+        if !volume_path.join(sub).exists() {
+            if image_volume {
+                return Err(format!(
+                    "subPath {sub:?} does not exist in image volume {name:?}"
+                ));
+            }
+            if let Err(e) = subpath::safe_make_dir(volume_path, sub) {
+                tracing::warn!(container = %cname, volume_mount = %name, "Failed to create subPath directory: {e}");
+                return Err(format!(
+                    "failed to create subPath directory for volumeMount {name:?} of container {cname:?}"
+                ));
+            }
+        }
+        subpath::prepare(&*self.volumes.mounter(), request).map_err(|e| {
+            tracing::warn!(container = %cname, volume_mount = %name, "Failed to prepare subPath: {e}");
+            format!("failed to prepare subPath for volumeMount {name:?} of container {cname:?}")
+        })
+    }
+
+    /// Stops a pod's containers and its sandbox (`killPodWithSyncResult`), then marks it terminated so
+    /// its volumes are torn down.
+    pub(super) async fn kill(self: Arc<Self>, pod: Arc<Pod>) -> bool {
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let (sandbox, containers) = self
+            .pods
+            .lock()
+            .get(&uid)
+            .map(|r| (r.sandbox_id.clone(), r.containers.clone()))
+            .unwrap_or_default();
+        let mut runtime = self.cri.runtime.clone();
+        // A container waiting to be created (no id) has nothing to stop.
+        for container in containers.iter().filter(|c| !c.id.is_empty()) {
+            self.api.record_event(
+                &pod,
+                "Normal",
+                "Killing",
+                &format!("Stopping container {}", container.name),
+            );
+            if runtime
+                .stop_container(cri::StopContainerRequest {
+                    container_id: container.id.clone(),
+                    timeout: 30,
+                })
+                .await
+                .is_err()
+            {
+                return false;
+            }
+        }
+        if let Some(sandbox) = sandbox {
+            if runtime
+                .stop_pod_sandbox(cri::StopPodSandboxRequest {
+                    pod_sandbox_id: sandbox.clone(),
+                })
+                .await
+                .is_err()
+                || runtime
+                    .remove_pod_sandbox(cri::RemovePodSandboxRequest {
+                        pod_sandbox_id: sandbox,
+                    })
+                    .await
+                    .is_err()
+            {
+                return false;
+            }
+        }
+        self.set_state(&uid, PodState::Terminated);
+        true
+    }
+
+    /// Sandboxes the runtime still has: a pod that still exists keeps running; an orphan is stopped. Run
+    /// once the populator has added the API's pods, so a pod not loaded yet is not taken for an orphan.
+    pub(super) async fn adopt_sandboxes(&self) {
+        let pods = self.my_pods_by_uid();
+        let mut runtime = self.cri.runtime.clone();
+        let Ok(sandboxes) = runtime
+            .list_pod_sandbox(cri::ListPodSandboxRequest { filter: None })
+            .await
+        else {
+            return;
+        };
+        for sandbox in sandboxes.into_inner().items {
+            let uid = sandbox
+                .labels
+                .get("io.kubernetes.pod.uid")
+                .cloned()
+                .unwrap_or_default();
+            let node_pod = pods.contains_key(&uid);
+            let ours = node_pod || self.config.root.join("pods").join(&uid).exists();
+            if !ours {
+                continue;
+            }
+            if !node_pod {
+                let _ = runtime
+                    .stop_pod_sandbox(cri::StopPodSandboxRequest {
+                        pod_sandbox_id: sandbox.id.clone(),
+                    })
+                    .await;
+                let _ = runtime
+                    .remove_pod_sandbox(cri::RemovePodSandboxRequest {
+                        pod_sandbox_id: sandbox.id.clone(),
+                    })
+                    .await;
+                continue;
+            }
+            let filter = cri::ContainerFilter {
+                pod_sandbox_id: sandbox.id.clone(),
+                ..Default::default()
+            };
+            let containers = runtime
+                .list_containers(cri::ListContainersRequest {
+                    filter: Some(filter),
+                })
+                .await
+                .map(|r| r.into_inner().containers)
+                .unwrap_or_default();
+            let mut reports = Vec::new();
+            for c in containers {
+                let status = runtime
+                    .container_status(cri::ContainerStatusRequest {
+                        container_id: c.id.clone(),
+                        verbose: false,
+                    })
+                    .await;
+                let mounts = status
+                    .ok()
+                    .and_then(|s| s.into_inner().status)
+                    .map(|s| s.mounts)
+                    .unwrap_or_default();
+                // Running as far as is known: the next relist sees whether it exited meanwhile.
+                let metadata = c.metadata.unwrap_or_default();
+                reports.push(ContainerReport {
+                    name: metadata.name,
+                    restart_count: metadata.attempt,
+                    state: ContainerState::Running,
+                    id: c.id,
+                    mounts: mounts
+                        .into_iter()
+                        .map(|m| MountReport {
+                            container_path: m.container_path,
+                            host_path: m.host_path,
+                            readonly: m.readonly,
+                        })
+                        .collect(),
+                    ..Default::default()
+                });
+            }
+            let runtime_state = PodRuntime {
+                state: PodState::Running,
+                sandbox_id: Some(sandbox.id),
+                containers: reports,
+                seen_at: Some(Instant::now()),
+                ..Default::default()
+            };
+            self.pods.lock().insert(uid, runtime_state);
+        }
+    }
+}
+
+/// A subPath must be relative and must not step out with `..` (`kubelet_pods.go` makeMounts, whose texts
+/// these are).
+fn check_sub_path(sub: &str) -> Result<(), String> {
+    if Path::new(sub).is_absolute() {
+        return Err(format!(
+            "error SubPath `{sub}` must not be an absolute path"
+        ));
+    }
+    if Path::new(sub)
+        .components()
+        .any(|c| matches!(c, Component::ParentDir))
+    {
+        return Err(format!(
+            "unable to provision SubPath `{sub}`: must not contain '..'"
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sub_paths_must_be_relative_without_backsteps() {
+        check_sub_path("data/x").unwrap();
+        check_sub_path("a..b").unwrap();
+        assert_eq!(
+            check_sub_path("/etc").unwrap_err(),
+            "error SubPath `/etc` must not be an absolute path"
+        );
+        assert_eq!(
+            check_sub_path("a/../../x").unwrap_err(),
+            "unable to provision SubPath `a/../../x`: must not contain '..'"
+        );
+    }
+}

@@ -1,0 +1,248 @@
+//! The volume manager (`pkg/kubelet/volumemanager/volume_manager.go`): what this node's pods want mounted
+//! and what is, kept behind one type that answers the kubelet's questions. The pod workers ask it
+//! ([`VolumeManager::wait_for_attach_and_mount`], [`VolumeManager::mounted_volumes_for_pod`]); the node
+//! status asks [`VolumeManager::volumes_in_use`]; nothing outside this module touches its state.
+//!
+//! # Layout
+//! - `desired_state.rs`, `actual_state.rs`: what pods want, and what is attached, staged and mounted
+//!   (`cache/desired_state_of_world.go`, `cache/actual_state_of_world.go`).
+//! - `populator.rs`: pods bound to this node -> desired state (`desired_state_of_world_populator.go`).
+//! - `reconciler.rs`: unmount what is unwanted, then attach-check, stage and mount what is missing
+//!   (`reconciler/reconciler.go`), each step an operation with backoff (`crate::operations`).
+//! - `reconstruct.rs`: after a restart, the actual state read back from disk (`reconstruct.go`).
+
+mod actual_state;
+mod desired_state;
+mod populator;
+mod reconciler;
+mod reconstruct;
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use inlet_host::mount::MountLayer;
+use inlet_volume::image::PLUGIN_NAME as IMAGE_PLUGIN;
+use inlet_volume::{Spec, VolumePlugin};
+use parking_lot::Mutex;
+use tokio::sync::Notify;
+
+use actual_state::ActualState;
+pub use actual_state::MountState;
+use desired_state::DesiredState;
+
+use super::host::NodeHost;
+use crate::api::Api;
+use crate::operations::{BackoffPolicy, Operations};
+
+/// A volume mounted for a pod, as its containers' mounts need it (`GetMountedVolumesForPod`).
+#[derive(Debug, Clone)]
+pub struct MountedVolume {
+    /// Where the volume is mounted for the pod (the host path of its CRI mounts).
+    pub path: PathBuf,
+    /// The volume's spec name (the PV's name for a claim): its subPath binds are kept under it.
+    pub spec_name: String,
+    /// The volume itself is read-only (inline `readOnly`, the PV's or the claim's).
+    pub read_only: bool,
+    /// An image volume (`volumes[].image`): a subPath must already exist in it.
+    pub image: bool,
+}
+
+/// Why a pod cannot start yet: its volumes that are not mounted, and those not attached, by the pod's
+/// names for them (`WaitForAttachAndMount`'s error).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct VolumesNotReady {
+    /// The populator has not added the pod's volumes yet.
+    pub not_added: bool,
+    /// Volumes not mounted for the pod.
+    pub unmounted: Vec<String>,
+    /// Volumes that must be attached and are not.
+    pub unattached: Vec<String>,
+}
+
+/// What the volume manager is set up with.
+pub struct VolumeManagerConfig {
+    /// The node's name.
+    pub node: String,
+    /// The kubelet's root dir.
+    pub root: PathBuf,
+    /// Retry backoff for volume operations.
+    pub backoff: BackoffPolicy,
+    /// How often volumes of drivers with `requiresRepublish` are published again.
+    pub republish_period: Duration,
+}
+
+/// One node's volume manager.
+pub struct VolumeManager {
+    node: String,
+    root: PathBuf,
+    republish_period: Duration,
+    api: Arc<Api>,
+    host: Arc<NodeHost>,
+    /// The node's volume plugins, the CSI plugin first (reconstruction's fallback).
+    plugins: Vec<Arc<dyn VolumePlugin>>,
+    dsw: Mutex<DesiredState>,
+    asw: Mutex<ActualState>,
+    ops: Mutex<Operations>,
+    /// Pods whose volumes the populator added (upstream's `processedPods`): not looked at again until the
+    /// pod workers forget the pod.
+    processed: Mutex<HashSet<String>>,
+    /// Set once the state left by a previous kubelet is reconstructed; the node is not idle before.
+    reconstructed: AtomicBool,
+    /// Set by the first populator pass after the API's sources are ready (upstream's `HasAddedPods`):
+    /// until then nothing is torn down, since a pod missing from the desired state may only not be
+    /// loaded yet (`reconstruct.go`, `readyToUnmount`).
+    populator_has_added_pods: AtomicBool,
+    /// Wakes the node's loop when an operation ends.
+    kick: Arc<Notify>,
+}
+
+impl VolumeManager {
+    /// A volume manager over the node's plugins (the CSI plugin first).
+    pub fn new(
+        config: VolumeManagerConfig,
+        api: Arc<Api>,
+        host: Arc<NodeHost>,
+        plugins: Vec<Arc<dyn VolumePlugin>>,
+        kick: Arc<Notify>,
+    ) -> Self {
+        Self {
+            node: config.node,
+            root: config.root,
+            republish_period: config.republish_period,
+            api,
+            host,
+            plugins,
+            dsw: Mutex::default(),
+            asw: Mutex::default(),
+            ops: Mutex::new(Operations::new(config.backoff)),
+            processed: Mutex::default(),
+            reconstructed: AtomicBool::new(false),
+            populator_has_added_pods: AtomicBool::new(false),
+            kick,
+        }
+    }
+
+    /// Ok once every volume of the pod is attached (where it must be) and mounted for it; else which are
+    /// not. It does not block: the pod workers ask on each pass, and give upstream's timeout event
+    /// themselves.
+    pub fn wait_for_attach_and_mount(&self, uid: &str) -> Result<(), VolumesNotReady> {
+        if !self.processed.lock().contains(uid) {
+            return Err(VolumesNotReady {
+                not_added: true,
+                ..Default::default()
+            });
+        }
+        let missing = self.missing_volumes(uid);
+        match missing.unmounted.is_empty() {
+            true => Ok(()),
+            false => Err(missing),
+        }
+    }
+
+    /// The pod's volumes that are not mounted or not attached, by the pod's names for them.
+    pub fn missing_volumes(&self, uid: &str) -> VolumesNotReady {
+        let dsw = self.dsw.lock();
+        let asw = self.asw.lock();
+        let mut missing = VolumesNotReady::default();
+        for (unique, volume) in dsw.pod_volumes(uid) {
+            if asw.mounted(&unique, uid).is_none() {
+                missing.unmounted.push(volume.outer_name.clone());
+            }
+            if dsw.volume(&unique).is_some_and(|v| v.attachable)
+                && !asw.volume(&unique).is_some_and(|v| v.attached)
+            {
+                missing.unattached.push(volume.outer_name.clone());
+            }
+        }
+        missing
+    }
+
+    /// The pod's volumes mounted for it, by the pod's names for them.
+    pub fn mounted_volumes_for_pod(&self, uid: &str) -> HashMap<String, MountedVolume> {
+        let dsw = self.dsw.lock();
+        let asw = self.asw.lock();
+        dsw.pod_volumes(uid)
+            .into_iter()
+            .filter_map(|(unique, v)| {
+                let mounted = asw.mounted(&unique, uid)?;
+                let volume = MountedVolume {
+                    path: mounted.path.clone(),
+                    spec_name: v.spec.name().to_string(),
+                    read_only: v.read_only,
+                    image: unique.starts_with(IMAGE_PLUGIN),
+                };
+                Some((v.outer_name.clone(), volume))
+            })
+            .collect()
+    }
+
+    /// `node.status.volumesInUse`: what the attach/detach controller must not detach. Only attachable
+    /// volumes, as upstream's `GetVolumesInUse`: those the desired state wants attached, and, until they
+    /// are unmounted, those of `reported` (what the node reported last) the actual state still holds.
+    pub fn volumes_in_use(&self, reported: &[String]) -> Vec<String> {
+        let mut in_use: BTreeSet<String> = self
+            .dsw
+            .lock()
+            .volumes()
+            .iter()
+            .filter(|(_, v)| v.attachable)
+            .map(|(unique, _)| unique.clone())
+            .collect();
+        let asw = self.asw.lock();
+        in_use.extend(reported.iter().filter(|v| asw.volume(v).is_some()).cloned());
+        in_use.into_iter().collect()
+    }
+
+    /// True while the pod has volumes wanted or (possibly) mounted: its directory must stay
+    /// (`podVolumesExist`).
+    pub fn pod_volumes_exist(&self, uid: &str) -> bool {
+        self.asw.lock().pod_has_mounts(uid) || self.dsw.lock().has_pod(uid)
+    }
+
+    /// Forgets that the populator added the pod's volumes: the pod workers are done with it.
+    pub fn forget_pod(&self, uid: &str) {
+        self.processed.lock().remove(uid);
+    }
+
+    /// True when nothing is wanted, nothing is attached, staged or mounted, and no operation runs (and
+    /// what a previous kubelet left has been looked at).
+    pub fn idle(&self) -> bool {
+        self.reconstructed.load(Ordering::Acquire)
+            && !self.ops.lock().busy()
+            && self.dsw.lock().volumes().is_empty()
+            && self.asw.lock().volumes().is_empty()
+    }
+
+    /// True once the state a previous kubelet left on disk has been read back.
+    pub fn reconstructed(&self) -> bool {
+        self.reconstructed.load(Ordering::Acquire)
+    }
+
+    /// True once the populator has added every pod of the API after its sources were ready.
+    pub fn populator_has_added_pods(&self) -> bool {
+        self.populator_has_added_pods.load(Ordering::Acquire)
+    }
+
+    /// When the earliest backed-off operation may run again.
+    pub fn next_retry(&self) -> Option<Instant> {
+        self.ops.lock().next_retry()
+    }
+
+    /// The plugin that handles `spec` (the populator only adds specs some plugin supports).
+    pub fn plugin_for(&self, spec: &Spec) -> Arc<dyn VolumePlugin> {
+        Arc::clone(
+            self.plugins
+                .iter()
+                .find(|p| p.can_support(spec))
+                .unwrap_or(&self.plugins[0]),
+        )
+    }
+
+    /// The node's mount layer.
+    pub fn mounter(&self) -> Arc<dyn MountLayer> {
+        Arc::clone(&self.host.mounter)
+    }
+}
