@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use kubelet_sim::bench::{self, Machine, Results, csi_ephemeral, image, pods};
+use kubelet_sim::bench::{self, BenchError, Machine, Results, csi_ephemeral, image, pods};
 use kubelet_sim::drivers::DriverArg;
 
 use crate::MounterKind;
@@ -115,7 +115,7 @@ pub struct ImageArgs {
 }
 
 /// Runs a workload, prints its figures, writes JSON and SVG as asked.
-pub async fn run(bench: Bench) -> Result<(), String> {
+pub async fn run(bench: Bench) -> Result<(), BenchError> {
     match bench {
         Bench::CsiEphemeral(args) => {
             let (root, _temp) = root(&args.output)?;
@@ -129,7 +129,8 @@ pub async fn run(bench: Bench) -> Result<(), String> {
                 mounter,
             };
             let figures = csi_ephemeral::run(&config).await?;
-            bench::print_ephemeral(&mut std::io::stdout(), &figures).map_err(|e| e.to_string())?;
+            bench::print_ephemeral(&mut std::io::stdout(), &figures)
+                .map_err(BenchError::io("stdout"))?;
             let series: Vec<_> = figures
                 .iter()
                 .map(|f| {
@@ -154,7 +155,8 @@ pub async fn run(bench: Bench) -> Result<(), String> {
                 limit: args.timeout,
             };
             let figures = pods::run(&config).await?;
-            bench::print_pods(&mut std::io::stdout(), &figures).map_err(|e| e.to_string())?;
+            bench::print_pods(&mut std::io::stdout(), &figures)
+                .map_err(BenchError::io("stdout"))?;
             let name = format!("{} pods over {} nodes", figures.pods, figures.nodes);
             let series = [(name, figures.samples.clone())];
             write(&args.output, real, figures, "Pod start latency", &series)
@@ -162,7 +164,7 @@ pub async fn run(bench: Bench) -> Result<(), String> {
         Bench::Image(args) => {
             let (root, _temp) = root(&args.output)?;
             let (mounter, real) = args.output.mounter.layer();
-            let cri = crate::cri_socket(args.cri.as_deref())?;
+            let cri = crate::cri_socket(args.cri.as_deref()).map_err(BenchError::Usage)?;
             let config = image::ImageConfig {
                 drivers: args.drivers,
                 cri,
@@ -176,7 +178,8 @@ pub async fn run(bench: Bench) -> Result<(), String> {
                 mounter,
             };
             let figures = image::run(&config).await?;
-            bench::print_image(&mut std::io::stdout(), &figures).map_err(|e| e.to_string())?;
+            bench::print_image(&mut std::io::stdout(), &figures)
+                .map_err(BenchError::io("stdout"))?;
             let mut series = Vec::new();
             for d in &figures.drivers {
                 series.push((
@@ -204,7 +207,7 @@ fn write<T: serde::Serialize>(
     figures: T,
     title: &str,
     series: &[(String, Vec<Duration>)],
-) -> Result<(), String> {
+) -> Result<(), BenchError> {
     if let Some(path) = &output.svg {
         bench::write_svg(path, title, series)?;
     }
@@ -220,14 +223,14 @@ fn write<T: serde::Serialize>(
 }
 
 /// The root to work in, and the temp dir that holds it when none was given (removed when dropped).
-fn root(output: &Output) -> Result<(PathBuf, Option<tempfile::TempDir>), String> {
+fn root(output: &Output) -> Result<(PathBuf, Option<tempfile::TempDir>), BenchError> {
     match &output.root {
         Some(root) => Ok((root.clone(), None)),
         None => {
             let temp = tempfile::Builder::new()
                 .prefix("kubelet-sim-bench-")
                 .tempdir()
-                .map_err(|e| format!("temp dir: {e}"))?;
+                .map_err(BenchError::io("temp dir"))?;
             Ok((temp.path().to_path_buf(), Some(temp)))
         }
     }

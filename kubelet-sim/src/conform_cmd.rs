@@ -127,7 +127,7 @@ pub async fn run(args: ConformArgs) -> ExitCode {
         args.junit
             .map(|path| conform::output::write_junit(&report, &path)),
     ];
-    let errors: Vec<String> = written
+    let errors: Vec<conform::ConformError> = written
         .into_iter()
         .flatten()
         .filter_map(Result::err)

@@ -229,7 +229,11 @@ enum Outcome {
 async fn run(args: RunArgs) -> Result<Outcome, String> {
     let manifests = manifest::load(&args.manifests).map_err(|e| e.to_string())?;
     let cluster = match &args.kubeconfig {
-        Some(path) => Some(kubelet_sim::cluster::connect(path).await?),
+        Some(path) => Some(
+            kubelet_sim::cluster::connect(path)
+                .await
+                .map_err(|e| e.to_string())?,
+        ),
         None => None,
     };
     // A node daemon of a real cluster: no manifests to settle, it serves until stopped.

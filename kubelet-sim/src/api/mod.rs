@@ -72,12 +72,15 @@ impl Api {
         namespace: &str,
         service_account: &str,
         expiration_seconds: Option<i64>,
-    ) -> Result<(String, String), String> {
+    ) -> Result<(String, String), NotFound> {
         if self
             .get_recorded::<ServiceAccount>(namespace, service_account)
             .is_none()
         {
-            return Err(format!("serviceaccounts {service_account:?} not found"));
+            return Err(NotFound {
+                resource: "serviceaccounts",
+                name: service_account.to_string(),
+            });
         }
         let seconds = expiration_seconds.unwrap_or(3600);
         let expires = store::after(std::time::Duration::from_secs(seconds.max(0) as u64));
@@ -89,4 +92,14 @@ impl Api {
             whole_seconds.to_string(),
         ))
     }
+}
+
+/// An object the API does not have, in the API server's words (`serviceaccounts "default" not found`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{resource} {name:?} not found")]
+pub struct NotFound {
+    /// The resource, as the API names it (`serviceaccounts`).
+    pub resource: &'static str,
+    /// The object's name.
+    pub name: String,
 }

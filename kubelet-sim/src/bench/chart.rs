@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+use super::BenchError;
+
 use plotters::prelude::*;
 
 /// Colours for the series, in order (then again).
@@ -18,31 +20,32 @@ const COLOURS: [RGBColor; 8] = [
 ];
 
 /// An SVG of the cumulative distributions of `series` (name, samples), latencies in milliseconds.
-pub fn cdf_svg(title: &str, series: &[(String, Vec<Duration>)]) -> Result<String, String> {
+pub fn cdf_svg(title: &str, series: &[(String, Vec<Duration>)]) -> Result<String, BenchError> {
     let ms = |d: &Duration| d.as_secs_f64() * 1e3;
     let all = series.iter().flat_map(|(_, s)| s.iter().map(ms));
     let (low, high) = all.fold((f64::MAX, f64::MIN), |(lo, hi), v| (lo.min(v), hi.max(v)));
     if low > high {
-        return Err("no samples to chart".into());
+        return Err(BenchError::Output("no samples to chart".into()));
     }
     let (low, high) = ((low * 0.8).max(1e-3), (high * 1.25).max(low * 2.0));
     let mut svg = String::new();
     {
         let root = SVGBackend::with_string(&mut svg, (900, 520)).into_drawing_area();
-        root.fill(&WHITE).map_err(|e| e.to_string())?;
+        root.fill(&WHITE)
+            .map_err(|e| BenchError::Output(e.to_string()))?;
         let mut chart = ChartBuilder::on(&root)
             .caption(title, ("sans-serif", 20))
             .margin(16)
             .x_label_area_size(44)
             .y_label_area_size(56)
             .build_cartesian_2d((low..high).log_scale(), 0.0..100.0)
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| BenchError::Output(e.to_string()))?;
         chart
             .configure_mesh()
             .x_desc("latency (ms, log scale)")
             .y_desc("samples at or under it (%)")
             .draw()
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| BenchError::Output(e.to_string()))?;
         for (i, (name, samples)) in series.iter().enumerate() {
             let mut sorted: Vec<f64> = samples.iter().map(ms).collect();
             sorted.sort_by(f64::total_cmp);
@@ -57,7 +60,7 @@ pub fn cdf_svg(title: &str, series: &[(String, Vec<Duration>)]) -> Result<String
             let colour = COLOURS[i % COLOURS.len()];
             chart
                 .draw_series(LineSeries::new(points, colour.stroke_width(2)))
-                .map_err(|e| e.to_string())?
+                .map_err(|e| BenchError::Output(e.to_string()))?
                 .label(name.clone())
                 .legend(move |(x, y)| {
                     PathElement::new(vec![(x, y), (x + 18, y)], colour.stroke_width(2))
@@ -69,8 +72,9 @@ pub fn cdf_svg(title: &str, series: &[(String, Vec<Duration>)]) -> Result<String
             .background_style(WHITE.mix(0.85))
             .border_style(BLACK)
             .draw()
-            .map_err(|e| e.to_string())?;
-        root.present().map_err(|e| e.to_string())?;
+            .map_err(|e| BenchError::Output(e.to_string()))?;
+        root.present()
+            .map_err(|e| BenchError::Output(e.to_string()))?;
     }
     Ok(svg)
 }

@@ -13,6 +13,7 @@ use inlet_proto::csi::v1::{self as csi, node_client::NodeClient};
 use serde::Serialize;
 use tonic::transport::Channel;
 
+use super::BenchError;
 use super::stats::Summary;
 use crate::drivers::{Driver, DriverArg, DriverHandle, DriverNode, DriverSource};
 use crate::images::SimImages;
@@ -65,7 +66,7 @@ struct Target {
 }
 
 /// Runs every figure; the drivers started here are stopped, and every volume published is unpublished.
-pub async fn run(config: &EphemeralConfig) -> Result<Vec<EphemeralFigure>, String> {
+pub async fn run(config: &EphemeralConfig) -> Result<Vec<EphemeralFigure>, BenchError> {
     let mut targets = Vec::new();
     for driver in &config.drivers {
         targets.push(connect(driver, config).await?);
@@ -85,7 +86,7 @@ async fn measure(
     config: &EphemeralConfig,
     targets: &mut [Target],
     figures: &mut Vec<EphemeralFigure>,
-) -> Result<(), String> {
+) -> Result<(), BenchError> {
     let mut next_id = 0u64;
     for &published in &config.published {
         for target in targets.iter_mut() {
@@ -119,13 +120,13 @@ async fn measure(
     Ok(())
 }
 
-async fn connect(driver: &DriverArg, config: &EphemeralConfig) -> Result<Target, String> {
+async fn connect(driver: &DriverArg, config: &EphemeralConfig) -> Result<Target, BenchError> {
     let kubelet_dir = config.root.join(&driver.name);
     if driver.source == DriverSource::Image {
-        return Err(format!(
+        return Err(BenchError::Usage(format!(
             "--driver {}=image: csi-ephemeral measures volume drivers (NAME=local or NAME=unix:///PATH)",
             driver.name
-        ));
+        )));
     }
     let on = DriverNode {
         node: "bench",
@@ -134,13 +135,16 @@ async fn connect(driver: &DriverArg, config: &EphemeralConfig) -> Result<Target,
         images: &SimImages::default(),
         mounter: Arc::clone(&config.mounter),
     };
-    let (socket, handle) = match driver.start(on).await.map_err(|e| e.to_string())? {
+    let (socket, handle) = match driver.start(on).await? {
         Driver::InProcess(handle) => (handle.socket.clone(), Some(handle)),
         Driver::External(socket) => (socket, None),
     };
     let channel = inlet_proto::uds::connect(&socket)
         .await
-        .map_err(|e| format!("--driver {}: {e}", driver.name))?;
+        .map_err(|source| BenchError::Dial {
+            what: format!("--driver {}", driver.name),
+            source,
+        })?;
     Ok(Target {
         name: driver.name.clone(),
         node: NodeClient::new(channel),
@@ -156,7 +160,7 @@ async fn batch(
     concurrency: usize,
     count: usize,
     next_id: &mut u64,
-) -> Result<Vec<Duration>, String> {
+) -> Result<Vec<Duration>, BenchError> {
     let mut workers = tokio::task::JoinSet::new();
     for worker in 0..concurrency {
         let cycles = count / concurrency + usize::from(worker < count % concurrency);
@@ -170,7 +174,7 @@ async fn batch(
         workers.spawn(async move {
             // The kubelet makes the target's parent before NodePublishVolume (csi_mounter.go SetUpAt):
             // not part of the driver's round trip.
-            std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+            std::fs::create_dir_all(&dir).map_err(BenchError::io(dir.display()))?;
             let target = dir.join("mount").display().to_string();
             let mut samples = Vec::with_capacity(cycles);
             for n in first..first + cycles as u64 {
@@ -178,24 +182,24 @@ async fn batch(
                 let id = format!("csi-{n:064x}");
                 publish(&mut node, &id, &target, &format!("bench-{worker}"))
                     .await
-                    .map_err(|e| format!("{name}: NodePublishVolume: {e}"))?;
+                    .map_err(BenchError::rpc(format!("{name}: NodePublishVolume")))?;
                 unpublish(&mut node, &id, &target)
                     .await
-                    .map_err(|e| format!("{name}: NodeUnpublishVolume: {e}"))?;
+                    .map_err(BenchError::rpc(format!("{name}: NodeUnpublishVolume")))?;
                 samples.push(started.elapsed());
             }
-            Ok::<_, String>(samples)
+            Ok::<_, BenchError>(samples)
         });
     }
     let mut all = Vec::with_capacity(count);
     while let Some(done) = workers.join_next().await {
-        all.extend(done.map_err(|e| e.to_string())??);
+        all.extend(done.map_err(|e| BenchError::Output(e.to_string()))??);
     }
     Ok(all)
 }
 
 /// Publishes or unpublishes background volumes until `count` are published, 16 at a time.
-async fn set_background(target: &mut Target, count: usize) -> Result<(), String> {
+async fn set_background(target: &mut Target, count: usize) -> Result<(), BenchError> {
     let range: Vec<usize> = if count > target.background {
         (target.background..count).collect()
     } else {
@@ -210,16 +214,19 @@ async fn set_background(target: &mut Target, count: usize) -> Result<(), String>
             calls.spawn(async move {
                 let target = path.join("mount").display().to_string();
                 if publishing {
-                    std::fs::create_dir_all(&path).map_err(|e| e.to_string())?;
-                    publish(&mut node, &id, &target, "bench-background").await
+                    std::fs::create_dir_all(&path).map_err(BenchError::io(path.display()))?;
+                    publish(&mut node, &id, &target, "bench-background")
+                        .await
+                        .map_err(BenchError::rpc("background volume: NodePublishVolume"))
                 } else {
-                    unpublish(&mut node, &id, &target).await
+                    unpublish(&mut node, &id, &target)
+                        .await
+                        .map_err(BenchError::rpc("background volume: NodeUnpublishVolume"))
                 }
             });
         }
         while let Some(done) = calls.join_next().await {
-            done.map_err(|e| e.to_string())?
-                .map_err(|e| format!("{}: background volume: {e}", target.name))?;
+            done.map_err(|e| BenchError::Output(e.to_string()))??;
         }
     }
     target.background = count;
@@ -240,21 +247,19 @@ async fn publish(
     id: &str,
     target: &str,
     pod: &str,
-) -> Result<(), String> {
+) -> Result<(), tonic::Status> {
     let request = super::ephemeral_publish_request(id, target, pod, &[], false);
-    node.node_publish_volume(request)
-        .await
-        .map(drop)
-        .map_err(|s| inlet_proto::csi_call::rpc_error(&s))
+    node.node_publish_volume(request).await.map(drop)
 }
 
-async fn unpublish(node: &mut NodeClient<Channel>, id: &str, target: &str) -> Result<(), String> {
+async fn unpublish(
+    node: &mut NodeClient<Channel>,
+    id: &str,
+    target: &str,
+) -> Result<(), tonic::Status> {
     let request = csi::NodeUnpublishVolumeRequest {
         volume_id: id.to_string(),
         target_path: target.to_string(),
     };
-    node.node_unpublish_volume(request)
-        .await
-        .map(drop)
-        .map_err(|s| inlet_proto::csi_call::rpc_error(&s))
+    node.node_unpublish_volume(request).await.map(drop)
 }

@@ -7,10 +7,11 @@
 //! - [`pods`]: N pods with K inline volumes over M simulated nodes: settle, start latency, teardown, memory.
 //! - [`image`]: image volumes on a real runtime: cold pull, warm read-only and writable publishes, disk
 //!   per volume, beside copying the image's files.
-//! - `stats.rs`: percentiles; `chart.rs`: the SVG.
+//! - `stats.rs`: percentiles; `chart.rs`: the SVG; `error.rs`: [`BenchError`].
 
 mod chart;
 pub mod csi_ephemeral;
+mod error;
 pub mod image;
 pub mod pods;
 mod stats;
@@ -22,6 +23,7 @@ use inlet_proto::csi::v1::{NodePublishVolumeRequest, VolumeCapability, volume_ca
 use serde::Serialize;
 
 pub use chart::cdf_svg;
+pub use error::BenchError;
 pub use stats::{Summary, peak_rss_mib};
 
 /// Where figures were taken.
@@ -242,9 +244,10 @@ fn show(us: f64) -> String {
 pub fn write_json<T: Serialize>(
     path: &std::path::Path,
     results: &Results<T>,
-) -> Result<(), String> {
-    let json = serde_json::to_string_pretty(results).map_err(|e| e.to_string())?;
-    std::fs::write(path, json).map_err(|e| format!("{}: {e}", path.display()))
+) -> Result<(), BenchError> {
+    let json =
+        serde_json::to_string_pretty(results).map_err(|e| BenchError::Output(e.to_string()))?;
+    std::fs::write(path, json).map_err(BenchError::io(path.display()))
 }
 
 /// Writes the chart of `series` to `path`.
@@ -252,7 +255,7 @@ pub fn write_svg(
     path: &std::path::Path,
     title: &str,
     series: &[(String, Vec<Duration>)],
-) -> Result<(), String> {
+) -> Result<(), BenchError> {
     let svg = cdf_svg(title, series)?;
-    std::fs::write(path, svg).map_err(|e| format!("{}: {e}", path.display()))
+    std::fs::write(path, svg).map_err(BenchError::io(path.display()))
 }

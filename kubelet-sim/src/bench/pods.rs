@@ -11,6 +11,7 @@ use inlet_host::mount::MountLayer;
 use k8s_openapi::api::core::v1::Pod;
 use serde::Serialize;
 
+use super::BenchError;
 use super::stats::{Summary, peak_rss_mib};
 use crate::api::manifest;
 use crate::drivers::DriverArg;
@@ -67,12 +68,13 @@ pub struct PodsFigures {
 
 /// The CSIDriver and the pods, parsed as `kubelet-sim run` parses manifests, a chunk at a time (a
 /// manifest file is held to 100,000 documents).
-fn manifests(config: &PodsConfig) -> Result<Vec<manifest::Manifest>, String> {
+fn manifests(config: &PodsConfig) -> Result<Vec<manifest::Manifest>, BenchError> {
     let driver = &config.driver.name;
     let csidriver = format!(
         "apiVersion: storage.k8s.io/v1\nkind: CSIDriver\nmetadata: {{name: {driver}}}\nspec: {{volumeLifecycleModes: [Ephemeral], podInfoOnMount: true}}\n"
     );
-    let mut out = manifest::parse(&csidriver, "bench").map_err(|e| e.to_string())?;
+    let mut out =
+        manifest::parse(&csidriver, "bench").map_err(|e| BenchError::Output(e.to_string()))?;
     let mounts: Vec<String> = (0..config.volumes)
         .map(|v| format!("{{name: v{v}, mountPath: /v{v}}}"))
         .collect();
@@ -89,13 +91,13 @@ fn manifests(config: &PodsConfig) -> Result<Vec<manifest::Manifest>, String> {
                 volumes.join(", ")
             ));
         }
-        out.extend(manifest::parse(&yaml, "bench").map_err(|e| e.to_string())?);
+        out.extend(manifest::parse(&yaml, "bench").map_err(|e| BenchError::Output(e.to_string()))?);
     }
     Ok(out)
 }
 
 /// Runs the pods, then tears them down.
-pub async fn run(config: &PodsConfig) -> Result<PodsFigures, String> {
+pub async fn run(config: &PodsConfig) -> Result<PodsFigures, BenchError> {
     let manifests = manifests(config)?;
     let sim_config = SimConfig {
         root: config.root.clone(),
@@ -114,9 +116,7 @@ pub async fn run(config: &PodsConfig) -> Result<PodsFigures, String> {
         node_name_prefix: "node".into(),
         cluster: None,
     };
-    let mut sim = Simulation::start(sim_config)
-        .await
-        .map_err(|e| e.to_string())?;
+    let mut sim = Simulation::start(sim_config).await?;
     let applied_at = SystemTime::now();
     let started = Instant::now();
     sim.apply(manifests).await;

@@ -11,6 +11,7 @@
 //! Attach and detach belong to the control plane in a real cluster: the simulated nodes only wait for the
 //! VolumeAttachments it makes. Admission too is the API server's.
 
+mod error;
 mod inbound;
 mod nodes;
 mod outbound;
@@ -25,6 +26,8 @@ use kube::api::{Patch, PatchParams};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+pub use error::ClusterError;
+
 use crate::api::Api;
 use crate::api::manifest::Object;
 
@@ -32,16 +35,17 @@ use crate::api::manifest::Object;
 pub const FIELD_MANAGER: &str = "kubelet-sim";
 
 /// A client for the API server a kubeconfig names.
-pub async fn connect(kubeconfig: &Path) -> Result<kube::Client, String> {
-    let text = std::fs::read_to_string(kubeconfig)
-        .map_err(|e| format!("--kubeconfig {}: {e}", kubeconfig.display()))?;
-    let parsed = kube::config::Kubeconfig::from_yaml(&text)
-        .map_err(|e| format!("--kubeconfig {}: {e}", kubeconfig.display()))?;
+pub async fn connect(kubeconfig: &Path) -> Result<kube::Client, ClusterError> {
+    let bad = |e: Box<dyn std::error::Error + Send + Sync>| ClusterError::Kubeconfig {
+        path: kubeconfig.to_path_buf(),
+        source: e,
+    };
+    let text = std::fs::read_to_string(kubeconfig).map_err(|e| bad(e.into()))?;
+    let parsed = kube::config::Kubeconfig::from_yaml(&text).map_err(|e| bad(e.into()))?;
     let config = kube::Config::from_custom_kubeconfig(parsed, &Default::default())
         .await
-        .map_err(|e| format!("--kubeconfig {}: {e}", kubeconfig.display()))?;
-    kube::Client::try_from(config)
-        .map_err(|e| format!("--kubeconfig {}: {e}", kubeconfig.display()))
+        .map_err(|e| bad(e.into()))?;
+    kube::Client::try_from(config).map_err(|e| bad(e.into()))
 }
 
 /// The hollow nodes' link to the API server, running until `stop` turns true.
@@ -59,7 +63,7 @@ impl Cluster {
         nodes: Vec<String>,
         runtime_version: String,
         stop: tokio::sync::watch::Receiver<bool>,
-    ) -> Result<Vec<tokio::task::JoinHandle<()>>, String> {
+    ) -> Result<Vec<tokio::task::JoinHandle<()>>, ClusterError> {
         // Pods the nodes finish with are kept for their final delete.
         api.track_finished();
         let uids = nodes::register(&client, &api, &nodes, &runtime_version).await?;
@@ -83,7 +87,7 @@ impl Cluster {
     /// Applies a manifest's object to the API server (server-side apply, as `kubectl apply
     /// --server-side`: created, or brought to what the manifest says, so a run can be repeated); a pod is
     /// bound to `node` unless it names one. The API server's refusal is the error.
-    pub async fn create(&self, object: Object, node: &str) -> Result<(), String> {
+    pub async fn create(&self, object: Object, node: &str) -> Result<(), ClusterError> {
         let client = &self.client;
         match object {
             Object::Pod(mut pod) => {
@@ -139,14 +143,16 @@ impl Cluster {
     }
 
     /// Starts a pod's graceful deletion in the API server (a pod already gone is deleted).
-    pub async fn delete_pod(&self, namespace: &str, name: &str) -> Result<(), String> {
+    pub async fn delete_pod(&self, namespace: &str, name: &str) -> Result<(), ClusterError> {
         match kube::Api::<Pod>::namespaced(self.client.clone(), namespace)
             .delete(name, &Default::default())
             .await
         {
             Ok(_) => Ok(()),
             Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-            Err(e) => Err(e.to_string()),
+            Err(e) => Err(ClusterError::request(format!(
+                "deleting pod {namespace}/{name}"
+            ))(e)),
         }
     }
 }
@@ -156,7 +162,7 @@ fn namespace(meta: &ObjectMeta) -> String {
 }
 
 /// Server-side apply of `object` (kubelet-sim's field manager, taking over fields others set).
-async fn apply<K>(api: kube::Api<K>, object: K) -> Result<(), String>
+async fn apply<K>(api: kube::Api<K>, object: K) -> Result<(), ClusterError>
 where
     K: kube::Resource + Serialize + DeserializeOwned + Clone + std::fmt::Debug,
 {
@@ -165,8 +171,5 @@ where
     api.patch(&name, &params, &Patch::Apply(&object))
         .await
         .map(drop)
-        .map_err(|e| match e {
-            kube::Error::Api(status) => status.message,
-            other => other.to_string(),
-        })
+        .map_err(|source| ClusterError::Refused { source })
 }

@@ -15,7 +15,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
 use kube::api::{Patch, PatchParams};
 
-use super::FIELD_MANAGER;
+use super::{ClusterError, FIELD_MANAGER};
 use crate::api::{Api, now};
 
 /// How often a node's status and lease are renewed.
@@ -38,7 +38,7 @@ pub async fn register(
     api: &Api,
     nodes: &[String],
     runtime_version: &str,
-) -> Result<BTreeMap<String, String>, String> {
+) -> Result<BTreeMap<String, String>, ClusterError> {
     let all = kube::Api::<Node>::all(client.clone());
     let since = registered_at();
     let mut uids = BTreeMap::new();
@@ -74,7 +74,7 @@ pub async fn register(
         let created = all
             .patch(name, &apply(), &Patch::Apply(&node))
             .await
-            .map_err(|e| format!("registering node {name}: {e}"))?;
+            .map_err(ClusterError::request(format!("registering node {name}")))?;
         uids.insert(name.clone(), created.metadata.uid.unwrap_or_default());
         post_status(client, api, name, runtime_version, &since).await?;
         renew_lease(client, name, uids.get(name).cloned().unwrap_or_default()).await?;
@@ -123,7 +123,7 @@ async fn post_status(
     name: &str,
     runtime_version: &str,
     since: &Time,
-) -> Result<(), String> {
+) -> Result<(), ClusterError> {
     let volumes_in_use = api
         .peek::<Node>("", name)
         .and_then(|n| n.status.clone())
@@ -211,11 +211,17 @@ async fn post_status(
         .patch_status(name, &apply(), &Patch::Apply(&node))
         .await
         .map(drop)
-        .map_err(|e| format!("posting the status of node {name}: {e}"))
+        .map_err(ClusterError::request(format!(
+            "posting the status of node {name}"
+        )))
 }
 
 /// The node's Lease, owned by its Node (so it goes with it).
-async fn renew_lease(client: &kube::Client, name: &str, node_uid: String) -> Result<(), String> {
+async fn renew_lease(
+    client: &kube::Client,
+    name: &str,
+    node_uid: String,
+) -> Result<(), ClusterError> {
     let lease = Lease {
         metadata: ObjectMeta {
             name: Some(name.to_string()),
@@ -244,5 +250,7 @@ async fn renew_lease(client: &kube::Client, name: &str, node_uid: String) -> Res
         .patch(name, &apply(), &Patch::Apply(&lease))
         .await
         .map(drop)
-        .map_err(|e| format!("renewing the lease of node {name}: {e}"))
+        .map_err(ClusterError::request(format!(
+            "renewing the lease of node {name}"
+        )))
 }

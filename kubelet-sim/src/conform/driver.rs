@@ -12,6 +12,7 @@ use inlet_proto::csi::v1::{self as csi, identity_client::IdentityClient};
 use inlet_volume::csi::CsiClient;
 use k8s_openapi::api::storage::v1::CSIDriver;
 
+use super::ConformError;
 use crate::api::manifest::{self, Object};
 use crate::drivers::{Driver, DriverArg, DriverHandle, DriverNode, DriverSource};
 use crate::images::SimImages;
@@ -71,12 +72,17 @@ impl DriverInfo {
 }
 
 /// Asks the driver on `socket` who it is and what it can do; `expected` is the name it must report.
-pub async fn describe(socket: &Path, expected: &str) -> Result<DriverInfo, String> {
+pub async fn describe(socket: &Path, expected: &str) -> Result<DriverInfo, ConformError> {
     let channel = inlet_proto::uds::connect_with_timeout(socket, Some(Duration::from_secs(10)))
         .await
-        .map_err(|e| format!("the driver {expected}: {e}"))?;
-    let rpc =
-        |what: &str, s: tonic::Status| format!("the driver {expected}: {what}: {}", s.message());
+        .map_err(|source| ConformError::Endpoint {
+            what: format!("the driver {expected}"),
+            source,
+        })?;
+    let rpc = |what: &str, source: tonic::Status| ConformError::Rpc {
+        what: format!("the driver {expected}: {what}"),
+        source,
+    };
     let mut identity = IdentityClient::new(channel.clone());
     let info = identity
         .get_plugin_info(csi::GetPluginInfoRequest {})
@@ -84,12 +90,11 @@ pub async fn describe(socket: &Path, expected: &str) -> Result<DriverInfo, Strin
         .map_err(|s| rpc("GetPluginInfo", s))?
         .into_inner();
     if info.name != expected {
-        return Err(format!(
-            "the driver on {} says its name is {:?}, not {expected:?}: the CSIDriver object's name must be \
-             the name GetPluginInfo returns",
-            socket.display(),
-            info.name
-        ));
+        return Err(ConformError::Misnamed {
+            socket: socket.to_path_buf(),
+            reported: info.name,
+            expected: expected.to_string(),
+        });
     }
     let plugin = identity
         .get_plugin_capabilities(csi::GetPluginCapabilitiesRequest {})
@@ -153,15 +158,15 @@ pub fn suggested_csi_driver(info: &DriverInfo) -> String {
 }
 
 /// The CSIDriver named `name` in YAML `text` (from `origin`).
-pub fn csi_driver_from(text: &str, origin: &str, name: &str) -> Result<CSIDriver, String> {
-    let manifests = manifest::parse(text, origin).map_err(|e| e.0)?;
+pub fn csi_driver_from(text: &str, origin: &str, name: &str) -> Result<CSIDriver, ConformError> {
+    let manifests = manifest::parse(text, origin).map_err(|e| ConformError::CsiDriver(e.0))?;
     manifests
         .into_iter()
         .find_map(|m| match m.object {
             Object::CsiDriver(d) if d.metadata.name.as_deref() == Some(name) => Some(*d),
             _ => None,
         })
-        .ok_or_else(|| format!("{origin}: no CSIDriver named {name:?}"))
+        .ok_or_else(|| ConformError::CsiDriver(format!("{origin}: no CSIDriver named {name:?}")))
 }
 
 /// Where the driver under test runs.
@@ -202,7 +207,7 @@ impl DriverSetup {
         node: &str,
         node_root: &Path,
         cri_socket: &Path,
-    ) -> Result<(PathBuf, DriverRun), String> {
+    ) -> Result<(PathBuf, DriverRun), ConformError> {
         let on = DriverNode {
             node,
             node_root,
@@ -210,7 +215,7 @@ impl DriverSetup {
             images: &self.images,
             mounter: Arc::clone(&self.mounter),
         };
-        Ok(match self.arg.start(on).await.map_err(|e| e.to_string())? {
+        Ok(match self.arg.start(on).await? {
             Driver::External(socket) => (socket, DriverRun::External),
             Driver::InProcess(handle) => {
                 (handle.socket.clone(), DriverRun::InProcess(Some(handle)))
@@ -226,7 +231,7 @@ impl DriverSetup {
         node: &str,
         node_root: &Path,
         cri_socket: &Path,
-    ) -> Result<(), String> {
+    ) -> Result<(), ConformError> {
         let socket = match run {
             DriverRun::InProcess(handle) => {
                 if let Some(handle) = handle.take() {
@@ -237,20 +242,25 @@ impl DriverSetup {
                 socket
             }
             DriverRun::External => {
-                let command = self
-                    .restart_command
-                    .as_deref()
-                    .ok_or("no --restart-command to restart the driver with")?;
+                let command = self.restart_command.as_deref().ok_or_else(|| {
+                    ConformError::Usage("no --restart-command to restart the driver with".into())
+                })?;
+                let failed = |reason: String| ConformError::Restart {
+                    command: command.to_string(),
+                    reason,
+                };
                 let status = tokio::process::Command::new("sh")
                     .args(["-c", command])
                     .status()
                     .await
-                    .map_err(|e| format!("--restart-command: {e}"))?;
+                    .map_err(|e| failed(e.to_string()))?;
                 if !status.success() {
-                    return Err(format!("--restart-command {command:?} failed: {status}"));
+                    return Err(failed(format!("failed: {status}")));
                 }
                 let DriverSource::Socket(path) = &self.arg.source else {
-                    return Err("an external driver without a socket".into());
+                    return Err(ConformError::Usage(
+                        "an external driver without a socket".into(),
+                    ));
                 };
                 path.clone()
             }
@@ -267,7 +277,7 @@ impl DriverSetup {
 }
 
 /// Waits until the driver on `socket` answers Probe with ready (or unset, which means ready).
-async fn wait_for_probe(socket: &Path, timeout: Duration) -> Result<(), String> {
+async fn wait_for_probe(socket: &Path, timeout: Duration) -> Result<(), ConformError> {
     let deadline = Instant::now() + timeout;
     loop {
         let ready = match inlet_proto::uds::connect(socket).await {
@@ -281,10 +291,10 @@ async fn wait_for_probe(socket: &Path, timeout: Duration) -> Result<(), String> 
             return Ok(());
         }
         if Instant::now() >= deadline {
-            return Err(format!(
-                "the driver did not answer Probe on {} within {timeout:?} of its restart",
-                socket.display()
-            ));
+            return Err(ConformError::NotReady {
+                socket: socket.to_path_buf(),
+                timeout,
+            });
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

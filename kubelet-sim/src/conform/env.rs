@@ -13,6 +13,7 @@ use inlet_proto::csi_call::CsiCall;
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use serde_json::json;
 
+use super::ConformError;
 use super::driver::{DriverInfo, DriverRun, DriverSetup};
 use super::proxy::{FaultProxy, INJECTED_DEADLINE};
 use crate::api::manifest::{Manifest, Object};
@@ -92,14 +93,14 @@ pub struct CheckEnv {
 
 impl CheckEnv {
     /// Starts a node under `<root>/<name>/`, the driver, and the proxy; registers the driver through it.
-    pub async fn start(conf: Arc<Conformance>, name: &str) -> Result<Self, String> {
+    pub async fn start(conf: Arc<Conformance>, name: &str) -> Result<Self, ConformError> {
         let root = conf.root.join(name.replace('/', "-"));
         // A previous run's state under the same root would make this run see its volumes.
         if root.exists() {
-            return Err(format!(
+            return Err(ConformError::Usage(format!(
                 "{} exists: give conform an empty --root (or none)",
                 root.display()
-            ));
+            )));
         }
         let config = SimConfig {
             root: root.clone(),
@@ -129,14 +130,17 @@ impl CheckEnv {
             node_name_prefix: "node".into(),
             cluster: None,
         };
-        let mut sim = Simulation::start(config).await.map_err(|e| e.to_string())?;
+        let mut sim = Simulation::start(config).await?;
         let node_root = root.join(NODE);
         let (driver_socket, driver) = conf.setup.start(NODE, &node_root, sim.cri_socket()).await?;
         let proxy = FaultProxy::new(&driver_socket);
         let proxy_socket = root.join("proxy.sock");
         let incoming = inlet_proto::uds::listen(&proxy_socket)
             .await
-            .map_err(|e| format!("the proxy: {e}"))?;
+            .map_err(|source| ConformError::Endpoint {
+                what: "the proxy".into(),
+                source,
+            })?;
         let (proxy_stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let (service, socket) = (proxy.clone(), proxy_socket.clone());
         let proxy_task = tokio::spawn(async move {
@@ -154,9 +158,7 @@ impl CheckEnv {
             object: Object::CsiDriver(Box::new(csi_driver)),
         }])
         .await;
-        sim.register(NODE, conf.setup.name(), &proxy_socket)
-            .await
-            .map_err(|e| e.to_string())?;
+        sim.register(NODE, conf.setup.name(), &proxy_socket).await?;
         Ok(Self {
             conf,
             sim,
@@ -532,6 +534,7 @@ impl CheckEnv {
             .setup
             .restart(&mut self.driver, NODE, &node_root, &cri)
             .await
+            .map_err(|e| e.to_string())
     }
 
     /// Stops everything; the check's root is removed when nothing is mounted below it.

@@ -20,6 +20,7 @@
 pub mod checks;
 pub mod driver;
 pub mod env;
+mod error;
 pub mod output;
 pub mod proxy;
 
@@ -38,6 +39,7 @@ use crate::sim::{SimConfig, SimImages, Simulation};
 use checks::Check;
 use driver::{DriverInfo, DriverSetup};
 use env::{CheckEnv, Conformance};
+pub use error::ConformError;
 
 /// How conform is run.
 pub struct ConformOptions {
@@ -124,28 +126,31 @@ fn check_deadline(wait: Duration) -> Duration {
 }
 
 /// Runs every selected check, printing each row to `table` as it ends.
-pub async fn run(options: ConformOptions, table: &mut impl Write) -> Result<ConformReport, String> {
+pub async fn run(
+    options: ConformOptions,
+    table: &mut impl Write,
+) -> Result<ConformReport, ConformError> {
     let catalogue: Vec<Check> = checks::catalogue()
         .into_iter()
         .filter(|c| options.only.is_empty() || options.only.iter().any(|g| g.matches(c.id)))
         .collect();
     if catalogue.is_empty() {
         let known: Vec<&str> = checks::catalogue().iter().map(|c| c.id).collect();
-        return Err(format!(
+        return Err(ConformError::Usage(format!(
             "--only matches no check (the checks: {})",
             known.join(", ")
-        ));
+        )));
     }
     let temp = match &options.root {
         Some(_) => None,
-        None => Some(tempfile::tempdir().map_err(|e| format!("a temp dir: {e}"))?),
+        None => Some(tempfile::tempdir().map_err(ConformError::io("a temp dir"))?),
     };
     let root = options
         .root
         .clone()
         .or_else(|| temp.as_ref().map(|t| t.path().to_path_buf()))
         .unwrap_or_default();
-    std::fs::create_dir_all(&root).map_err(|e| format!("{}: {e}", root.display()))?;
+    std::fs::create_dir_all(&root).map_err(ConformError::io(root.display()))?;
     let setup = DriverSetup {
         arg: options.driver.clone(),
         restart_command: options.restart_command.clone(),
@@ -156,7 +161,7 @@ pub async fn run(options: ConformOptions, table: &mut impl Write) -> Result<Conf
     let csi_driver_yaml = match &options.csi_driver {
         Some(path) => {
             info.csi_driver_source = path.display().to_string();
-            std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?
+            std::fs::read_to_string(path).map_err(ConformError::io(path.display()))?
         }
         None => {
             let yaml = driver::suggested_csi_driver(&info);
@@ -179,7 +184,7 @@ pub async fn run(options: ConformOptions, table: &mut impl Write) -> Result<Conf
         images: options.images.clone(),
         mounter: options.mounter.clone(),
     });
-    output::write_header(table, &info).map_err(|e| e.to_string())?;
+    output::write_header(table, &info).map_err(ConformError::io("the table"))?;
     let mut results = Vec::new();
     let mut interrupts = options.interrupts;
     for check in &catalogue {
@@ -188,7 +193,7 @@ pub async fn run(options: ConformOptions, table: &mut impl Write) -> Result<Conf
             break;
         }
         let result = run_check(check, &conf, &mut interrupts).await;
-        output::write_row(table, &result).map_err(|e| e.to_string())?;
+        output::write_row(table, &result).map_err(ConformError::io("the table"))?;
         results.push(result);
     }
     let count = |v: Verdict| results.iter().filter(|r| r.result == v).count();
@@ -200,7 +205,7 @@ pub async fn run(options: ConformOptions, table: &mut impl Write) -> Result<Conf
         skipped: count(Verdict::Skip),
         checks: results,
     };
-    output::write_footer(table, &report).map_err(|e| e.to_string())?;
+    output::write_footer(table, &report).map_err(ConformError::io("the table"))?;
     // A temp root is removed, unless something is still mounted below it: removing it would reach into
     // the mounted volumes.
     if let Some(temp) = temp
@@ -219,7 +224,7 @@ async fn describe(
     setup: &DriverSetup,
     root: &std::path::Path,
     options: &ConformOptions,
-) -> Result<DriverInfo, String> {
+) -> Result<DriverInfo, ConformError> {
     if let DriverSource::Socket(socket) = &setup.arg.source {
         return driver::describe(socket, setup.name()).await;
     }
@@ -242,18 +247,18 @@ async fn describe(
         node_name_prefix: "node".into(),
         cluster: None,
     })
-    .await
-    .map_err(|e| e.to_string())?;
+    .await?;
     let started = setup
         .start(env::NODE, &describe_root.join(env::NODE), sim.cri_socket())
         .await;
-    let described = match &started {
-        Ok((socket, _)) => driver::describe(socket, setup.name()).await,
-        Err(e) => Err(e.clone()),
+    let described = match started {
+        Ok((socket, run)) => {
+            let described = driver::describe(&socket, setup.name()).await;
+            setup.stop(run).await;
+            described
+        }
+        Err(e) => Err(e),
     };
-    if let Ok((_, run)) = started {
-        setup.stop(run).await;
-    }
     sim.shutdown().await;
     let _ = std::fs::remove_dir_all(&describe_root);
     described

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use quick_junit::{NonSuccessKind, Report, TestCase, TestCaseStatus, TestSuite};
 
+use super::ConformError;
 use super::driver::DriverInfo;
 use super::{CheckResult, ConformReport, Verdict};
 
@@ -57,14 +58,15 @@ pub fn write_footer(out: &mut impl Write, report: &ConformReport) -> std::io::Re
 }
 
 /// Writes the JSON report to `path`.
-pub fn write_json(report: &ConformReport, path: &Path) -> Result<(), String> {
-    let json = serde_json::to_vec_pretty(report).map_err(|e| e.to_string())?;
-    std::fs::write(path, json).map_err(|e| format!("{}: {e}", path.display()))
+pub fn write_json(report: &ConformReport, path: &Path) -> Result<(), ConformError> {
+    let json =
+        serde_json::to_vec_pretty(report).map_err(|e| ConformError::Output(e.to_string()))?;
+    std::fs::write(path, json).map_err(ConformError::io(path.display()))
 }
 
 /// The report as JUnit XML: one test suite named after the driver, a test case per check (classname
 /// its group), failures with their reason and the CSI calls as the failure's text.
-pub fn junit(report: &ConformReport) -> Result<String, String> {
+pub fn junit(report: &ConformReport) -> Result<String, ConformError> {
     let mut suite = TestSuite::new(format!("kubelet-sim conform {}", report.driver.name));
     let mut total = Duration::ZERO;
     for result in &report.checks {
@@ -96,10 +98,12 @@ pub fn junit(report: &ConformReport) -> Result<String, String> {
     suite.set_time(total);
     let mut junit = Report::new("kubelet-sim conform");
     junit.set_time(total).add_test_suite(suite);
-    junit.to_string().map_err(|e| e.to_string())
+    junit
+        .to_string()
+        .map_err(|e| ConformError::Output(e.to_string()))
 }
 
 /// Writes the JUnit XML to `path`.
-pub fn write_junit(report: &ConformReport, path: &Path) -> Result<(), String> {
-    std::fs::write(path, junit(report)?).map_err(|e| format!("{}: {e}", path.display()))
+pub fn write_junit(report: &ConformReport, path: &Path) -> Result<(), ConformError> {
+    std::fs::write(path, junit(report)?).map_err(ConformError::io(path.display()))
 }

@@ -76,11 +76,13 @@ impl VolumeHost for NodeHost {
         &self,
         request: TokenRequestArgs,
     ) -> Result<(String, String), String> {
-        self.api.create_token(
-            &request.namespace,
-            &request.service_account,
-            request.expiration_seconds,
-        )
+        self.api
+            .create_token(
+                &request.namespace,
+                &request.service_account,
+                request.expiration_seconds,
+            )
+            .map_err(|e| e.to_string())
     }
 
     async fn volume_attachment(&self, name: &str) -> Result<Option<VolumeAttachment>, String> {

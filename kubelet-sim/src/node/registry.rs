@@ -11,6 +11,7 @@ use std::time::Duration;
 use inlet_proto::csi::v1::NodeGetInfoResponse;
 use inlet_proto::csi::v1::{GetPluginInfoRequest, identity_client::IdentityClient};
 use inlet_proto::csi_call::rpc_error;
+use inlet_proto::uds::EndpointError;
 use inlet_volume::csi::{CSI_TIMEOUT, CsiClient, CsiObserver};
 use k8s_openapi::api::storage::v1::{CSINode, CSINodeDriver, CSINodeSpec, VolumeNodeResources};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -72,24 +73,29 @@ impl DriverRegistry {
     /// Registers the driver `name` given by `--driver` as serving on `endpoint`. Beyond what the plugin
     /// watcher does, the driver's GetPluginInfo (1 s) must report `name`, since here the user, not the
     /// driver, said which driver is there.
-    pub async fn register(&self, name: &str, endpoint: &Path) -> Result<(), String> {
-        let channel = connect(endpoint).await.map_err(|e| {
-            format!(
-                "RegisterPlugin error -- dial failed at socket {}, err: {e}",
-                endpoint.display()
-            )
-        })?;
+    pub async fn register(&self, name: &str, endpoint: &Path) -> Result<(), RegistrationError> {
+        let channel = connect(endpoint)
+            .await
+            .map_err(|source| RegistrationError::Dial {
+                endpoint: endpoint.to_path_buf(),
+                source,
+            })?;
         let mut request = tonic::Request::new(GetPluginInfoRequest {});
         request.set_timeout(Duration::from_secs(1));
-        let info = IdentityClient::new(channel.clone()).get_plugin_info(request).await.map_err(|e| {
-            format!("RegisterPlugin error -- failed to get plugin info using RPC GetInfo at socket {}, err: {}", endpoint.display(), rpc_error(&e))
-        })?;
+        let info = IdentityClient::new(channel.clone())
+            .get_plugin_info(request)
+            .await
+            .map_err(|source| RegistrationError::PluginInfo {
+                endpoint: endpoint.to_path_buf(),
+                source,
+            })?;
         let reported = info.into_inner().name;
         if reported != name {
-            return Err(format!(
-                "RegisterPlugin error -- the driver at {} is named {reported:?}, not {name:?}",
-                endpoint.display()
-            ));
+            return Err(RegistrationError::WrongName {
+                endpoint: endpoint.to_path_buf(),
+                reported,
+                name: name.to_string(),
+            });
         }
         let version = CsiVersion(vec![1, 0, 0]);
         self.install(name, endpoint, channel, version, None).await
@@ -103,25 +109,30 @@ impl DriverRegistry {
         caller: &str,
         name: &str,
         versions: &[String],
-    ) -> Result<CsiVersion, String> {
+    ) -> Result<CsiVersion, RegistrationError> {
+        let refused = |reason: String| RegistrationError::Versions {
+            caller: caller.to_string(),
+            name: name.to_string(),
+            reason,
+        };
         if versions.is_empty() {
-            return Err(format!(
-                "kubernetes.io/csi: {caller} for CSI driver {name:?} failed. Plugin returned an empty list for supported versions"
+            return Err(refused(
+                "Plugin returned an empty list for supported versions".into(),
             ));
         }
         let highest = CsiVersion::highest_supported(versions).map_err(|e| {
-            format!(
-                "kubernetes.io/csi: {caller} for CSI driver {name:?} failed. None of the versions specified {} are supported. err={e}",
+            refused(format!(
+                "None of the versions specified {} are supported. err={e}",
                 go_quoted_list(versions)
-            )
+            ))
         })?;
         if let Some(existing) = self.get(name)
             && existing.version >= highest
         {
-            return Err(format!(
-                "kubernetes.io/csi: {caller} for CSI driver {name:?} failed. Another driver with the same name is already registered with a higher supported version: \"{}\"",
+            return Err(refused(format!(
+                "Another driver with the same name is already registered with a higher supported version: \"{}\"",
                 existing.version
-            ));
+            )));
         }
         Ok(highest)
     }
@@ -135,7 +146,7 @@ impl DriverRegistry {
         endpoint: &Path,
         versions: &[String],
         registration: &Path,
-    ) -> Result<(), String> {
+    ) -> Result<(), RegistrationError> {
         tracing::info!(
             node = %self.node,
             "kubernetes.io/csi: Register new plugin with name: {name} at endpoint: {}",
@@ -145,7 +156,7 @@ impl DriverRegistry {
         // grpc-go dials lazily, so upstream's failure to reach the driver shows at NodeGetInfo.
         let channel = connect(endpoint)
             .await
-            .map_err(|e| format!("rpc error: code = Unavailable desc = connection error: {e}"))?;
+            .map_err(RegistrationError::Unreachable)?;
         self.install(
             name,
             endpoint,
@@ -164,7 +175,7 @@ impl DriverRegistry {
         channel: tonic::transport::Channel,
         version: CsiVersion,
         registration: Option<PathBuf>,
-    ) -> Result<(), String> {
+    ) -> Result<(), RegistrationError> {
         let client = CsiClient::new(name, channel, Some(Arc::clone(&self.observer)));
         let mut registered = Registered {
             endpoint: endpoint.to_path_buf(),
@@ -180,14 +191,12 @@ impl DriverRegistry {
             Ok(info) if info.node_id.is_empty() => {
                 self.deregister(name);
                 // `nodeinfomanager.go` InstallCSIDriver.
-                return Err(
-                    "error adding CSI driver node info: driverNodeID must not be empty".into(),
-                );
+                return Err(RegistrationError::EmptyNodeId);
             }
             Ok(info) => info,
             Err(e) => {
                 self.deregister(name);
-                return Err(rpc_error(&e));
+                return Err(RegistrationError::NodeInfo(e));
             }
         };
         registered.node_id = info.node_id.clone();
@@ -242,10 +251,65 @@ impl DriverRegistry {
 
 /// Dials a driver with the kubelet's CSI timeout on every call: a driver that never answers (a hung NFS
 /// mount under NodePublishVolume) fails the call after it, and is retried.
-async fn connect(endpoint: &Path) -> Result<tonic::transport::Channel, String> {
-    inlet_proto::uds::connect_with_timeout(endpoint, Some(CSI_TIMEOUT))
-        .await
-        .map_err(|e| e.to_string())
+async fn connect(endpoint: &Path) -> Result<tonic::transport::Channel, EndpointError> {
+    inlet_proto::uds::connect_with_timeout(endpoint, Some(CSI_TIMEOUT)).await
+}
+
+/// Why a driver was not registered, in upstream's words (`csi_plugin.go`, `nodeinfomanager.go`); each
+/// variant keeps what it came from.
+#[derive(Debug, thiserror::Error)]
+pub enum RegistrationError {
+    /// The driver's socket could not be dialed.
+    #[error("RegisterPlugin error -- dial failed at socket {}, err: {source}", endpoint.display())]
+    Dial {
+        /// The driver's socket.
+        endpoint: PathBuf,
+        /// What dialing said.
+        #[source]
+        source: EndpointError,
+    },
+    /// GetPluginInfo failed.
+    #[error(
+        "RegisterPlugin error -- failed to get plugin info using RPC GetInfo at socket {}, err: {}",
+        endpoint.display(),
+        rpc_error(source)
+    )]
+    PluginInfo {
+        /// The driver's socket.
+        endpoint: PathBuf,
+        /// The driver's answer.
+        #[source]
+        source: tonic::Status,
+    },
+    /// The driver at the socket is another than the one named (`--driver NAME=unix://...`).
+    #[error("RegisterPlugin error -- the driver at {} is named {reported:?}, not {name:?}", endpoint.display())]
+    WrongName {
+        /// The driver's socket.
+        endpoint: PathBuf,
+        /// The name GetPluginInfo reported.
+        reported: String,
+        /// The name given.
+        name: String,
+    },
+    /// The driver's supported versions are refused (`validateVersions`).
+    #[error("kubernetes.io/csi: {caller} for CSI driver {name:?} failed. {reason}")]
+    Versions {
+        /// The step (`ValidatePlugin`, `RegisterPlugin`).
+        caller: String,
+        /// The driver.
+        name: String,
+        /// Upstream's reason.
+        reason: String,
+    },
+    /// The driver could not be reached (grpc-go's lazy dial shows it at NodeGetInfo).
+    #[error("rpc error: code = Unavailable desc = connection error: {0}")]
+    Unreachable(#[source] EndpointError),
+    /// NodeGetInfo answered no node id (`InstallCSIDriver`).
+    #[error("error adding CSI driver node info: driverNodeID must not be empty")]
+    EmptyNodeId,
+    /// NodeGetInfo failed.
+    #[error("{}", rpc_error(.0))]
+    NodeInfo(#[source] tonic::Status),
 }
 
 /// A CSI version as apimachinery's `ParseGeneric` reads it: at least major.minor, numeric components,

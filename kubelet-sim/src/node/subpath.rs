@@ -74,26 +74,55 @@ pub fn safe_make_dir(base: &Path, sub: &str) -> io::Result<()> {
     host_path::create_dirs(&prefix, &missing, mode)
 }
 
+/// Why a subPath bind could not be made or removed (for the log: the user sees upstream's short text).
+#[derive(Debug, thiserror::Error)]
+pub enum SubPathError {
+    /// A step on the host failed: what it was, with its path.
+    #[error("{what}: {source}")]
+    Io {
+        /// The step, in upstream's words (`error opening subpath /x`).
+        what: String,
+        /// What the host said.
+        #[source]
+        source: io::Error,
+    },
+    /// The subPath resolves outside its volume.
+    #[error("subpath {:?} not within volume path {:?}", path.display(), volume.display())]
+    Outside {
+        /// Where the subPath resolved.
+        path: PathBuf,
+        /// The volume's path.
+        volume: PathBuf,
+    },
+}
+
+impl SubPathError {
+    fn io(what: String) -> impl FnOnce(io::Error) -> Self {
+        move |source| Self::Io { what, source }
+    }
+}
+
 /// Bind-mounts the subPath onto its target and returns the target (`doBindSubPath`). A target already bound
 /// to the same file is reused (a restarted container); one bound to anything else is unmounted first. The
 /// error is for the log: the kubelet shows the user only that the subPath could not be prepared.
-pub fn prepare(mounter: &dyn MountLayer, sub: &SubPath) -> Result<PathBuf, String> {
+pub fn prepare(mounter: &dyn MountLayer, sub: &SubPath) -> Result<PathBuf, SubPathError> {
     let resolve = |p: &Path| {
-        p.canonicalize()
-            .map_err(|e| format!("error resolving symlinks in {:?}: {e}", p.display()))
+        p.canonicalize().map_err(SubPathError::io(format!(
+            "error resolving symlinks in {:?}",
+            p.display()
+        )))
     };
     let volume = resolve(sub.volume_path)?;
     let path = resolve(&sub.volume_path.join(sub.sub_path))?;
     if !path.starts_with(&volume) {
-        return Err(format!(
-            "subpath {:?} not within volume path {:?}",
-            path.display(),
-            volume.display()
-        ));
+        return Err(SubPathError::Outside { path, volume });
     }
-    let fd = safe_open(&volume, &path)
-        .map_err(|e| format!("error opening subpath {}: {e}", path.display()))?;
-    let source = fstat(fd.as_fd()).map_err(|e| format!("fstat {}: {e}", path.display()))?;
+    let fd = safe_open(&volume, &path).map_err(SubPathError::io(format!(
+        "error opening subpath {}",
+        path.display()
+    )))?;
+    let source = fstat(fd.as_fd())
+        .map_err(|e| SubPathError::io(format!("fstat {}", path.display()))(e.into()))?;
     let target = sub.target();
     if prepare_target(mounter, &target, &source)? {
         tracing::debug!(
@@ -109,7 +138,10 @@ pub fn prepare(mounter: &dyn MountLayer, sub: &SubPath) -> Result<PathBuf, Strin
     ));
     if let Err(e) = mounter.bind(&by_fd, &target, MountFlags::default()) {
         remove_target(&target, sub.pod_dir);
-        return Err(format!("error mounting {}: {e}", target.display()));
+        return Err(SubPathError::io(format!(
+            "error mounting {}",
+            target.display()
+        ))(e));
     }
     tracing::debug!("Bound SubPath {} into {}", path.display(), target.display());
     Ok(target)
@@ -117,12 +149,21 @@ pub fn prepare(mounter: &dyn MountLayer, sub: &SubPath) -> Result<PathBuf, Strin
 
 /// Unmounts and removes every subPath bind of one volume in a pod (`doCleanSubPaths`), before the volume
 /// is torn down. Nothing is removed through a mount: a bind that will not go stays, and the error says so.
-pub fn clean(mounter: &dyn MountLayer, pod_dir: &Path, volume_name: &str) -> Result<(), String> {
+pub fn clean(
+    mounter: &dyn MountLayer,
+    pod_dir: &Path,
+    volume_name: &str,
+) -> Result<(), SubPathError> {
     let volume_dir = pod_dir.join(DIR).join(volume_name);
     let containers = match fs::read_dir(&volume_dir) {
         Ok(entries) => entries,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(format!("error reading {}: {e}", volume_dir.display())),
+        Err(e) => {
+            return Err(SubPathError::io(format!(
+                "error reading {}",
+                volume_dir.display()
+            ))(e));
+        }
     };
     for container in containers.flatten() {
         let dir = container.path();
@@ -137,18 +178,21 @@ pub fn clean(mounter: &dyn MountLayer, pod_dir: &Path, volume_name: &str) -> Res
                     false => fs::remove_file(&bind),
                 }
             };
-            cleanup().map_err(|e| {
-                format!(
-                    "error processing {}: error cleaning subpath mount {}: {e}",
-                    bind.display(),
-                    bind.display()
-                )
-            })?;
+            cleanup().map_err(SubPathError::io(format!(
+                "error processing {}: error cleaning subpath mount {}",
+                bind.display(),
+                bind.display()
+            )))?;
         }
-        fs::remove_dir(&dir).map_err(|e| format!("error deleting {}: {e}", dir.display()))?;
+        fs::remove_dir(&dir).map_err(SubPathError::io(format!(
+            "error deleting {}",
+            dir.display()
+        )))?;
     }
-    fs::remove_dir(&volume_dir)
-        .map_err(|e| format!("error deleting {}: {e}", volume_dir.display()))?;
+    fs::remove_dir(&volume_dir).map_err(SubPathError::io(format!(
+        "error deleting {}",
+        volume_dir.display()
+    )))?;
     // Other volumes' binds may still be there; then this stays.
     let _ = fs::remove_dir(pod_dir.join(DIR));
     Ok(())
@@ -194,10 +238,13 @@ fn prepare_target(
     mounter: &dyn MountLayer,
     target: &Path,
     source: &FileStat,
-) -> Result<bool, String> {
+) -> Result<bool, SubPathError> {
     let mounted = mounter
         .is_mount_point(target)
-        .map_err(|e| format!("error checking path {} for mount: {e}", target.display()))?;
+        .map_err(SubPathError::io(format!(
+            "error checking path {} for mount",
+            target.display()
+        )))?;
     if mounted {
         let same = fs::symlink_metadata(target)
             .is_ok_and(|m| m.dev() == source.st_dev && m.ino() == source.st_ino);
@@ -205,16 +252,20 @@ fn prepare_target(
             return Ok(true);
         }
         // upstream's text, typo included.
-        mounter
-            .unmount(target)
-            .map_err(|e| format!("error ummounting {}: {e}", target.display()))?;
+        mounter.unmount(target).map_err(SubPathError::io(format!(
+            "error ummounting {}",
+            target.display()
+        )))?;
     }
     if let Some(parent) = target.parent() {
         fs::DirBuilder::new()
             .recursive(true)
             .mode(0o750)
             .create(parent)
-            .map_err(|e| format!("error creating directory {}: {e}", parent.display()))?;
+            .map_err(SubPathError::io(format!(
+                "error creating directory {}",
+                parent.display()
+            )))?;
     }
     let is_dir = SFlag::from_bits_truncate(source.st_mode) & SFlag::S_IFMT == SFlag::S_IFDIR;
     let made = if is_dir {
@@ -222,7 +273,10 @@ fn prepare_target(
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists && target.is_dir() => Ok(()),
             other => other,
         }
-        .map_err(|e| format!("error creating directory {}: {e}", target.display()))
+        .map_err(SubPathError::io(format!(
+            "error creating directory {}",
+            target.display()
+        )))
     } else {
         fs::OpenOptions::new()
             .write(true)
@@ -231,7 +285,10 @@ fn prepare_target(
             .mode(0o640)
             .open(target)
             .map(drop)
-            .map_err(|e| format!("error creating file {}: {e}", target.display()))
+            .map_err(SubPathError::io(format!(
+                "error creating file {}",
+                target.display()
+            )))
     };
     made.map(|()| false)
 }
@@ -314,7 +371,7 @@ mod tests {
         let p = pod();
         let mounter = RecordingMounter::new();
         let err = prepare(&mounter, &sub(&p, "escape", 0)).unwrap_err();
-        assert!(err.contains("not within volume path"), "{err}");
+        assert!(err.to_string().contains("not within volume path"), "{err}");
         assert!(mounter.mounts().is_empty());
         assert!(!p.pod_dir.join(DIR).join("vol/app/0").exists());
     }

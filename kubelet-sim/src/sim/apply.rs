@@ -158,11 +158,11 @@ impl Simulation {
             };
             match cluster.create(manifest.object, &node).await {
                 Ok(()) => created.extend(pod),
-                Err(message) => {
-                    tracing::warn!(origin = manifest.origin, "{message}");
+                Err(e) => {
+                    tracing::warn!(origin = manifest.origin, "{e}");
                     self.rejected.push(Rejection {
                         origin: manifest.origin,
-                        message,
+                        message: e.to_string(),
                         expected: false,
                     });
                 }

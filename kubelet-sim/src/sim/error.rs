@@ -32,11 +32,12 @@ pub enum SimError {
         /// The node.
         node: String,
         /// The registration handler's error, in upstream's words.
-        reason: String,
+        #[source]
+        reason: crate::node::registry::RegistrationError,
     },
     /// A restarted node could not register again a driver its previous kubelet had.
-    #[error("{0}")]
-    Reregister(String),
+    #[error(transparent)]
+    Reregister(crate::node::registry::RegistrationError),
     /// No node of that name.
     #[error("no node {0:?}")]
     NoNode(String),
@@ -52,6 +53,6 @@ pub enum SimError {
         socket: PathBuf,
     },
     /// Joining the real cluster failed.
-    #[error("{0}")]
-    Cluster(String),
+    #[error(transparent)]
+    Cluster(#[from] crate::cluster::ClusterError),
 }

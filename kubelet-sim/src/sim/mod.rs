@@ -3,13 +3,15 @@
 //! run` command, conform, the benches and the BDD scenarios all drive it.
 //!
 //! # Layout
-//! - `mod.rs`: [`Simulation`]: starting and stopping the runtime, nodes and drivers; waiting; the report.
+//! - `mod.rs`: [`Simulation`]: starting and stopping the runtime, nodes and drivers; waiting.
 //! - `apply.rs`: manifests applied as an API server and scheduler would (or created in a real cluster).
+//! - `report.rs`: the report now, and whether every pod is where its manifest expects it.
 //! - `teardown.rs`: every pod deleted, and the scan for anything left under the root.
 //! - `error.rs`: [`SimError`], why a simulation (or one of its steps) could not run.
 
 mod apply;
 mod error;
+mod report;
 mod teardown;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -28,7 +30,6 @@ pub use error::SimError;
 
 use crate::api::Api;
 use crate::api::admission::Admission;
-use crate::api::manifest::EXPECTED_PHASE_ANNOTATION;
 use crate::api::now;
 use crate::controllers::attach_detach::AttachDetach;
 use crate::controllers::scheduler::RoundRobin;
@@ -36,7 +37,7 @@ use crate::cri::{self, RuntimeServer};
 use crate::drivers::{Driver, DriverArg, DriverHandle, DriverNode};
 pub use crate::images::SimImages;
 use crate::node::{BackoffPolicy, ContainerTiming, Kubelet, NodeConfig};
-use crate::report::{PodReport, Rejection, Report};
+use crate::report::{Rejection, Report};
 
 /// How a simulation is set up.
 #[derive(Clone)]
@@ -205,8 +206,7 @@ impl Simulation {
                     version,
                     stop,
                 )
-                .await
-                .map_err(SimError::Cluster)?;
+                .await?;
                 sim.tasks.extend(tasks);
             }
             None => {
@@ -404,71 +404,6 @@ impl Simulation {
     /// Waits until `done` holds for the whole report (convenient, but builds the report on every wake).
     pub async fn wait_until(&self, timeout: Duration, done: impl Fn(&Report) -> bool) -> bool {
         self.wait_for(timeout, |sim| done(&sim.report())).await
-    }
-
-    /// True when every pod is where its manifest expects it.
-    pub fn pods_as_expected(&self) -> bool {
-        self.run_pods().iter().all(|p| {
-            let expected = p
-                .metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(EXPECTED_PHASE_ANNOTATION));
-            match expected.map(String::as_str) {
-                // The common case, checked without building the pod's report (its events).
-                None | Some("Running") => {
-                    p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
-                }
-                Some(_) => self.pod_report(p).as_expected(),
-            }
-        })
-    }
-
-    /// The pods this run is about: in a cluster, those its manifests created (other pods may run on its
-    /// nodes: DaemonSets tolerate any taint); alone, every pod.
-    fn run_pods(&self) -> Vec<Arc<Pod>> {
-        let pods = self.api.list::<Pod>();
-        if self.config.cluster.is_none() || self.created.is_empty() {
-            return pods;
-        }
-        let created = |p: &Arc<Pod>| {
-            let meta = &p.metadata;
-            self.created.contains(&(
-                meta.namespace.clone().unwrap_or_default(),
-                meta.name.clone().unwrap_or_default(),
-            ))
-        };
-        pods.into_iter().filter(created).collect()
-    }
-
-    /// The report now.
-    pub fn report(&self) -> Report {
-        let mut pods: Vec<PodReport> = self
-            .api
-            .list::<Pod>()
-            .iter()
-            .map(|p| self.pod_report(p))
-            .collect();
-        pods.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
-        Report {
-            pods,
-            csi_calls: self.calls.calls(),
-            api_reads: self.api.reads(),
-            volume_attachments: self.attach_detach.report(),
-            rejected: self.rejected.clone(),
-            teardown: None,
-        }
-    }
-
-    fn pod_report(&self, pod: &Pod) -> PodReport {
-        let uid = pod.metadata.uid.as_deref().unwrap_or_default();
-        let node = pod.spec.as_ref().and_then(|s| s.node_name.as_deref());
-        let containers = node
-            .and_then(|node| self.node(node))
-            .and_then(|n| n.pod_runtime(uid))
-            .map(|r| r.containers)
-            .unwrap_or_default();
-        PodReport::of(pod, &self.api, containers)
     }
 
     /// Stops controllers, nodes, drivers and the in-process runtime.

@@ -15,8 +15,7 @@ use inlet_host::mount::{LinuxMounter, MountLayer, can_mount};
 use inlet_proto::csi::v1 as csi;
 use tonic::transport::Channel;
 
-#[path = "kit/mod.rs"]
-mod kit;
+use inlet_testkit::kit;
 
 const BIN: &str = env!("CARGO_BIN_EXE_inlet-plugin");
 

@@ -24,8 +24,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::api::storage::v1::CSIDriver;
 use serde_json::Value;
 
-#[path = "kit/mod.rs"]
-mod kit;
+use inlet_testkit::kit;
 
 const BIN: &str = env!("CARGO_BIN_EXE_inlet-plugin");
 /// Fields of an inline `csi` volume only the KEP-596 draft had (`examples/40-persistent-inline.yaml`).

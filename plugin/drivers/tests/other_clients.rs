@@ -7,8 +7,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-#[path = "kit/mod.rs"]
-mod kit;
+use inlet_testkit::kit;
 
 const BIN: &str = env!("CARGO_BIN_EXE_inlet-plugin");
 const PYTHON: &str = "/usr/bin/python3";

@@ -27,8 +27,7 @@ use kit::{Kit, wait};
 use oci_client::secrets::RegistryAuth;
 use serde_json::Value;
 
-#[path = "kit/mod.rs"]
-mod kit;
+use inlet_testkit::kit;
 
 const BIN: &str = env!("CARGO_BIN_EXE_inlet-plugin");
 const LOCAL: &str = "local.inlet.dev";

@@ -1,33 +1,10 @@
-//! What the CLI tests share: running the binary, the mount layer they may use, and inlet's local driver
-//! served from the test process on a socket of its own (an external driver, as a user's would be).
+//! inlet's local driver served from the test process, and the mount layer a test may use.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use inlet_host::mount::{LinuxMounter, MountLayer, RecordingMounter, can_mount};
 use inlet_plugin::local::{LocalConfig, LocalDriver, LocalService};
-
-/// The `kubelet-sim` binary.
-pub const BIN: &str = env!("CARGO_BIN_EXE_kubelet-sim");
-
-/// Runs `kubelet-sim ARGS` with warnings logged: (exit code, or -1 when a signal ended it; stdout; stderr).
-pub fn run(args: &[&str]) -> (i32, String, String) {
-    run_logging(args, "warn")
-}
-
-/// [`run`] with `RUST_LOG` set to `level`.
-pub fn run_logging(args: &[&str], level: &str) -> (i32, String, String) {
-    let out = std::process::Command::new(BIN)
-        .args(args)
-        .env("RUST_LOG", level)
-        .output()
-        .expect("kubelet-sim runs");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into(),
-        String::from_utf8_lossy(&out.stderr).into(),
-    )
-}
 
 /// Real mounts as root, the recording mounter otherwise.
 pub fn mounter() -> Arc<dyn MountLayer> {
@@ -38,7 +15,8 @@ pub fn mounter() -> Arc<dyn MountLayer> {
     }
 }
 
-/// inlet's local driver `name` serving in this process on `dir/<name>.sock`, for pods under `root`.
+/// inlet's local driver `name` serving in this process on `dir/<name>.sock`, for pods under `root`; it
+/// serves until the test's runtime ends.
 pub async fn serve_local_driver(dir: &Path, root: &Path, name: &str) -> PathBuf {
     let driver_socket = dir.join(format!("{name}.sock"));
     let config = LocalConfig {
@@ -53,8 +31,11 @@ pub async fn serve_local_driver(dir: &Path, root: &Path, name: &str) -> PathBuf 
         ephemeral_default: false,
         volume_mount_group: false,
     };
-    let incoming = inlet_proto::uds::listen(&driver_socket).await.unwrap();
-    let service = LocalService::new(LocalDriver::open(config, mounter()).unwrap());
+    let incoming = inlet_proto::uds::listen(&driver_socket)
+        .await
+        .expect("the driver's socket");
+    let service =
+        LocalService::new(LocalDriver::open(config, mounter()).expect("the driver opens"));
     let socket = driver_socket.clone();
     tokio::spawn(async move {
         inlet_plugin::server::serve_csi_on(

@@ -29,8 +29,7 @@ use inlet_plugin::registration::Registrar;
 use inlet_proto::csi_call::CsiCall;
 use kit::{Kit, wait};
 
-#[path = "../../plugin/drivers/tests/kit/mod.rs"]
-mod kit;
+use inlet_testkit::kit;
 
 const BIN: &str = env!("CARGO_BIN_EXE_kubelet-sim");
 const DRIVER: &str = "local.inlet.dev";

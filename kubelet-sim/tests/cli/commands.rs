@@ -6,8 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 
-mod common;
-use common::{BIN, mounter, run, run_logging, serve_local_driver};
+use crate::common::{BIN, mounter, run, run_logging, serve_local_driver};
 
 fn examples() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/examples")

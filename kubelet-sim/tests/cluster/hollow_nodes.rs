@@ -18,8 +18,7 @@ use std::time::Duration;
 
 use kit::{Kit, wait};
 
-#[path = "../../plugin/drivers/tests/kit/mod.rs"]
-mod kit;
+use inlet_testkit::kit;
 
 const BIN: &str = env!("CARGO_BIN_EXE_kubelet-sim");
 const WAIT: Duration = Duration::from_secs(90);

@@ -1,13 +1,16 @@
 //! The kit (`../shared/kit`: etcd, kube-apiserver, controller-manager, scheduler and a real kubelet v1.20.2
 //! on containerd or CRI-O) for tests: found through `$INLET_KIT` (default `../shared/kit` beside the
 //! workspace), brought up under a `KIT_RUN` of the test's own and taken down on drop, whatever happens.
-//! Shared by `plugin/drivers/tests/` and kubelet-sim's tests (`#[path]`).
-
-#![allow(dead_code)] // each test uses its part
+//! The kit's addresses are fixed, so one test process runs one kit at a time: [`Kit::up`] waits for the
+//! previous one to be down.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
+
+/// Held by the kit that is up in this process.
+static TURN: Mutex<()> = Mutex::new(());
 
 /// The workspace's root: the nearest directory above this test's crate that holds `Cargo.lock`.
 fn workspace_root() -> PathBuf {
@@ -68,15 +71,20 @@ pub struct Kit {
     pub run: PathBuf,
     /// Processes the test started beside the kit (killed on drop, after down.sh).
     children: Vec<Child>,
+    /// This process's one kit: released after down.sh.
+    _turn: MutexGuard<'static, ()>,
 }
 
 impl Kit {
     /// Brings the kit up on `runtime` (`containerd` or `crio`).
     pub fn up(dir: &Path, run: &Path, runtime: &str) -> Self {
+        // A test that panicked with the kit up has taken it down on drop: the lock is free to take.
+        let turn = TURN.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let kit = Self {
             dir: dir.to_path_buf(),
             run: run.to_path_buf(),
             children: Vec::new(),
+            _turn: turn,
         };
         let out = kit.script("up.sh", &[runtime]);
         assert!(

@@ -4,8 +4,7 @@
 
 use std::process::Command;
 
-mod common;
-use common::{BIN, run, serve_local_driver};
+use crate::common::{BIN, run, serve_local_driver};
 
 /// Every check's id, from `--list`.
 fn catalogue() -> Vec<String> {
@@ -272,8 +271,7 @@ fn every_check_is_documented() {
     }
 }
 
-#[path = "../../plugin/drivers/tests/kit/mod.rs"]
-mod kit;
+use inlet_testkit::kit;
 
 /// Kills the process whose pid is in the file when dropped (a driver started by a script).
 struct KillOnDrop(std::path::PathBuf);

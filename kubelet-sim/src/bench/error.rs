@@ -1,0 +1,71 @@
+//! Why a bench could not run or finish: each variant keeps what it came from; the texts are what
+//! `kubelet-sim bench` prints.
+
+use inlet_proto::csi_call::rpc_error;
+
+use crate::drivers::DriverError;
+use crate::sim::SimError;
+
+/// A bench that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    /// The bench was asked for what it cannot do (flags, drivers, missing programs).
+    #[error("{0}")]
+    Usage(String),
+    /// A file, a directory or a program the bench runs.
+    #[error("{what}: {source}")]
+    Io {
+        /// What the bench was doing, with the path.
+        what: String,
+        /// What the host said.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A driver or the runtime refused a call.
+    #[error("{what}: {}", rpc_error(source))]
+    Rpc {
+        /// Who and which call (`image.inlet.dev: NodePublishVolume`).
+        what: String,
+        /// The answer.
+        #[source]
+        source: tonic::Status,
+    },
+    /// A socket could not be dialed.
+    #[error("{what}: {source}")]
+    Dial {
+        /// Whose socket.
+        what: String,
+        /// What dialing said.
+        #[source]
+        source: inlet_proto::uds::EndpointError,
+    },
+    /// The simulation a bench runs did not start (boxed: the largest error by far).
+    #[error(transparent)]
+    Sim(Box<SimError>),
+    /// An in-process driver did not start.
+    #[error(transparent)]
+    Driver(#[from] DriverError),
+    /// The image could not be built, pushed, or the figures written or charted.
+    #[error("{0}")]
+    Output(String),
+}
+
+impl From<SimError> for BenchError {
+    fn from(e: SimError) -> Self {
+        Self::Sim(Box::new(e))
+    }
+}
+
+impl BenchError {
+    /// An I/O error, with what was being done.
+    pub fn io(what: impl std::fmt::Display) -> impl FnOnce(std::io::Error) -> Self {
+        let what = what.to_string();
+        move |source| Self::Io { what, source }
+    }
+
+    /// A refused call, with who and which.
+    pub fn rpc(what: impl std::fmt::Display) -> impl FnOnce(tonic::Status) -> Self {
+        let what = what.to_string();
+        move |source| Self::Rpc { what, source }
+    }
+}

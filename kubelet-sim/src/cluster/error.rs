@@ -1,0 +1,47 @@
+//! Why the hollow nodes' link to a real API server failed: each variant keeps the client's error.
+
+/// A failed exchange with the cluster.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    /// The kubeconfig could not be read, parsed or used.
+    #[error("--kubeconfig {}: {source}", path.display())]
+    Kubeconfig {
+        /// The file given.
+        path: std::path::PathBuf,
+        /// What was wrong with it.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// A request failed: `what` it was for, and the client's error.
+    #[error("{what}: {source}")]
+    Request {
+        /// What the request was for (`registering node node-1`).
+        what: String,
+        /// The client's error.
+        #[source]
+        source: kube::Error,
+    },
+    /// The API server refused an object: its message, as kubectl shows it.
+    #[error("{}", refusal(source))]
+    Refused {
+        /// The client's error.
+        #[source]
+        source: kube::Error,
+    },
+}
+
+impl ClusterError {
+    /// A failed request, with what it was for.
+    pub fn request(what: impl std::fmt::Display) -> impl FnOnce(kube::Error) -> Self {
+        let what = what.to_string();
+        move |source| Self::Request { what, source }
+    }
+}
+
+/// The API server's own message when it answered, else the client's error.
+fn refusal(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(status) => status.message.clone(),
+        other => other.to_string(),
+    }
+}
