@@ -549,11 +549,8 @@ impl CheckEnv {
     }
 }
 
-/// Whether anything below `root` is a mount point (then the dir is left for the user to look at).
+/// Whether anything below `root` is (or may be) a mount point: then the dir is left for the user to look
+/// at, since removing it would reach into the mounted volumes.
 pub(crate) fn has_mounts(root: &Path, mounter: &dyn MountLayer) -> bool {
-    walkdir::WalkDir::new(root)
-        .into_iter()
-        .flatten()
-        .filter(|e| e.file_type().is_dir())
-        .any(|e| mounter.is_mount_point(e.path()).unwrap_or(false))
+    mounter.mounts_under(root).map_or(true, |m| !m.is_empty())
 }
