@@ -3,7 +3,7 @@
 //! it, look for what is left). Each step fails with a message that says what the kubelet saw.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -543,14 +543,9 @@ impl CheckEnv {
         let _ = self.proxy_stop.send(());
         let _ = self.proxy_task.await;
         self.conf.setup.stop(self.driver).await;
-        if !has_mounts(&self.root, self.conf.mounter.0.as_ref()) {
+        // Removing a dir with something mounted below would reach into the volumes: it is left to look at.
+        if !self.conf.mounter.0.anything_mounted_under(&self.root) {
             let _ = std::fs::remove_dir_all(&self.root);
         }
     }
-}
-
-/// Whether anything below `root` is (or may be) a mount point: then the dir is left for the user to look
-/// at, since removing it would reach into the mounted volumes.
-pub(crate) fn has_mounts(root: &Path, mounter: &dyn MountLayer) -> bool {
-    mounter.mounts_under(root).map_or(true, |m| !m.is_empty())
 }

@@ -209,7 +209,7 @@ pub async fn run(
     // A temp root is removed, unless something is still mounted below it: removing it would reach into
     // the mounted volumes.
     if let Some(temp) = temp
-        && env::has_mounts(&root, conf.mounter.0.as_ref())
+        && conf.mounter.0.anything_mounted_under(&root)
     {
         eprintln!(
             "kubelet-sim conform: mounts are left under {}: kept for a look",

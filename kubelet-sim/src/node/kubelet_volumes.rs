@@ -1,10 +1,6 @@
 //! The kubelet's pod directories (`kubelet_volumes.go`): a pod's directory goes once the volume manager
 //! holds none of its volumes and nothing under it is mounted, never through a mount.
 
-use std::path::Path;
-
-use inlet_host::mount::MountLayer;
-
 use super::Kubelet;
 
 impl Kubelet {
@@ -25,16 +21,10 @@ impl Kubelet {
                 continue;
             }
             let dir = entry.path();
-            if mounted_under(&*self.volumes.mounter(), &dir) {
+            if self.volumes.mounter().anything_mounted_under(&dir) {
                 continue;
             }
             let _ = std::fs::remove_dir_all(&dir);
         }
     }
-}
-
-/// True when something is mounted at or under `dir`, or the mount table cannot be read (then nothing is
-/// removed).
-pub(super) fn mounted_under(mounter: &dyn MountLayer, dir: &Path) -> bool {
-    mounter.mounts_under(dir).map_or(true, |m| !m.is_empty())
 }

@@ -252,7 +252,7 @@ impl Kubelet {
             return;
         }
         let dir = self.config.root.join("pods").join(uid);
-        if super::kubelet_volumes::mounted_under(&*self.volumes.mounter(), &dir) {
+        if self.volumes.mounter().anything_mounted_under(&dir) {
             tracing::warn!(
                 pod = uid,
                 "something is still mounted under {}; leaving it",

@@ -318,19 +318,25 @@ impl Puller {
     /// absent), must pull it, or may not have it: the one place a cached image is judged, for container
     /// images and image volumes alike.
     pub fn decide(&self, request: &PullRequest, present: Option<&str>) -> Decision {
-        let usable = |id: &str| self.may_use(&request.image, id, &request.credentials);
         match (request.policy, present) {
             (PullPolicy::Always, _) => Decision::Pull,
             (PullPolicy::Never, None) => {
                 Decision::Refused(PullError::NeverPull(request.image.clone()))
             }
-            (PullPolicy::Never, Some(id)) if !usable(id) => Decision::Refused(PullError::Denied {
-                image: request.image.clone(),
-                reason: "pull policy Never forbids proving access at the registry".into(),
-            }),
             (_, None) => Decision::Pull,
-            (_, Some(id)) if usable(id) => Decision::UseCached(id.to_string()),
-            (_, Some(_)) => Decision::Pull,
+            (policy, Some(id)) => {
+                match (
+                    self.may_use(&request.image, id, &request.credentials),
+                    policy,
+                ) {
+                    (true, _) => Decision::UseCached(id.to_string()),
+                    (false, PullPolicy::Never) => Decision::Refused(PullError::Denied {
+                        image: request.image.clone(),
+                        reason: "pull policy Never forbids proving access at the registry".into(),
+                    }),
+                    (false, _) => Decision::Pull,
+                }
+            }
         }
     }
 

@@ -2,13 +2,10 @@
 //! private registry, the runtime it is pulled through, and the CRI calls timed or weighed on it.
 
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cri_fake::FakeRuntime;
 use cri_fake::containerd::{ContainerdOptions, PrivateContainerd};
 use cri_fake::layout::{BuiltImage, ImageBuilder, push};
-use cri_fake::pull::Registries;
 use inlet_proto::runtime::v1 as cri;
 use inlet_proto::runtime::v1::image_service_client::ImageServiceClient;
 use tonic::transport::Channel;
@@ -16,7 +13,8 @@ use tonic::transport::Channel;
 use super::{FILE_BYTES, ImageConfig};
 use crate::bench::error::BenchError;
 use crate::bench::stats::Summary;
-use crate::cri::{Cri, RuntimeServer, serve_fake};
+use crate::cri::{Cri, RuntimeServer, serve_fake, start_fake};
+use crate::images::SimImages;
 
 /// The runtime the image is pulled through.
 pub(super) enum Runtime {
@@ -111,14 +109,13 @@ pub(super) async fn start_runtime(
     }
     eprintln!("no containerd here (or not root): pulling through the in-process cri-fake");
     let dir = config.root.join("cri-fake");
-    let registries = Registries {
-        secure: Vec::new(),
-        insecure: vec![registry.to_string()],
+    let images = SimImages {
+        insecure_registries: vec![registry.to_string()],
+        ..Default::default()
     };
-    let runtime = FakeRuntime::with_registries(dir.clone(), Default::default(), registries)
-        .map_err(BenchError::io("cri-fake"))?;
-    let socket = dir.join("cri.sock");
-    let server = serve_fake(Arc::new(runtime), &socket);
+    let (socket, runtime) =
+        start_fake(&dir, &images).map_err(|e| BenchError::Output(e.to_string()))?;
+    let server = serve_fake(runtime, &socket);
     let deadline = Instant::now() + Duration::from_secs(10);
     while !socket.exists() && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(5)).await;

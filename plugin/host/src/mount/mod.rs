@@ -83,6 +83,11 @@ pub trait MountLayer: Send + Sync + std::fmt::Debug {
     /// anything left mounted here" check asks. The cost is the entries under `dir`, never the node's mount
     /// table.
     fn mounts_under(&self, dir: &Path) -> io::Result<Vec<PathBuf>>;
+    /// True when something is (or may be: the walk failed) mounted at or under `dir`: what must hold
+    /// before a directory is removed, so nothing is removed through a mount.
+    fn anything_mounted_under(&self, dir: &Path) -> bool {
+        self.mounts_under(dir).map_or(true, |m| !m.is_empty())
+    }
     /// Gives `path` itself (a symlink is refused, never followed) to group `gid` and adds `mode_bits`
     /// (`0o060`, the setgid bit `0o2000`...) to its mode: the fsGroup step (`SetVolumeOwnership`) and a
     /// driver's VOLUME_MOUNT_GROUP. The owner is left alone.
