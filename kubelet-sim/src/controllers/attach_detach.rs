@@ -13,23 +13,27 @@
 //!   its secret is read, at detach time, from the namespace of the pod it was made for. If that secret was
 //!   deleted, the detach fails and is retried (the volume stays attached), as the KEP draft said.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use inlet_host::mount::RecordingMounter;
 use inlet_proto::csi::v1::{
     self as csi, controller_service_capability::rpc::Type as ControllerCap,
 };
 use inlet_proto::csi_call::rpc_error;
-use inlet_volume::PodInfo;
+use inlet_volume::csi::{CsiClient, CsiPlugin};
+use inlet_volume::{PodInfo, VolumePlugin};
 use k8s_openapi::api::core::v1::{CSIPersistentVolumeSource, Node, PersistentVolume, Pod, Secret};
 use k8s_openapi::api::storage::v1::{
-    VolumeAttachment, VolumeAttachmentStatus, VolumeError as ApiVolumeError,
+    CSINode, VolumeAttachment, VolumeAttachmentStatus, VolumeError as ApiVolumeError,
 };
 use parking_lot::Mutex;
 
 use crate::api::{Api, now};
-use crate::node::Kubelet;
+use crate::node::host::NodeHost;
+use crate::node::registry::DriverDirectory;
 use crate::operations::{BackoffPolicy, OpKey, Operations};
 use crate::specs::{Reads, volume_spec};
 
@@ -60,7 +64,11 @@ const RECONCILER_PERIOD: Duration = Duration::from_millis(100);
 /// The controller. One per simulation.
 pub struct AttachDetach {
     api: Arc<Api>,
-    nodes: parking_lot::RwLock<BTreeMap<String, Arc<Kubelet>>>,
+    /// The controller's own CSI plugin (upstream's controller probes its attachable plugins with a host of
+    /// its own, `attach_detach_controller.go`): it decides what attaches and writes VolumeAttachments.
+    plugin: CsiPlugin,
+    /// Where each node's drivers answer, for the external attacher.
+    drivers: Arc<DriverDirectory>,
     ops: Mutex<Operations>,
     /// Every attachment seen, for the report.
     seen: Mutex<BTreeMap<String, AttachmentReport>>,
@@ -69,15 +77,28 @@ pub struct AttachDetach {
 }
 
 impl AttachDetach {
-    /// A controller for `nodes`.
-    pub fn new(api: Arc<Api>, nodes: &[Arc<Kubelet>], backoff: BackoffPolicy) -> Arc<Self> {
-        let nodes = nodes
-            .iter()
-            .map(|n| (n.config.name.clone(), Arc::clone(n)))
-            .collect();
+    /// A controller over `api`, reaching drivers through `drivers`, with the feature `gates` the nodes
+    /// have.
+    pub fn new(
+        api: Arc<Api>,
+        drivers: Arc<DriverDirectory>,
+        gates: &BTreeSet<String>,
+        backoff: BackoffPolicy,
+    ) -> Arc<Self> {
+        // Attaching reads CSIDrivers and writes VolumeAttachments, nothing on a node: the host has no
+        // root dir, no drivers, and a mount layer that is never called.
+        let host = NodeHost {
+            node: "attach-detach-controller".into(),
+            root: PathBuf::new(),
+            api: Arc::clone(&api),
+            registry: None,
+            mounter: Arc::new(RecordingMounter::new()),
+            gates: gates.clone(),
+        };
         Arc::new(Self {
+            plugin: CsiPlugin::new(Arc::new(host)),
+            drivers,
             api,
-            nodes: parking_lot::RwLock::new(nodes),
             ops: Mutex::new(Operations::new(backoff)),
             seen: Mutex::default(),
             no_attach: Mutex::default(),
@@ -114,11 +135,6 @@ impl AttachDetach {
         }
     }
 
-    /// Replaces a node (after its kubelet restarted).
-    pub fn replace_node(&self, node: Arc<Kubelet>) {
-        self.nodes.write().insert(node.config.name.clone(), node);
-    }
-
     /// Every attachment seen so far, with its last state.
     pub fn report(&self) -> Vec<AttachmentReport> {
         self.seen.lock().values().cloned().collect()
@@ -140,7 +156,9 @@ impl AttachDetach {
                 .spec
                 .as_ref()
                 .and_then(|s| s.node_name.clone())
-                .and_then(|n| self.nodes.read().get(&n).cloned())
+                // Only nodes that exist are managed (upstream's desired state of world adds a node from
+                // its Node object).
+                .filter(|n| self.api.peek::<Node>("", n).is_some())
             else {
                 continue;
             };
@@ -162,8 +180,10 @@ impl AttachDetach {
                     resolved = false;
                     continue;
                 };
-                let plugin = node.volume_plugin(&spec);
-                let Some(attachable) = plugin.attachable() else {
+                if !self.plugin.can_support(&spec) {
+                    continue;
+                }
+                let Some(attachable) = self.plugin.attachable() else {
                     continue;
                 };
                 match attachable.can_attach(&spec, &info).await {
@@ -181,10 +201,7 @@ impl AttachDetach {
                 if !self.ops.lock().try_start(&key) {
                     continue;
                 }
-                let result = attachable
-                    .new_attacher()
-                    .attach(&spec, &info, &node.config.name)
-                    .await;
+                let result = attachable.new_attacher().attach(&spec, &info, &node).await;
                 self.ops.lock().finish(&key, result.is_ok());
                 match result {
                     Ok(name) => waiting.entry(name).or_default().push((pod.clone(), outer)),
@@ -356,8 +373,7 @@ impl AttachDetach {
         &self,
         attachment: &VolumeAttachment,
     ) -> Result<Option<BTreeMap<String, String>>, String> {
-        let (source, registered) = self.target(attachment)?;
-        let client = registered.client;
+        let (source, client, node_id) = self.target(attachment)?;
         let caps = client
             .controller_capabilities()
             .await
@@ -369,7 +385,7 @@ impl AttachDetach {
         let access_mode = self.access_mode(attachment);
         let request = csi::ControllerPublishVolumeRequest {
             volume_id: source.volume_handle.clone(),
-            node_id: registered.node_id,
+            node_id,
             volume_capability: Some(csi::VolumeCapability {
                 access_mode: Some(csi::volume_capability::AccessMode {
                     mode: access_mode as i32,
@@ -399,9 +415,8 @@ impl AttachDetach {
 
     /// ControllerUnpublishVolume for a deleted attachment.
     async fn unpublish(&self, attachment: &VolumeAttachment) -> Result<(), String> {
-        let (source, registered) = self.target(attachment)?;
-        let caps = registered
-            .client
+        let (source, client, node_id) = self.target(attachment)?;
+        let caps = client
             .controller_capabilities()
             .await
             .map_err(|s| rpc_error(&s))?;
@@ -410,41 +425,39 @@ impl AttachDetach {
         }
         let request = csi::ControllerUnpublishVolumeRequest {
             volume_id: source.volume_handle.clone(),
-            node_id: registered.node_id,
+            node_id,
             secrets: self.secrets(source.controller_publish_secret_ref.as_ref())?,
         };
-        registered
-            .client
+        client
             .controller_unpublish(request)
             .await
             .map_err(|s| rpc_error(&s))
     }
 
-    /// The attachment's source and its driver as registered on the attachment's node.
+    /// The attachment's source and its driver on the attachment's node: a client, and the node id from
+    /// CSINode (csi-attacher's `getNodeID`, `csi_handler.go`).
     fn target(
         &self,
         attachment: &VolumeAttachment,
-    ) -> Result<(CSIPersistentVolumeSource, crate::node::registry::Registered), String> {
-        let node_name = &attachment.spec.node_name;
-        let node = self
-            .nodes
-            .read()
-            .get(node_name)
-            .cloned()
-            .ok_or_else(|| format!("node {node_name:?} not found"))?;
+    ) -> Result<(CSIPersistentVolumeSource, CsiClient, String), String> {
+        let (node, driver) = (&attachment.spec.node_name, &attachment.spec.attacher);
         let source = self
             .source_of(attachment)
             .ok_or_else(|| "the attachment's volume source is gone".to_string())?;
-        let registered = node
-            .registry
-            .get(&attachment.spec.attacher)
-            .ok_or_else(|| {
-                format!(
-                    "CSINode {node_name} does not contain driver {}",
-                    attachment.spec.attacher
-                )
-            })?;
-        Ok((source, registered))
+        let not_there = || format!("CSINode {node} does not contain driver {driver}");
+        let node_id = self
+            .api
+            .peek::<CSINode>("", node)
+            .and_then(|n| {
+                n.spec
+                    .drivers
+                    .iter()
+                    .find(|d| d.name == *driver)
+                    .map(|d| d.node_id.clone())
+            })
+            .ok_or_else(not_there)?;
+        let client = self.drivers.client(node, driver).ok_or_else(not_there)?;
+        Ok((source, client, node_id))
     }
 
     fn access_mode(

@@ -15,7 +15,8 @@ use k8s_openapi::api::storage::v1::{CSIDriver, VolumeAttachment};
 use super::registry::DriverRegistry;
 use crate::api::{Api, now};
 
-/// A node's host for volume plugins (also used by the attach/detach controller, with its own name).
+/// A node's host for volume plugins; also the attach/detach controller's, with its own name and no
+/// drivers (it writes VolumeAttachments and never calls a driver, as upstream's controller-side host).
 pub struct NodeHost {
     /// The node's name.
     pub node: String,
@@ -23,8 +24,8 @@ pub struct NodeHost {
     pub root: PathBuf,
     /// The API.
     pub api: Arc<Api>,
-    /// The node's registered drivers.
-    pub registry: Arc<DriverRegistry>,
+    /// The node's registered drivers (None for the attach/detach controller).
+    pub registry: Option<Arc<DriverRegistry>>,
     /// The mount layer.
     pub mounter: Arc<dyn MountLayer>,
     /// Feature gates that are on.
@@ -67,7 +68,8 @@ impl VolumeHost for NodeHost {
         if driver.is_empty() {
             return Err("driver name is empty".into());
         }
-        self.registry.get(driver).map(|r| r.client).ok_or_else(|| {
+        let registered = self.registry.as_ref().and_then(|r| r.get(driver));
+        registered.map(|r| r.client).ok_or_else(|| {
             format!("driver name {driver} not found in the list of registered CSI drivers")
         })
     }

@@ -48,7 +48,7 @@ use host::NodeHost;
 use images::ImageManager;
 pub use kuberuntime::{ContainerReport, ContainerState, MountReport};
 pub use pod_worker::PodRuntime;
-use registry::DriverRegistry;
+use registry::{DriverDirectory, DriverRegistry};
 use volumemanager::VolumeManagerConfig;
 pub use volumemanager::{MountState, VolumeManager};
 
@@ -173,7 +173,8 @@ impl Kubelet {
     /// A node over `api`, reaching its runtime through `cri`.
     ///
     /// Image volumes (`volumes[].image`) are served when `images` is given; without it such pods fail
-    /// with upstream's "no volume plugin matched".
+    /// with upstream's "no volume plugin matched". The node's drivers are published in `directory`, for
+    /// the controllers.
     pub fn new(
         config: NodeConfig,
         api: Arc<Api>,
@@ -181,17 +182,19 @@ impl Kubelet {
         mounter: Arc<dyn MountLayer>,
         observer: Arc<dyn CsiObserver>,
         images: Option<Arc<Engine>>,
+        directory: Arc<DriverDirectory>,
     ) -> Arc<Self> {
         let registry = Arc::new(DriverRegistry::new(
             &config.name,
             Arc::clone(&api),
             observer,
+            directory,
         ));
         let host = Arc::new(NodeHost {
             node: config.name.clone(),
             root: config.root.clone(),
             api: Arc::clone(&api),
-            registry: Arc::clone(&registry),
+            registry: Some(Arc::clone(&registry)),
             mounter,
             gates: config.gates.clone(),
         });
@@ -393,11 +396,6 @@ impl Kubelet {
         self.volumes.idle()
             && self.sandboxes_adopted.load(Ordering::Acquire)
             && !self.pod_ops.lock().busy()
-    }
-
-    /// The plugin that handles `spec` on this node.
-    pub fn volume_plugin(&self, spec: &inlet_volume::Spec) -> Arc<dyn VolumePlugin> {
-        self.volumes.plugin_for(spec)
     }
 
     /// Wakes the node's loop now.

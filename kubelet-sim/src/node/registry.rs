@@ -41,16 +41,42 @@ pub struct DriverRegistry {
     api: Arc<Api>,
     observer: Arc<dyn CsiObserver>,
     drivers: RwLock<HashMap<String, Registered>>,
+    directory: Arc<DriverDirectory>,
+}
+
+/// Where every node's registered drivers answer, for the controllers that call them (the external
+/// attacher's ControllerPublish/Unpublish). Each node's [`DriverRegistry`] writes its own entries, so a
+/// restarted kubelet's drivers replace the old ones without the controllers holding a node: csi-attacher
+/// knows its driver's socket, never a kubelet, and reads the node id from CSINode (`csi_handler.go`).
+#[derive(Default)]
+pub struct DriverDirectory {
+    clients: RwLock<HashMap<(String, String), CsiClient>>,
+}
+
+impl DriverDirectory {
+    /// A client for `driver` as registered on `node`.
+    pub fn client(&self, node: &str, driver: &str) -> Option<CsiClient> {
+        self.clients
+            .read()
+            .get(&(node.to_string(), driver.to_string()))
+            .cloned()
+    }
 }
 
 impl DriverRegistry {
-    /// An empty registry for `node`.
-    pub fn new(node: &str, api: Arc<Api>, observer: Arc<dyn CsiObserver>) -> Self {
+    /// An empty registry for `node`, publishing its drivers in `directory`.
+    pub fn new(
+        node: &str,
+        api: Arc<Api>,
+        observer: Arc<dyn CsiObserver>,
+        directory: Arc<DriverDirectory>,
+    ) -> Self {
         Self {
             node: node.to_string(),
             api,
             observer,
             drivers: RwLock::new(HashMap::new()),
+            directory,
         }
     }
 
@@ -202,6 +228,10 @@ impl DriverRegistry {
         registered.node_id = info.node_id.clone();
         self.install_in_csinode(name, &info);
         self.drivers.write().insert(name.to_string(), registered);
+        self.directory
+            .clients
+            .write()
+            .insert((self.node.clone(), name.to_string()), client);
         tracing::info!(node = %self.node, driver = name, "registered CSI driver");
         Ok(())
     }
@@ -209,6 +239,10 @@ impl DriverRegistry {
     /// Removes a driver (its socket went away), and uninstalls it from CSINode.
     pub fn deregister(&self, name: &str) {
         self.drivers.write().remove(name);
+        self.directory
+            .clients
+            .write()
+            .remove(&(self.node.clone(), name.to_string()));
         self.api.update::<CSINode>("", &self.node, |n| {
             n.spec.drivers.retain(|d| d.name != name)
         });

@@ -36,6 +36,7 @@ use crate::controllers::scheduler::RoundRobin;
 use crate::cri::{self, RuntimeServer};
 use crate::drivers::{Driver, DriverArg, DriverHandle, DriverNode};
 pub use crate::images::SimImages;
+use crate::node::registry::DriverDirectory;
 use crate::node::{BackoffPolicy, ContainerTiming, Kubelet, NodeConfig};
 use crate::report::{Rejection, Report};
 
@@ -107,6 +108,8 @@ pub struct Simulation {
     config: SimConfig,
     admission: Admission,
     attach_detach: Arc<AttachDetach>,
+    /// Where each node's drivers answer, for the controllers.
+    driver_directory: Arc<DriverDirectory>,
     stop: tokio::sync::watch::Sender<bool>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
     /// Each running kubelet's stop signal and task, so one node can restart alone.
@@ -149,6 +152,7 @@ impl Simulation {
             .as_ref()
             .map(|runtime| cri::serve_fake(Arc::clone(runtime), &cri_socket));
         let calls = Arc::new(ReportedCalls::default());
+        let driver_directory = Arc::new(DriverDirectory::default());
         let mut nodes: Vec<Arc<Kubelet>> = Vec::new();
         for i in 1..=config.nodes.max(1) {
             let name = format!("{}-{i}", config.node_name_prefix);
@@ -164,9 +168,22 @@ impl Simulation {
                 plugins_registry: config.plugins_registry.clone(),
                 image_verification: config.images.verification,
             };
-            nodes.push(new_kubelet(node_config, &api, &cri_socket, &config, &calls).await?);
+            let node = new_kubelet(
+                node_config,
+                &api,
+                &cri_socket,
+                &config,
+                &calls,
+                &driver_directory,
+            );
+            nodes.push(node.await?);
         }
-        let attach_detach = AttachDetach::new(Arc::clone(&api), &nodes, config.backoff);
+        let attach_detach = AttachDetach::new(
+            Arc::clone(&api),
+            Arc::clone(&driver_directory),
+            &config.gates,
+            config.backoff,
+        );
         let mut sim = Self {
             admission: Admission {
                 allowed_inline_drivers: config.allowed_inline_drivers.clone(),
@@ -177,6 +194,7 @@ impl Simulation {
             cri_fake,
             cri_server,
             attach_detach,
+            driver_directory,
             stop,
             tasks: Vec::new(),
             node_runs: BTreeMap::new(),
@@ -348,6 +366,7 @@ impl Simulation {
             &self.cri_socket,
             &self.config,
             &self.calls,
+            &self.driver_directory,
         )
         .await?;
         for (driver, socket) in old.registry.endpoints() {
@@ -359,7 +378,6 @@ impl Simulation {
         for slot in self.nodes.iter_mut().filter(|n| n.config.name == name) {
             *slot = Arc::clone(&node);
         }
-        self.attach_detach.replace_node(Arc::clone(&node));
         self.spawn_node(node);
         Ok(())
     }
@@ -429,6 +447,7 @@ async fn new_kubelet(
     cri_socket: &Path,
     sim: &SimConfig,
     calls: &Arc<ReportedCalls>,
+    drivers: &Arc<DriverDirectory>,
 ) -> Result<Arc<Kubelet>, SimError> {
     let timeout = config.containers.runtime_request_timeout;
     let cri = cri::connect_when_up(cri_socket, timeout).await?;
@@ -446,5 +465,6 @@ async fn new_kubelet(
         Arc::clone(&sim.mounter),
         calls.clone(),
         images,
+        Arc::clone(drivers),
     ))
 }

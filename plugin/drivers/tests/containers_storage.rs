@@ -134,7 +134,7 @@ async fn mounts_images_that_podman_stored() {
     );
     let key = volume("ro-1", false).key();
     assert_eq!(
-        volumes.users(&key).await,
+        volumes.users(&key),
         2,
         "one shared mount for both read-only volumes"
     );

@@ -9,11 +9,13 @@
 //! - [`pull`]: [`Puller`]: CRI pulls with pull policies, background pulls past a caller's deadline, and the
 //!   check that a cached private image goes only to callers with credentials for it.
 //! - [`store`]: where the runtime keeps images: containerd's snapshots or containers/storage's layers.
+//! - `locks`: one async lock per target or store key, so volumes of other images never wait on each other.
 //! - [`volumes`]: [`ImageVolumes`]: shared read-only views, writable copy-on-write volumes, records, recovery.
 //! - [`artifact`]: OCI artifacts runtimes cannot pull, fetched with oci-client on an explicit opt-in.
 
 pub mod artifact;
 pub mod auth;
+mod locks;
 pub mod pull;
 pub mod pull_records;
 pub mod store;

@@ -357,7 +357,7 @@ impl Node for ImageService {
                 &self.config.kubelet_dir,
                 &self.config.state_dir,
             )?;
-            match self.engine.artifact_volumes.at(&target).await {
+            match self.engine.artifact_volumes.at(&target) {
                 Some(_) => self.engine.artifact_volumes.unpublish(&target).await,
                 None => self.engine.volumes.unpublish(&target).await,
             }
