@@ -22,6 +22,9 @@ pub struct Cri {
     pub runtime: RuntimeServiceClient<Channel>,
     /// ImageService.
     pub image: ImageServiceClient<Channel>,
+    /// The runtime's name as CRI Version reports it (`containerd`, `cri-o`): the scheme of the
+    /// `containerID`s in pod statuses (`kubecontainer.ContainerID`); `cri` when Version does not answer.
+    pub runtime_name: String,
 }
 
 impl Cri {
@@ -34,9 +37,18 @@ impl Cri {
     ) -> Result<Self, inlet_proto::uds::EndpointError> {
         let runtime = inlet_proto::uds::connect_with_timeout(socket, Some(runtime_timeout)).await?;
         let image = inlet_proto::uds::connect(socket).await?;
+        let mut runtime = RuntimeServiceClient::new(runtime);
+        let request = inlet_proto::runtime::v1::VersionRequest {
+            version: "v1".into(),
+        };
+        let runtime_name = match runtime.version(request).await {
+            Ok(v) => v.into_inner().runtime_name,
+            Err(_) => "cri".into(),
+        };
         Ok(Self {
-            runtime: RuntimeServiceClient::new(runtime),
+            runtime,
             image: ImageServiceClient::new(image),
+            runtime_name,
         })
     }
 }

@@ -50,6 +50,24 @@ pub struct PodReport {
     pub events: Vec<EventReport>,
     /// Its containers, with the mounts the runtime reports.
     pub containers: Vec<ContainerReport>,
+    /// Its init containers, in the same shape.
+    pub init_containers: Vec<ContainerReport>,
+    /// Its conditions as the API has them.
+    pub conditions: Vec<ConditionReport>,
+}
+
+/// One pod condition.
+#[derive(Debug, Clone, Serialize)]
+pub struct ConditionReport {
+    /// `Ready`, `Initialized`, ...
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// `True`, `False` or `Unknown`.
+    pub status: String,
+    /// Why, when not plain.
+    pub reason: Option<String>,
+    /// In full.
+    pub message: Option<String>,
 }
 
 /// One event.
@@ -105,8 +123,23 @@ impl TeardownReport {
 }
 
 impl PodReport {
-    /// The report of `pod` as the API has it, with its events and the `containers` its node reports.
+    /// The report of `pod` as the API has it, with its events and the containers (init and regular) its
+    /// node reports.
     pub fn of(pod: &Pod, api: &Api, containers: Vec<ContainerReport>) -> Self {
+        let (init_containers, containers) = containers.into_iter().partition(|c| c.init);
+        let conditions = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .into_iter()
+            .flatten()
+            .map(|c| ConditionReport {
+                type_: c.type_.clone(),
+                status: c.status.clone(),
+                reason: c.reason.clone(),
+                message: c.message.clone(),
+            })
+            .collect();
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         let node = pod
             .spec
@@ -144,6 +177,8 @@ impl PodReport {
                 })
                 .collect(),
             containers,
+            init_containers,
+            conditions,
             uid,
             node,
         }

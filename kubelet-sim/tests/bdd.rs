@@ -25,6 +25,8 @@ use kubelet_sim::sim::{SimConfig, SimImages, Simulation};
 
 #[path = "bdd/images.rs"]
 mod images;
+#[path = "bdd/pod_status.rs"]
+mod pod_status;
 #[path = "bdd/registration.rs"]
 mod registration;
 
@@ -595,6 +597,7 @@ fn container_of<'a>(
 ) -> &'a kubelet_sim::node::ContainerReport {
     pod.containers
         .iter()
+        .chain(&pod.init_containers)
         .find(|c| c.name == container)
         .unwrap_or_else(|| panic!("no container {container}: {:#?}", pod.containers))
 }
@@ -624,6 +627,7 @@ async fn container_restarts(w: &mut Sim, name: String, pod: String, times: u32) 
             p.name == pod
                 && p.containers
                     .iter()
+                    .chain(&p.init_containers)
                     .any(|c| c.name == name && c.restart_count >= times)
         })
     })

@@ -1,5 +1,5 @@
 //! The hollow nodes' writes to the API server, from the embedded API, each sent when it changed: pod
-//! status (the kubelet's status manager, a merge patch of `status`), events, CSINode objects (owned by
+//! status (the kubelet's status manager, a strategic merge patch of `status`), events, CSINode objects (owned by
 //! their Node), and the final delete of a pod its node has torn down (`status_manager.go`: a pod with a
 //! deletion timestamp is deleted with grace period 0 once its volumes and containers are gone).
 
@@ -92,9 +92,11 @@ impl Sender {
                 continue;
             }
             let pods = kube::Api::<Pod>::namespaced(self.client.clone(), &key.0);
+            // A strategic merge patch, as the status manager sends (`PatchPodStatus`): conditions merge by
+            // type, so those others own (readiness gates, DisruptionTarget) stay.
             let patch = json!({"metadata": {"uid": uid}, "status": status});
             match pods
-                .patch_status(&key.1, &PatchParams::default(), &Patch::Merge(&patch))
+                .patch_status(&key.1, &PatchParams::default(), &Patch::Strategic(&patch))
                 .await
             {
                 Ok(_) => sent.status = status,

@@ -1,9 +1,11 @@
 //! Containers after they start, as the kubelet follows them: a periodic relist of the runtime (the PLEG's
 //! `relist`, `pleg/generic.go`) finds containers that exited; each is restarted per the pod's
-//! `restartPolicy` with the kubelet's crash-loop back-off (`kuberuntime_manager.go` `doBackOff`: the first
-//! restart at once, then 10 s doubling to 5 min), or the pod ends `Succeeded` or `Failed` (`getPhase` in
-//! `kubelet_pods.go`). A pod that ended stops its sandbox and its volumes are torn down, as a terminal
-//! pod's are; it stays in the API until deleted.
+//! `restartPolicy` (a failed init container unless `Never`, a sidecar always) with the kubelet's crash-loop
+//! back-off (`kuberuntime_manager.go` `doBackOff` over a `flowcontrol.Backoff`: the first restart at once,
+//! then 10 s doubling to 5 min, forgotten after 2 × 5 min without a crash); an init container that
+//! completed lets the next start (`computePodActions`); or the pod ends `Succeeded` or `Failed`
+//! (`getPhase`, in `status.rs`). A pod that ended stops its sandbox and its volumes are torn down, as a
+//! terminal pod's are; it stays in the API until deleted.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -13,8 +15,11 @@ use inlet_proto::runtime::v1 as cri;
 use k8s_openapi::api::core::v1::Pod;
 
 use super::Kubelet;
-use super::kuberuntime::{ContainerReport, ContainerState};
+use super::kuberuntime::{
+    ContainerReport, ContainerState, TerminatedRun, all_containers, next_to_start,
+};
 use super::pod_worker::PodState;
+use super::status::is_sidecar;
 use crate::operations::OpKey;
 
 /// How many log lines the report keeps per container.
@@ -66,17 +71,19 @@ impl Kubelet {
         }
     }
 
-    /// Records the exits of one running pod's containers, restarts those due, and settles its phase.
+    /// Records the exits of one running pod's containers, restarts those due, starts what comes next, and
+    /// settles its phase.
     async fn sync_containers(self: &Arc<Self>, pod: &Pod, uid: &str, exited: Vec<cri::Container>) {
-        let policy = restart_policy(pod);
         let (mut containers, sandbox_id) = {
             let pods = self.pods.lock();
             match pods.get(uid) {
-                // Work only for a running pod with an exit to record or a restart pending.
+                // Work only for a running pod with an exit to record, a restart pending, or containers
+                // still to start.
                 Some(rt)
                     if rt.state == PodState::Running
                         && (!exited.is_empty()
-                            || rt.containers.iter().any(|c| c.restart_at.is_some())) =>
+                            || rt.containers.iter().any(|c| c.restart_at.is_some())
+                            || !next_to_start(pod, &rt.containers).is_empty()) =>
                 {
                     (rt.containers.clone(), rt.sandbox_id.clone())
                 }
@@ -93,22 +100,11 @@ impl Kubelet {
             }
             changed = true;
             self.record_exit(pod, report, exit).await;
-            if restarts(policy, report.exit_code.unwrap_or_default()) {
-                let delay = back_off(&self.config.containers.backoff, report.restart_count);
+            if will_restart(pod, report) {
+                let delay = restart_delay(&self.config.containers.backoff, report.backoff);
                 report.restart_at = Some(Instant::now() + delay);
                 if !delay.is_zero() {
-                    report.state = ContainerState::Waiting;
-                    report.reason = "CrashLoopBackOff".into();
-                    self.api.record_event(
-                        pod,
-                        "Warning",
-                        "BackOff",
-                        &format!(
-                            "Back-off restarting failed container {} in pod {}",
-                            report.name,
-                            format_pod(pod)
-                        ),
-                    );
+                    self.back_off(pod, report, delay);
                 }
             }
         }
@@ -118,22 +114,60 @@ impl Kubelet {
                     changed |= self.restart(pod, &sandbox_id, report).await;
                 }
             }
+            let config = self.sandbox_config(pod);
+            match self
+                .start_next(pod, &sandbox_id, &config, &mut containers)
+                .await
+            {
+                Ok(started) => changed |= started,
+                Err((_, e)) => {
+                    self.api.record_event(
+                        pod,
+                        "Warning",
+                        "Failed",
+                        &format!("Error: {}", e.message),
+                    );
+                }
+            }
         }
         if !changed {
             return;
         }
-        let phase = phase(policy, &containers);
         if let Some(rt) = self.pods.lock().get_mut(uid) {
             rt.containers = containers.clone();
         }
-        self.set_status(pod, &containers, phase);
-        if phase != "Running" {
+        let phase = self.set_status(pod, &containers, done_for_good(pod, &containers));
+        if matches!(phase, "Succeeded" | "Failed") {
             // A pod that ended: stop its sandbox; its volumes go as a terminated pod's do.
             self.set_state(uid, PodState::Killing);
             let key = OpKey::Pod(uid.to_string());
             let object = Arc::new(pod.clone());
             self.spawn_pod_op(key, uid, PodState::Running, move |me| me.kill(object));
         }
+    }
+
+    /// A crashed container waits out its back-off: `CrashLoopBackOff` with `doBackOff`'s message, and the
+    /// `BackOff` event.
+    fn back_off(&self, pod: &Pod, report: &mut ContainerReport, delay: Duration) {
+        report.last_state = Some(terminated_run(report));
+        report.state = ContainerState::Waiting;
+        report.reason = "CrashLoopBackOff".into();
+        report.message = format!(
+            "back-off {} restarting failed container={} pod={}",
+            go_duration(delay),
+            report.name,
+            format_pod(pod)
+        );
+        self.api.record_event(
+            pod,
+            "Warning",
+            "BackOff",
+            &format!(
+                "Back-off restarting failed container {} in pod {}",
+                report.name,
+                format_pod(pod)
+            ),
+        );
     }
 
     /// One container's run ended: its exit code, the runtime's reason and the tail of its log.
@@ -153,17 +187,14 @@ impl Kubelet {
         report.state = ContainerState::Terminated;
         report.exit_code = Some(status.exit_code);
         report.reason = status.reason;
+        report.message = status.message;
+        report.finished_at = super::kuberuntime::api_time(status.finished_at);
         report.logs = self.log_tail(pod, &report.name, report.restart_count);
     }
 
     /// Starts the next run of a crashed container, and removes the run before it.
     async fn restart(&self, pod: &Pod, sandbox_id: &str, report: &mut ContainerReport) -> bool {
-        let Some(spec) = pod
-            .spec
-            .iter()
-            .flat_map(|s| s.containers.iter())
-            .find(|c| c.name == report.name)
-        else {
+        let Some(spec) = all_containers(pod).find(|c| c.name == report.name) else {
             return false;
         };
         let config = self.sandbox_config(pod);
@@ -180,9 +211,21 @@ impl Kubelet {
                         container_id: report.id.clone(),
                     })
                     .await;
+                // A container restarted at once is still terminated; one that waited out its back-off
+                // already keeps its last run.
+                let last_state = match report.state {
+                    ContainerState::Terminated => Some(terminated_run(report)),
+                    _ => report.last_state.take(),
+                };
                 *report = ContainerReport {
                     logs: std::mem::take(&mut report.logs),
                     exit_code: report.exit_code,
+                    init: report.init,
+                    last_state,
+                    backoff: Some(next_backoff(
+                        &self.config.containers.backoff,
+                        report.backoff,
+                    )),
                     ..next
                 };
                 true
@@ -225,32 +268,85 @@ fn restart_policy(pod: &Pod) -> &str {
     }
 }
 
+/// The run a report describes, as a `lastState`.
+fn terminated_run(report: &ContainerReport) -> TerminatedRun {
+    TerminatedRun {
+        id: report.id.clone(),
+        exit_code: report.exit_code.unwrap_or_default(),
+        reason: report.reason.clone(),
+        started_at: report.started_at.clone(),
+        finished_at: report.finished_at.clone(),
+    }
+}
+
 /// Whether a container that exited with `code` runs again.
 fn restarts(policy: &str, code: i32) -> bool {
     policy == "Always" || (policy == "OnFailure" && code != 0)
 }
 
-/// The wait before restart number `restarts + 1`: none for the first, then `initial` doubling to `max`.
-fn back_off(policy: &super::BackoffPolicy, restarts: u32) -> Duration {
-    match restarts {
-        0 => Duration::ZERO,
-        n => policy
-            .initial
-            .saturating_mul(1 << (n - 1).min(16))
-            .min(policy.max),
+/// Whether `report`'s container, which just exited, runs again: a sidecar always; a regular init container
+/// that failed, unless the pod's policy is `Never`; a regular container per the policy.
+fn will_restart(pod: &Pod, report: &ContainerReport) -> bool {
+    let policy = restart_policy(pod);
+    let code = report.exit_code.unwrap_or_default();
+    match all_containers(pod).find(|c| c.name == report.name) {
+        Some(c) if report.init && is_sidecar(c) => true,
+        Some(_) if report.init => policy != "Never" && code != 0,
+        _ => restarts(policy, code),
     }
 }
 
-/// `getPhase` for a started pod: Running while a container runs or will run again; once all have ended
-/// for good, Succeeded when every one exited 0, else Failed.
-fn phase(policy: &str, containers: &[ContainerReport]) -> &'static str {
-    let all_ended = containers
-        .iter()
-        .all(|c| c.state == ContainerState::Terminated && c.restart_at.is_none());
-    match (policy, all_ended) {
-        ("Always", _) | (_, false) => "Running",
-        _ if containers.iter().all(|c| c.exit_code == Some(0)) => "Succeeded",
-        _ => "Failed",
+/// The wait before the next run (`IsInBackOffSince`): none without a back-off entry, or when the entry
+/// was last touched over 2 × `max` ago (`hasExpired`); else the entry's delay.
+fn restart_delay(policy: &super::BackoffPolicy, entry: Option<(Duration, Instant)>) -> Duration {
+    match entry {
+        Some((delay, at)) if at.elapsed() <= 2 * policy.max => delay,
+        _ => Duration::ZERO,
+    }
+}
+
+/// The entry after a restart (`Backoff.Next`): `initial` when new or expired, else doubled up to `max`.
+fn next_backoff(
+    policy: &super::BackoffPolicy,
+    entry: Option<(Duration, Instant)>,
+) -> (Duration, Instant) {
+    let delay = match entry {
+        Some((delay, at)) if at.elapsed() <= 2 * policy.max => (delay * 2).min(policy.max),
+        _ => policy.initial,
+    };
+    (delay, Instant::now())
+}
+
+/// True when none of the pod's regular containers will run again (`podIsTerminal` for a started pod).
+fn done_for_good(pod: &Pod, containers: &[ContainerReport]) -> bool {
+    let regular = pod
+        .spec
+        .as_ref()
+        .map(|s| s.containers.as_slice())
+        .unwrap_or_default();
+    regular.iter().all(|c| {
+        containers.iter().any(|r| {
+            r.name == c.name && r.state == ContainerState::Terminated && r.restart_at.is_none()
+        })
+    })
+}
+
+/// Go's `time.Duration` text for the back-off message: `10s`, `1m20s`, `5m0s`, `500ms`.
+fn go_duration(d: Duration) -> String {
+    if d < Duration::from_secs(1) {
+        return format!("{}ms", d.as_millis());
+    }
+    let millis = d.as_millis();
+    let (minutes, rest) = (millis / 60_000, millis % 60_000);
+    let seconds = if rest % 1000 == 0 {
+        format!("{}s", rest / 1000)
+    } else {
+        let text = format!("{}.{:03}", rest / 1000, rest % 1000);
+        format!("{}s", text.trim_end_matches('0'))
+    };
+    match minutes {
+        0 => seconds,
+        m => format!("{m}m{seconds}"),
     }
 }
 
@@ -268,33 +364,41 @@ fn format_pod(pod: &Pod) -> String {
 mod tests {
     use super::*;
 
-    fn ended(code: i32) -> ContainerReport {
-        ContainerReport {
-            state: ContainerState::Terminated,
-            exit_code: Some(code),
-            ..Default::default()
-        }
-    }
-
     #[test]
-    fn phases_follow_the_restart_policy() {
-        assert_eq!(phase("Never", &[ended(0), ended(0)]), "Succeeded");
-        assert_eq!(phase("Never", &[ended(0), ended(2)]), "Failed");
-        assert_eq!(phase("OnFailure", &[ended(0)]), "Succeeded");
-        assert_eq!(phase("Always", &[ended(0)]), "Running");
-        let mut crashed = ended(1);
-        crashed.restart_at = Some(Instant::now());
-        assert_eq!(phase("OnFailure", &[crashed]), "Running");
+    fn restarts_follow_the_restart_policy() {
         assert!(restarts("OnFailure", 1) && !restarts("OnFailure", 0) && !restarts("Never", 1));
+        assert!(restarts("Always", 0));
     }
 
     #[test]
-    fn back_off_doubles_to_its_cap() {
+    fn back_off_doubles_to_its_cap_and_is_forgotten_after_twice_the_cap() {
         let policy = crate::node::BackoffPolicy {
             initial: Duration::from_secs(10),
             max: Duration::from_secs(300),
         };
-        let waits: Vec<u64> = (0..8).map(|n| back_off(&policy, n).as_secs()).collect();
+        let mut entry = None;
+        let mut waits = Vec::new();
+        for _ in 0..8 {
+            waits.push(restart_delay(&policy, entry).as_secs());
+            entry = Some(next_backoff(&policy, entry));
+        }
         assert_eq!(waits, [0, 10, 20, 40, 80, 160, 300, 300]);
+        let long_ago = Instant::now() - Duration::from_secs(601);
+        assert_eq!(
+            restart_delay(&policy, Some((policy.max, long_ago))),
+            Duration::ZERO
+        );
+        assert_eq!(
+            next_backoff(&policy, Some((policy.max, long_ago))).0,
+            policy.initial
+        );
+    }
+
+    #[test]
+    fn durations_read_as_go_prints_them() {
+        let texts: Vec<String> = [500, 10_000, 80_000, 300_000, 1_500]
+            .map(|ms| go_duration(Duration::from_millis(ms)))
+            .to_vec();
+        assert_eq!(texts, ["500ms", "10s", "1m20s", "5m0s", "1.5s"]);
     }
 }

@@ -7,13 +7,15 @@
 use std::collections::HashMap;
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use inlet_proto::csi_call::rpc_error;
 use inlet_proto::runtime::v1 as cri;
 use k8s_openapi::api::core::v1::{Container, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::pod_worker::{PodRuntime, PodState};
+use super::status::is_sidecar;
 use super::{Kubelet, subpath};
 
 /// Where a container is, as the report and the pod's status show it.
@@ -59,9 +61,40 @@ pub struct ContainerReport {
     pub reason: String,
     /// The last lines of its log (the CRI log file), once its last run ended.
     pub logs: Vec<String>,
+    /// The runtime's reference of the image it runs (CRI `image_ref`), the status's `imageID`.
+    pub image_id: String,
+    /// When its latest run started, as the runtime reports it.
+    pub started_at: Option<Time>,
+    /// When its latest run ended.
+    pub finished_at: Option<Time>,
+    /// Why it waits, in full (`back-off 10s restarting failed container=...`).
+    pub message: String,
+    /// The run before the latest, once it was restarted (the status's `lastState`).
+    pub last_state: Option<TerminatedRun>,
+    /// An init container (the report lists it under `init_containers`).
+    #[serde(skip)]
+    pub init: bool,
     /// When a crashed container is restarted (its back-off ends).
     #[serde(skip)]
     pub restart_at: Option<Instant>,
+    /// Its crash-loop back-off entry (`flowcontrol.Backoff`): the next delay, and when it last grew.
+    #[serde(skip)]
+    pub backoff: Option<(Duration, Instant)>,
+}
+
+/// A run that ended, as `lastState.terminated` shows it.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct TerminatedRun {
+    /// The run's runtime id.
+    pub id: String,
+    /// Its exit code.
+    pub exit_code: i32,
+    /// The runtime's reason (`Completed`, `Error`).
+    pub reason: String,
+    /// When it started.
+    pub started_at: Option<Time>,
+    /// When it ended.
+    pub finished_at: Option<Time>,
 }
 
 /// Why a container could not be started: the waiting reason kuberuntime gives it, and the event's text.
@@ -92,22 +125,17 @@ pub struct MountReport {
 }
 
 impl Kubelet {
-    /// Starts a pod whose volumes are mounted, as `SyncPod` does for a new pod (`computePodActions`: a
-    /// sandbox, then each container): images, RunPodSandbox, then CreateContainer and StartContainer for
-    /// each container. A failure leaves nothing half-started and is retried after backoff.
+    /// Starts a pod whose volumes are mounted, as `SyncPod` does for a new pod (`computePodActions`): images,
+    /// RunPodSandbox, then the first init container, or the regular containers when there is none (see
+    /// [`Kubelet::start_next`]). A failure leaves nothing half-started and is retried after backoff.
     ///
     /// Every pod waiting to start holds this future, so the calls it awaits are boxed: a pending start
     /// costs a few hundred bytes, not the largest CRI call's state (16 KB), which adds up over thousands
     /// of pods starting at once.
     pub(super) async fn start(self: Arc<Self>, pod: Arc<Pod>) -> bool {
         let uid = pod.metadata.uid.clone().unwrap_or_default();
-        let containers = pod
-            .spec
-            .as_ref()
-            .map(|s| s.containers.as_slice())
-            .unwrap_or_default();
         let sandbox_config = self.sandbox_config(&pod);
-        for container in containers {
+        for container in all_containers(&pod) {
             let ensured = self
                 .images
                 .ensure_image_exists(&pod, container, &sandbox_config);
@@ -130,41 +158,37 @@ impl Kubelet {
         };
         inlet_host::crash::point("pod.sandbox-started");
         let mut reports = Vec::new();
-        for container in containers {
-            match Box::pin(self.start_container(&pod, container, &sandbox_id, &sandbox_config, 0))
-                .await
-            {
-                Ok(report) => reports.push(report),
-                Err(e) => {
-                    self.api.record_event(
-                        &pod,
-                        "Warning",
-                        "Failed",
-                        &format!("Error: {}", e.message),
-                    );
-                    let waiting = ContainerReport {
-                        name: container.name.clone(),
-                        state: ContainerState::Waiting,
-                        reason: e.reason.into(),
-                        ..Default::default()
-                    };
-                    self.set_status(&pod, std::slice::from_ref(&waiting), "Pending");
-                    if let Some(rt) = self.pods.lock().get_mut(&uid) {
-                        rt.containers = vec![waiting];
-                    }
-                    // Leave nothing half-started: the next attempt starts from a clean sandbox.
-                    let mut runtime = self.cri.runtime.clone();
-                    let _ = Box::pin(runtime.stop_pod_sandbox(cri::StopPodSandboxRequest {
-                        pod_sandbox_id: sandbox_id.clone(),
-                    }))
-                    .await;
-                    let _ = Box::pin(runtime.remove_pod_sandbox(cri::RemovePodSandboxRequest {
-                        pod_sandbox_id: sandbox_id.clone(),
-                    }))
-                    .await;
-                    return false;
-                }
+        if let Err((container, e)) =
+            Box::pin(self.start_next(&pod, &sandbox_id, &sandbox_config, &mut reports)).await
+        {
+            self.api
+                .record_event(&pod, "Warning", "Failed", &format!("Error: {}", e.message));
+            reports.push(ContainerReport {
+                name: container.name.clone(),
+                state: ContainerState::Waiting,
+                reason: e.reason.into(),
+                message: e.message,
+                init: is_init(&pod, &container.name),
+                ..Default::default()
+            });
+            // Leave nothing half-started: the next attempt starts from a clean sandbox.
+            // (RemovePodSandbox removes the containers in it.)
+            let mut runtime = self.cri.runtime.clone();
+            let _ = Box::pin(runtime.stop_pod_sandbox(cri::StopPodSandboxRequest {
+                pod_sandbox_id: sandbox_id.clone(),
+            }))
+            .await;
+            let _ = Box::pin(runtime.remove_pod_sandbox(cri::RemovePodSandboxRequest {
+                pod_sandbox_id: sandbox_id.clone(),
+            }))
+            .await;
+            let waiting: Vec<ContainerReport> =
+                reports.into_iter().filter(|r| r.id.is_empty()).collect();
+            if let Some(rt) = self.pods.lock().get_mut(&uid) {
+                rt.containers = waiting.clone();
             }
+            self.set_status(&pod, &waiting, false);
+            return false;
         }
         // Record the containers before the status says Running, so whoever sees Running finds them.
         if let Some(rt) = self.pods.lock().get_mut(&uid) {
@@ -172,8 +196,38 @@ impl Kubelet {
             rt.sandbox_id = Some(sandbox_id);
             rt.containers = reports.clone();
         }
-        self.set_status(&pod, &reports, "Running");
+        self.set_status(&pod, &reports, false);
         true
+    }
+
+    /// `computePodActions`' containers to start, started: init containers one at a time in order (a
+    /// regular one must have completed before the next starts; a sidecar, `restartPolicy: Always`, only
+    /// started), then every regular container not started yet. Their reports are added to `reports`; the
+    /// first that fails to start is returned with its error.
+    pub(super) async fn start_next(
+        &self,
+        pod: &Pod,
+        sandbox_id: &str,
+        sandbox_config: &cri::PodSandboxConfig,
+        reports: &mut Vec<ContainerReport>,
+    ) -> Result<bool, (Container, StartError)> {
+        let mut started = false;
+        loop {
+            let next = next_to_start(pod, reports);
+            if next.is_empty() {
+                return Ok(started);
+            }
+            for container in next {
+                let init = is_init(pod, &container.name);
+                match Box::pin(self.start_container(pod, container, sandbox_id, sandbox_config, 0))
+                    .await
+                {
+                    Ok(report) => reports.push(ContainerReport { init, ..report }),
+                    Err(e) => return Err((container.clone(), e)),
+                }
+                started = true;
+            }
+        }
     }
 
     /// The pod's sandbox config (`kuberuntime_sandbox.go` generatePodSandboxConfig): metadata, labels,
@@ -330,11 +384,9 @@ impl Kubelet {
             })
             .await
             .map_err(rpc("RunContainerError"))?;
+        let status = status.into_inner().status.unwrap_or_default();
         let mounts = status
-            .into_inner()
-            .status
-            .map(|s| s.mounts)
-            .unwrap_or_default()
+            .mounts
             .into_iter()
             .map(|m| MountReport {
                 container_path: m.container_path,
@@ -348,6 +400,8 @@ impl Kubelet {
             mounts,
             state: ContainerState::Running,
             restart_count: attempt,
+            image_id: status.image_ref,
+            started_at: api_time(status.started_at),
             ..Default::default()
         })
     }
@@ -543,7 +597,9 @@ impl Kubelet {
                     .unwrap_or_default();
                 // Running as far as is known: the next relist sees whether it exited meanwhile.
                 let metadata = c.metadata.unwrap_or_default();
+                let init = pods.get(&uid).is_some_and(|p| is_init(p, &metadata.name));
                 reports.push(ContainerReport {
+                    init,
                     name: metadata.name,
                     restart_count: metadata.attempt,
                     state: ContainerState::Running,
@@ -569,6 +625,55 @@ impl Kubelet {
             self.pods.lock().insert(uid, runtime_state);
         }
     }
+}
+
+/// Every container of the pod, init containers first.
+pub(super) fn all_containers(pod: &Pod) -> impl Iterator<Item = &Container> {
+    let spec = pod.spec.as_ref();
+    let init = spec
+        .and_then(|s| s.init_containers.as_deref())
+        .unwrap_or_default();
+    let regular = spec.map(|s| s.containers.as_slice()).unwrap_or_default();
+    init.iter().chain(regular)
+}
+
+/// True when `name` is one of the pod's init containers.
+pub(super) fn is_init(pod: &Pod, name: &str) -> bool {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.init_containers.as_ref())
+        .is_some_and(|i| i.iter().any(|c| c.name == name))
+}
+
+/// What `computePodActions` starts next, given the containers already created: the first init container
+/// not created yet (a regular one only once those before it completed), else every regular container not
+/// created yet once every regular init container completed.
+pub(super) fn next_to_start<'a>(pod: &'a Pod, reports: &[ContainerReport]) -> Vec<&'a Container> {
+    let Some(spec) = pod.spec.as_ref() else {
+        return Vec::new();
+    };
+    for container in spec.init_containers.iter().flatten() {
+        let Some(report) = reports.iter().find(|r| r.name == container.name) else {
+            return vec![container];
+        };
+        let completed = report.state == ContainerState::Terminated && report.exit_code == Some(0);
+        if !is_sidecar(container) && !completed {
+            // Running, or failed and waiting for its restart: nothing after it starts yet.
+            return Vec::new();
+        }
+    }
+    spec.containers
+        .iter()
+        .filter(|c| !reports.iter().any(|r| r.name == c.name))
+        .collect()
+}
+
+/// A CRI timestamp (nanoseconds since the epoch; 0 for none) as an API time.
+pub(super) fn api_time(nanos: i64) -> Option<Time> {
+    (nanos > 0)
+        .then(|| k8s_openapi::jiff::Timestamp::from_nanosecond(i128::from(nanos)).ok())
+        .flatten()
+        .map(Time)
 }
 
 /// A subPath must be relative and must not step out with `..` (`kubelet_pods.go` makeMounts, whose texts

@@ -5,10 +5,12 @@
 //! - `volumemanager/`: [`VolumeManager`], desired and actual state, the populator, the reconciler and
 //!   reconstruction after a restart, behind the kubelet's questions (`volume_manager.go`).
 //! - `pod_worker.rs`: each pod's state on the node; start once its volumes are mounted, stop and clean up
-//!   deleted pods; the pod's status.
-//! - `kuberuntime.rs`: sandboxes and containers through CRI (`computePodActions`, `startContainer`), and
-//!   the sandboxes a previous kubelet left; `images.rs`: the image manager (`EnsureImageExists`).
-//! - `containers.rs`: the relist of exited containers, restarts with back-off, Succeeded and Failed.
+//!   deleted pods.
+//! - `status.rs`: the pod's status (container statuses, `getPhase`, `status/generate.go`'s conditions).
+//! - `kuberuntime.rs`: sandboxes and containers through CRI (`computePodActions`: init containers, then
+//!   the regular ones; `startContainer`), and the sandboxes a previous kubelet left; `images.rs`: the image
+//!   manager (`EnsureImageExists`).
+//! - `containers.rs`: the relist of exited containers, restarts with back-off, the next init container.
 //! - `subpath.rs`: subPath binds under `volume-subpaths`, made without following symlinks, and their cleanup.
 //! - `kubelet_volumes.rs`: orphaned pod directories removed once nothing of theirs is mounted.
 //! - `host.rs`: the `VolumeHost` plugins get; `registry.rs`: registered CSI drivers and the CSI
@@ -22,6 +24,7 @@ mod kuberuntime;
 pub mod plugin_watcher;
 mod pod_worker;
 pub mod registry;
+mod status;
 mod subpath;
 pub mod volumemanager;
 
@@ -46,7 +49,7 @@ use tokio::sync::Notify;
 
 use host::NodeHost;
 use images::ImageManager;
-pub use kuberuntime::{ContainerReport, ContainerState, MountReport};
+pub use kuberuntime::{ContainerReport, ContainerState, MountReport, TerminatedRun};
 pub use pod_worker::PodRuntime;
 use registry::{DriverDirectory, DriverRegistry};
 use volumemanager::VolumeManagerConfig;

@@ -1,20 +1,15 @@
 //! Pod workers (`pod_workers.go`, much reduced): each pod's state on the node, moved on by `sync_pods` on
 //! every pass. A pod starts (through kuberuntime) once the volume manager says its volumes are attached
 //! and mounted; a deleted pod is stopped, its volumes are torn down by the volume manager's reconciler, its
-//! directory is removed, and then it leaves the API. Its status is written here (`status_manager.go`).
+//! directory is removed, and then it leaves the API. Its status is written by `status.rs`.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use k8s_openapi::api::core::v1::{
-    ContainerState as ApiContainerState, ContainerStateRunning, ContainerStateTerminated,
-    ContainerStateWaiting, ContainerStatus, Pod, PodCondition, PodStatus,
-};
+use k8s_openapi::api::core::v1::Pod;
 
 use super::Kubelet;
-use super::kuberuntime::{ContainerReport, ContainerState};
-use crate::api::now;
+use super::kuberuntime::ContainerReport;
 use crate::operations::OpKey;
 
 /// Where a pod is in its life on the node.
@@ -82,6 +77,14 @@ impl Kubelet {
                     PodState::Starting | PodState::Killing => {}
                 }
                 continue;
+            }
+            let gated = pod.spec.as_ref().and_then(|s| s.readiness_gates.as_ref());
+            if state == PodState::Running && gated.is_some_and(|g| !g.is_empty()) {
+                let containers = self
+                    .pod_runtime(&uid)
+                    .map(|r| r.containers)
+                    .unwrap_or_default();
+                self.sync_readiness_gates(&pod, &containers);
             }
             if state != PodState::Waiting {
                 continue;
@@ -190,61 +193,6 @@ impl Kubelet {
         });
     }
 
-    /// The pod's status: its phase, and each container's state as the runtime last reported it.
-    pub(super) fn set_status(&self, pod: &Pod, containers: &[ContainerReport], phase: &str) {
-        let (namespace, name) = (
-            pod.metadata.namespace.clone().unwrap_or_default(),
-            pod.metadata.name.clone().unwrap_or_default(),
-        );
-        let condition = |t: &str| PodCondition {
-            type_: t.into(),
-            status: "True".into(),
-            last_transition_time: Some(now()),
-            ..Default::default()
-        };
-        let images: HashMap<String, String> = pod
-            .spec
-            .iter()
-            .flat_map(|s| s.containers.iter())
-            .map(|c| (c.name.clone(), c.image.clone().unwrap_or_default()))
-            .collect();
-        let statuses = containers
-            .iter()
-            .map(|c| ContainerStatus {
-                name: c.name.clone(),
-                container_id: Some(format!("cri://{}", c.id)),
-                image: images.get(&c.name).cloned().unwrap_or_default(),
-                ready: c.state == ContainerState::Running,
-                started: Some(c.state == ContainerState::Running),
-                restart_count: i32::try_from(c.restart_count).unwrap_or(i32::MAX),
-                state: Some(container_state(c)),
-                ..Default::default()
-            })
-            .collect();
-        let running = phase == "Running";
-        let conditions = ["PodReadyToStartContainers", "Initialized"]
-            .into_iter()
-            .chain(
-                running
-                    .then_some(["ContainersReady", "Ready"])
-                    .into_iter()
-                    .flatten(),
-            )
-            .chain(["PodScheduled"]);
-        self.api.update::<Pod>(&namespace, &name, |p| {
-            // When the node first started working on the pod, kept from then on.
-            let start_time = p.status.as_ref().and_then(|s| s.start_time.clone());
-            p.status = Some(PodStatus {
-                phase: Some(phase.into()),
-                conditions: Some(conditions.clone().map(condition).collect()),
-                container_statuses: Some(statuses),
-                host_ip: Some("127.0.0.1".into()),
-                start_time: start_time.or_else(|| Some(now())),
-                ..Default::default()
-            });
-        });
-    }
-
     /// Once a terminated pod has no volume left, removes its directory (never through a mount) and the
     /// pod object.
     fn finish_termination(&self, pod: &Pod, uid: &str) {
@@ -275,33 +223,5 @@ impl Kubelet {
         );
         self.pods.lock().remove(uid);
         self.volumes.forget_pod(uid);
-    }
-}
-
-/// A container's state in the API, from what the runtime last reported.
-fn container_state(c: &ContainerReport) -> ApiContainerState {
-    match c.state {
-        ContainerState::Terminated => ApiContainerState {
-            terminated: Some(ContainerStateTerminated {
-                exit_code: c.exit_code.unwrap_or_default(),
-                reason: Some(c.reason.clone()).filter(|r| !r.is_empty()),
-                finished_at: Some(now()),
-                ..Default::default()
-            }),
-            ..Default::default()
-        },
-        ContainerState::Waiting => ApiContainerState {
-            waiting: Some(ContainerStateWaiting {
-                reason: Some(c.reason.clone()),
-                ..Default::default()
-            }),
-            ..Default::default()
-        },
-        ContainerState::Running => ApiContainerState {
-            running: Some(ContainerStateRunning {
-                started_at: Some(now()),
-            }),
-            ..Default::default()
-        },
     }
 }
