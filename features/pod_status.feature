@@ -37,7 +37,7 @@ Feature: The pod status a kubelet writes
     And the condition "PodScheduled" of pod "crash" keeps its transition time while container "app" restarts twice
     And pod "crash" is Running
 
-  Scenario: A completed pod is not ready, with reason PodCompleted
+  Scenario: A completed pod is not ready, with reason PodCompleted, and its exited container is not killed
     Given the manifests:
       """
       apiVersion: v1
@@ -51,6 +51,10 @@ Feature: The pod status a kubelet writes
     Then pod "job" ends Succeeded
     And pod "job" has condition "Ready" "False" with reason "PodCompleted"
     And pod "job" has condition "ContainersReady" "False" with reason "PodCompleted"
+    And pod "job" has condition "PodReadyToStartContainers" "False"
+    And pod "job" got no "Killing" event
+    When all pods are deleted
+    Then pod "job" got no "Killing" event
 
   Scenario: A readiness gate holds Ready until its condition, set by another controller, is True
     Given the manifests:

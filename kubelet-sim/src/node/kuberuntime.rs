@@ -61,7 +61,7 @@ pub struct ContainerReport {
     pub reason: String,
     /// The last lines of its log (the CRI log file), once its last run ended.
     pub logs: Vec<String>,
-    /// The runtime's reference of the image it runs (CRI `image_ref`), the status's `imageID`.
+    /// The image it runs as the runtime names it (CRI `image_id`, else `image_ref`), the status's `imageID`.
     pub image_id: String,
     /// When its latest run started, as the runtime reports it.
     pub started_at: Option<Time>,
@@ -358,7 +358,8 @@ impl Kubelet {
             pod,
             "Normal",
             "Created",
-            &format!("Created container {}", container.name),
+            // 1.35's text (`kuberuntime_container.go` startContainer; 1.20 wrote "Created container %v").
+            &format!("Created container: {}", container.name),
         );
         self.cri
             .runtime
@@ -400,7 +401,12 @@ impl Kubelet {
             mounts,
             state: ContainerState::Running,
             restart_count: attempt,
-            image_id: status.image_ref,
+            // `toKubeContainerStatus`: the runtime's image id (CRI 1.30), else the digested reference.
+            image_id: if status.image_id.is_empty() {
+                status.image_ref
+            } else {
+                status.image_id
+            },
             started_at: api_time(status.started_at),
             ..Default::default()
         })
@@ -496,8 +502,12 @@ impl Kubelet {
             .map(|r| (r.sandbox_id.clone(), r.containers.clone()))
             .unwrap_or_default();
         let mut runtime = self.cri.runtime.clone();
-        // A container waiting to be created (no id) has nothing to stop.
-        for container in containers.iter().filter(|c| !c.id.is_empty()) {
+        // Only running containers are stopped, and get a Killing event (`killContainersWithSyncResult`
+        // walks the running pod's containers): one that exited, or waits to be created, has nothing to stop.
+        for container in containers
+            .iter()
+            .filter(|c| c.state == ContainerState::Running)
+        {
             self.api.record_event(
                 &pod,
                 "Normal",
@@ -533,6 +543,10 @@ impl Kubelet {
             }
         }
         self.set_state(&uid, PodState::Terminated);
+        if pod.metadata.deletion_timestamp.is_none() {
+            // A pod that ended keeps its status, now without a sandbox (PodReadyToStartContainers False).
+            self.set_status(&pod, &containers, true);
+        }
         true
     }
 

@@ -84,6 +84,31 @@ async fn started_in_order(w: &mut Sim, pod: String, names: String) {
     .await;
 }
 
+#[then(regex = r#"^pod "([^"]+)" got no "([^"]+)" event$"#)]
+fn no_event(w: &mut Sim, pod: String, reason: String) {
+    let report = w.report();
+    let events = report
+        .pods
+        .iter()
+        .find(|p| p.name == pod)
+        .map(|p| p.events.clone());
+    // A pod that is gone has no events left to show: the teardown's record is the API's events.
+    let events = events.unwrap_or_else(|| {
+        w.sim()
+            .api
+            .events_for(&w.uid(&pod))
+            .into_iter()
+            .map(|e| kubelet_sim::report::EventReport {
+                type_: e.type_.unwrap_or_default(),
+                reason: e.reason.unwrap_or_default(),
+                message: e.message.unwrap_or_default(),
+                count: e.count.unwrap_or(1),
+            })
+            .collect()
+    });
+    assert!(!events.iter().any(|e| e.reason == reason), "{events:#?}");
+}
+
 #[then(regex = r#"^container "([^"]+)" of pod "([^"]+)" never started$"#)]
 fn never_started(w: &mut Sim, name: String, pod: String) {
     let report = w.report();
