@@ -222,6 +222,46 @@ Feature: How the kubelet mounts a PV: read-only, access modes, fsGroup, ReadWrit
     When pod "first" is deleted
     Then pod "second" becomes Running
 
+  Scenario: Two new pods of one ReadWriteOncePod volume in the same pass: one mounts, the other waits
+    The kubelet runs one mount of a device-mountable volume at a time for all its pods
+    (`operation_executor.go` MountVolume), so the second pod's ReadWriteOncePod check sees the first one's
+    mount, and the driver is asked once.
+    Given the local driver "local.inlet.dev"
+    And the manifests:
+      """
+      apiVersion: v1
+      kind: PersistentVolume
+      metadata: {name: pv-race}
+      spec:
+        capacity: {storage: 16Mi}
+        accessModes: [ReadWriteOncePod]
+        csi: {driver: local.inlet.dev, volumeHandle: pv-race}
+        claimRef: {namespace: default, name: race}
+      ---
+      apiVersion: v1
+      kind: PersistentVolumeClaim
+      metadata: {name: race}
+      spec: {accessModes: [ReadWriteOncePod], resources: {requests: {storage: 16Mi}}}
+      ---
+      apiVersion: v1
+      kind: Pod
+      metadata: {name: one}
+      spec:
+        containers: [{name: app, image: busybox, volumeMounts: [{name: data, mountPath: /data}]}]
+        volumes: [{name: data, persistentVolumeClaim: {claimName: race}}]
+      ---
+      apiVersion: v1
+      kind: Pod
+      metadata: {name: other}
+      spec:
+        containers: [{name: app, image: busybox, volumeMounts: [{name: data, mountPath: /data}]}]
+        volumes: [{name: data, persistentVolumeClaim: {claimName: race}}]
+      """
+    When the simulation runs
+    Then one of pods "one" and "other" is Running and the other has a Warning "FailedMount" event saying "volume uses the ReadWriteOncePod access mode and is already in use by another pod"
+    And the driver got NodePublishVolume for handle "pv-race" 1 time
+    And no NodePublishVolume for handle "pv-race" failed
+
   Scenario: MountDevice keeps just the handle and the driver beside the staging dir
     Given the local driver "local.inlet.dev"
     And the manifests:

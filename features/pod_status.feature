@@ -72,3 +72,22 @@ Feature: The pod status a kubelet writes
     When another controller sets the condition "example.com/load-balanced" of pod "gated" to "True"
     Then pod "gated" has condition "Ready" "True"
     And pod "gated" has condition "example.com/load-balanced" "True"
+
+  Scenario: Waiting too long for volumes is no event of its own; the mount's failure is
+    Since 1.28 the kubelet records no event when WaitForAttachAndMount only timed out (`kubelet.go` SyncPod
+    skips `wait.Interrupted` errors); the reconciler's FailedMount says what is wrong.
+    Given the kubelet waits 200 ms for volumes
+    And the manifests:
+      """
+      apiVersion: v1
+      kind: Pod
+      metadata: {name: stuck, annotations: {inlet.dev/expected-phase: Pending}}
+      spec:
+        containers: [{name: app, image: busybox}]
+        volumes: [{name: data, csi: {driver: ghost.example.com}}]
+      """
+    When the simulation runs
+    Then pod "stuck" has a Warning "FailedMount" event saying "driver name ghost.example.com not found in the list of registered CSI drivers"
+    When 600 ms pass
+    Then pod "stuck" got no event saying "Unable to attach or mount volumes"
+    And pod "stuck" is Pending

@@ -61,6 +61,8 @@ struct Sim {
     offered: BTreeMap<String, registration::Offered>,
     /// The recording mount layer, when not root: what the host would have been told.
     recording: Option<Arc<RecordingMounter>>,
+    /// How long a pod waits for its volumes before the kubelet gives up on this wait.
+    volume_wait: Duration,
 }
 
 impl std::fmt::Debug for Sim {
@@ -92,6 +94,7 @@ impl Sim {
             plugins_registry: None,
             offered: BTreeMap::new(),
             recording: None,
+            volume_wait: Duration::from_secs(60),
         }
     }
 
@@ -241,7 +244,7 @@ async fn runs(w: &mut Sim) {
             initial: Duration::from_millis(20),
             max: Duration::from_millis(300),
         },
-        volume_wait_timeout: Duration::from_secs(60),
+        volume_wait_timeout: w.volume_wait,
         republish_period: Duration::from_millis(300),
         containers: ContainerTiming {
             relist_period: Duration::from_millis(50),

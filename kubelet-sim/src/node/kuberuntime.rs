@@ -1,11 +1,10 @@
 //! kuberuntime, much reduced (`pkg/kubelet/kuberuntime`): a pod's sandbox and containers through CRI.
-//! `start` is `SyncPod` for a new pod (`computePodActions`: a sandbox, then each container, images first
-//! through the image manager), `start_container` is `startContainer` (`kuberuntime_container.go`: its
-//! mounts from the volume manager, create, start), `kill` is `killPodWithSyncResult`, and
+//! `start` is `SyncPod` for a new pod (`computePodActions`: images through the image manager, a sandbox,
+//! then the init containers one by one and the regular containers, `start_next`), `start_container` is `startContainer` (`kuberuntime_container.go`: its
+//! mounts from `container_mounts.rs`, create, start), `kill` is `killPodWithSyncResult`, and
 //! `adopt_sandboxes` takes over what a previous kubelet left running.
 
 use std::collections::HashMap;
-use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -14,9 +13,9 @@ use inlet_proto::runtime::v1 as cri;
 use k8s_openapi::api::core::v1::{Container, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
+use super::Kubelet;
 use super::pod_worker::{PodRuntime, PodState};
 use super::status::is_sidecar;
-use super::{Kubelet, subpath};
 
 /// Where a container is, as the report and the pod's status show it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
@@ -412,85 +411,6 @@ impl Kubelet {
         })
     }
 
-    /// The CRI mounts of a container (`kubelet_pods.go` makeMounts): each volumeMount's volume dir, or for a
-    /// subPath the bind [`subpath::prepare`] makes of it; read-only when the volumeMount or the volume itself
-    /// says so. The errors are upstream's texts; a subPath's details go to the log only, as upstream keeps
-    /// host paths from the user.
-    fn container_mounts(
-        &self,
-        uid: &str,
-        container: &Container,
-    ) -> Result<Vec<cri::Mount>, String> {
-        let volumes = self.volumes.mounted_volumes_for_pod(uid);
-        let pod_dir = self.config.root.join("pods").join(uid);
-        let mut mounts = Vec::new();
-        for (index, mount) in container.volume_mounts.iter().flatten().enumerate() {
-            let volume = volumes.get(&mount.name).ok_or_else(|| {
-                format!(
-                    "cannot find volume {:?} to mount into container {:?}",
-                    mount.name, container.name
-                )
-            })?;
-            let dir = volume.path.clone();
-            let host_path = match mount.sub_path.as_deref().filter(|s| !s.is_empty()) {
-                None => dir,
-                Some(sub) => {
-                    check_sub_path(sub)?;
-                    let request = subpath::SubPath {
-                        volume_path: &dir,
-                        sub_path: sub,
-                        volume_name: &volume.spec_name,
-                        container: &container.name,
-                        index,
-                        pod_dir: &pod_dir,
-                    };
-                    self.sub_path_mount(&request, &mount.name, volume.image)?
-                }
-            };
-            let propagation = match mount.mount_propagation.as_deref() {
-                Some("HostToContainer") => cri::MountPropagation::PropagationHostToContainer,
-                Some("Bidirectional") => cri::MountPropagation::PropagationBidirectional,
-                _ => cri::MountPropagation::PropagationPrivate,
-            };
-            mounts.push(cri::Mount {
-                container_path: mount.mount_path.clone(),
-                host_path: host_path.display().to_string(),
-                readonly: mount.read_only.unwrap_or(false) || volume.read_only,
-                propagation: propagation as i32,
-                ..Default::default()
-            });
-        }
-        Ok(mounts)
-    }
-
-    /// The bind of one volumeMount's subPath; a missing subPath is created first in a writable volume, as the
-    /// kubelet does, and must exist in an image volume (the CRI's `image_sub_path` rule).
-    fn sub_path_mount(
-        &self,
-        request: &subpath::SubPath,
-        name: &str,
-        image_volume: bool,
-    ) -> Result<PathBuf, String> {
-        let (sub, cname, volume_path) = (request.sub_path, request.container, request.volume_path);
-        if !volume_path.join(sub).exists() {
-            if image_volume {
-                return Err(format!(
-                    "subPath {sub:?} does not exist in image volume {name:?}"
-                ));
-            }
-            if let Err(e) = subpath::safe_make_dir(volume_path, sub) {
-                tracing::warn!(container = %cname, volume_mount = %name, "Failed to create subPath directory: {e}");
-                return Err(format!(
-                    "failed to create subPath directory for volumeMount {name:?} of container {cname:?}"
-                ));
-            }
-        }
-        subpath::prepare(&*self.volumes.mounter(), request).map_err(|e| {
-            tracing::warn!(container = %cname, volume_mount = %name, "Failed to prepare subPath: {e}");
-            format!("failed to prepare subPath for volumeMount {name:?} of container {cname:?}")
-        })
-    }
-
     /// Stops a pod's containers and its sandbox (`killPodWithSyncResult`), then marks it terminated so
     /// its volumes are torn down.
     pub(super) async fn kill(self: Arc<Self>, pod: Arc<Pod>) -> bool {
@@ -688,42 +608,4 @@ pub(super) fn api_time(nanos: i64) -> Option<Time> {
         .then(|| k8s_openapi::jiff::Timestamp::from_nanosecond(i128::from(nanos)).ok())
         .flatten()
         .map(Time)
-}
-
-/// A subPath must be relative and must not step out with `..` (`kubelet_pods.go` makeMounts, whose texts
-/// these are).
-fn check_sub_path(sub: &str) -> Result<(), String> {
-    if Path::new(sub).is_absolute() {
-        return Err(format!(
-            "error SubPath `{sub}` must not be an absolute path"
-        ));
-    }
-    if Path::new(sub)
-        .components()
-        .any(|c| matches!(c, Component::ParentDir))
-    {
-        return Err(format!(
-            "unable to provision SubPath `{sub}`: must not contain '..'"
-        ));
-    }
-    Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sub_paths_must_be_relative_without_backsteps() {
-        check_sub_path("data/x").unwrap();
-        check_sub_path("a..b").unwrap();
-        assert_eq!(
-            check_sub_path("/etc").unwrap_err(),
-            "error SubPath `/etc` must not be an absolute path"
-        );
-        assert_eq!(
-            check_sub_path("a/../../x").unwrap_err(),
-            "unable to provision SubPath `a/../../x`: must not contain '..'"
-        );
-    }
 }

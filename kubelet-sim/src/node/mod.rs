@@ -6,16 +6,18 @@
 //!   reconstruction after a restart, behind the kubelet's questions (`volume_manager.go`).
 //! - `pod_worker.rs`: each pod's state on the node; start once its volumes are mounted, stop and clean up
 //!   deleted pods.
-//! - `status.rs`: the pod's status (container statuses, `getPhase`, `status/generate.go`'s conditions).
+//! - `status/`: the pod's status (container statuses, `getPhase`, `status/generate.go`'s conditions).
 //! - `kuberuntime.rs`: sandboxes and containers through CRI (`computePodActions`: init containers, then
 //!   the regular ones; `startContainer`), and the sandboxes a previous kubelet left; `images.rs`: the image
 //!   manager (`EnsureImageExists`).
+//! - `container_mounts.rs`: a container's CRI mounts (`makeMounts`), subPaths checked and bound.
 //! - `containers.rs`: the relist of exited containers, restarts with back-off, the next init container.
 //! - `subpath.rs`: subPath binds under `volume-subpaths`, made without following symlinks, and their cleanup.
 //! - `kubelet_volumes.rs`: orphaned pod directories removed once nothing of theirs is mounted.
 //! - `host.rs`: the `VolumeHost` plugins get; `registry.rs`: registered CSI drivers and the CSI
 //!   registration handler; `plugin_watcher.rs`: `--plugins-registry`, drivers registering themselves.
 
+mod container_mounts;
 mod containers;
 pub mod host;
 mod images;
@@ -75,8 +77,8 @@ pub struct NodeConfig {
     pub gates: BTreeSet<String>,
     /// Retry backoff for volume and pod operations.
     pub backoff: BackoffPolicy,
-    /// How long a pod waits for its volumes before the kubelet's "Unable to attach or mount volumes" event
-    /// (upstream: 2 min 3 s).
+    /// How long a pod waits for its volumes before the kubelet logs "Unable to attach or mount volumes"
+    /// (upstream: 2 min 3 s; no event since 1.28).
     pub volume_wait_timeout: Duration,
     /// How often volumes of drivers with `requiresRepublish` are published again.
     pub republish_period: Duration,

@@ -35,7 +35,7 @@ pub struct PodRuntime {
     pub state: PodState,
     /// When the node first saw it.
     pub seen_at: Option<Instant>,
-    /// The volume-wait timeout event was recorded.
+    /// The volume-wait timeout was logged.
     pub warned: bool,
     /// The sandbox, once created.
     pub sandbox_id: Option<String>,
@@ -135,25 +135,33 @@ impl Kubelet {
         }
     }
 
-    /// The kubelet's event after waiting too long for volumes (`volume_manager.go` WaitForAttachAndMount).
+    /// Waiting too long for volumes (`volume_manager.go` WaitForAttachAndMount, 2m3s upstream): the
+    /// error is upstream's, but since 1.28 the kubelet records no event for a plain timeout (`kubelet.go`
+    /// SyncPod skips `wait.Interrupted` errors), so it is logged once and the pod goes on waiting. The
+    /// volume operations' own events (`FailedMount`, `FailedAttachVolume`) say what is wrong.
     fn warn_volume_timeout(&self, pod: &Pod, uid: &str) {
         let missing = self.volumes.missing_volumes(uid);
-        let (mut unmounted, unattached) = (missing.unmounted, missing.unattached);
-        if unmounted.is_empty() {
-            unmounted = pod
-                .spec
-                .as_ref()
-                .and_then(|s| s.volumes.as_ref())
-                .map(|v| v.iter().map(|v| v.name.clone()).collect())
-                .unwrap_or_default();
-        }
-        let message = format!(
-            "Unable to attach or mount volumes: unmounted volumes=[{}], unattached volumes=[{}]: timed out waiting for the condition",
-            unmounted.join(" "),
-            unattached.join(" ")
+        let known: Vec<&String> = missing
+            .unmounted
+            .iter()
+            .chain(&missing.unattached)
+            .collect();
+        let mounted = self.volumes.mounted_volumes_for_pod(uid);
+        let not_processed: Vec<String> = pod
+            .spec
+            .iter()
+            .flat_map(|s| s.volumes.iter().flatten())
+            .map(|v| v.name.clone())
+            .filter(|n| !known.contains(&n) && !mounted.contains_key(n))
+            .collect();
+        let go_list = |names: &[String]| format!("[{}]", names.join(" "));
+        tracing::warn!(
+            pod = %pod.metadata.name.as_deref().unwrap_or_default(),
+            "Unable to attach or mount volumes for pod: unmounted volumes={}, unattached volumes={}, failed to process volumes={}: context deadline exceeded",
+            go_list(&missing.unmounted),
+            go_list(&missing.unattached),
+            go_list(&not_processed),
         );
-        self.api
-            .record_event(pod, "Warning", "FailedMount", &message);
         if let Some(rt) = self.pods.lock().get_mut(uid) {
             rt.warned = true;
         }

@@ -1,7 +1,9 @@
 //! Steps of the pod status scenarios (`features/init_containers.feature`, `features/pod_status.feature`):
 //! the pod's conditions and container statuses as the API has them, and the order containers started in.
 
-use cucumber::{then, when};
+use std::time::Duration;
+
+use cucumber::{given, then, when};
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod, PodCondition};
 use kubelet_sim::report::Report;
 
@@ -256,4 +258,57 @@ fn set_condition(w: &mut Sim, type_: String, pod: String, status: String) {
     for node in &w.sim().nodes {
         node.wake();
     }
+}
+
+#[given(regex = r"^the kubelet waits (\d+) ms for volumes$")]
+fn volume_wait(w: &mut Sim, ms: u64) {
+    w.volume_wait = Duration::from_millis(ms);
+}
+
+/// For what must not happen: long enough for the kubelet to have done it.
+#[when(regex = r"^(\d+) ms pass$")]
+async fn time_passes(_: &mut Sim, ms: u64) {
+    tokio::time::sleep(Duration::from_millis(ms)).await;
+}
+
+#[then(regex = r#"^pod "([^"]+)" got no event saying "(.*)"$"#)]
+fn no_event_saying(w: &mut Sim, pod: String, text: String) {
+    let events = w.sim().api.events_for(&w.uid(&pod));
+    assert!(
+        !events
+            .iter()
+            .any(|e| e.message.as_deref().unwrap_or_default().contains(&text)),
+        "{events:#?}"
+    );
+}
+
+#[then(
+    regex = r#"^one of pods "([^"]+)" and "([^"]+)" is Running and the other has a Warning "([^"]+)" event saying "(.*)"$"#
+)]
+async fn one_runs_other_warned(w: &mut Sim, a: String, b: String, reason: String, text: String) {
+    let shows = |r: &Report, running: &str, warned: &str| {
+        let pod = |name: &str| r.pods.iter().find(|p| p.name == name);
+        pod(running).is_some_and(|p| p.phase == "Running")
+            && pod(warned).is_some_and(|p| {
+                p.phase == "Pending"
+                    && p.events.iter().any(|e| {
+                        e.type_ == "Warning" && e.reason == reason && e.message.contains(&text)
+                    })
+            })
+    };
+    w.wait(
+        &format!("one of {a} and {b} runs, the other is refused"),
+        |r| shows(r, &a, &b) || shows(r, &b, &a),
+    )
+    .await;
+}
+
+#[then(regex = r#"^no (\w+) for handle "([^"]+)" failed$"#)]
+fn no_failed_call(w: &mut Sim, method: String, handle: String) {
+    let calls = w.report().csi_calls;
+    let failed: Vec<_> = calls
+        .iter()
+        .filter(|c| c.method == method && c.volume_id == handle && c.code != "OK")
+        .collect();
+    assert!(failed.is_empty(), "{failed:#?}");
 }

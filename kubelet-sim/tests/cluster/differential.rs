@@ -9,6 +9,8 @@
 //! must be listed, with the release that explains it, in `kep/upstream-differences.md`: the test fails on a
 //! difference the document does not name, and prints them all.
 //!
+//! The same kit then runs the lifecycle pods (`lifecycle.rs`), compared as a user sees them.
+//!
 //! Registration is checked both ways on the real kubelet: through the kit's node-driver-registrar for the
 //! comparison, then, the sidecar stopped, through inlet's own `--registration-dir` service ([`Registrar`]),
 //! which the kubelet must accept and then serve a pod's inline volume through.
@@ -30,6 +32,8 @@ use inlet_proto::csi_call::CsiCall;
 use kit::{Kit, wait};
 
 use inlet_testkit::kit;
+
+use super::lifecycle;
 
 const BIN: &str = env!("CARGO_BIN_EXE_kubelet-sim");
 const DRIVER: &str = "local.inlet.dev";
@@ -107,8 +111,12 @@ fn serve_driver(
     });
 }
 
-/// The calls the real kubelet made.
-fn through_the_kit(kit_dir: &Path, dir: &Path, runtime: &tokio::runtime::Runtime) -> Vec<CsiCall> {
+/// The calls the real kubelet made, and what its lifecycle pods showed.
+fn through_the_kit(
+    kit_dir: &Path,
+    dir: &Path,
+    runtime: &tokio::runtime::Runtime,
+) -> (Vec<CsiCall>, BTreeMap<String, lifecycle::Observed>) {
     let mut kit = Kit::up(kit_dir, &dir.join("kit"), "containerd");
     let socket = kit
         .kubelet_dir()
@@ -156,8 +164,9 @@ fn through_the_kit(kit_dir: &Path, dir: &Path, runtime: &tokio::runtime::Runtime
     let calls = CallLog::read(&log).expect("the kit's call log");
     kit.stop(registrar);
     registers_without_the_sidecar(&kit, runtime, &socket);
+    let pods = lifecycle::on_the_kit(&kit);
     drop(kit);
-    calls
+    (calls, pods)
 }
 
 /// The same driver registered by inlet itself (`--registration-dir`'s [`Registrar`]) once the sidecar is
@@ -346,7 +355,7 @@ fn differences(kubelet: &[Normalised], sim: &[Normalised]) -> Vec<(String, Strin
 }
 
 #[test]
-fn the_kits_kubelet_and_kubelet_sim_make_the_same_csi_calls() {
+fn the_kits_kubelet_and_kubelet_sim_make_the_same_csi_calls_and_show_the_same_pods() {
     let Some(kit_dir) = kit::find() else {
         eprintln!("SKIPPED differential test: the kit is missing (set INLET_KIT)");
         return;
@@ -363,15 +372,18 @@ fn the_kits_kubelet_and_kubelet_sim_make_the_same_csi_calls() {
     }
     let dir = tempfile::tempdir().expect("temp dir");
     let runtime = tokio::runtime::Runtime::new().expect("tokio");
-    let kubelet = normalise(&through_the_kit(&kit_dir, dir.path(), &runtime));
+    let (kubelet_calls, kubelet_pods) = through_the_kit(&kit_dir, dir.path(), &runtime);
+    let kubelet = normalise(&kubelet_calls);
     let sim = normalise(&through_kubelet_sim(dir.path(), &runtime));
+    let sim_pods = lifecycle::in_kubelet_sim(dir.path(), &runtime);
     assert!(
         kubelet
             .iter()
             .any(|(_, f)| f["method"] == "NodeUnstageVolume"),
         "the kubelet's calls: {kubelet:#?}"
     );
-    let found = differences(&kubelet, &sim);
+    let mut found = differences(&kubelet, &sim);
+    found.extend(lifecycle::differences(&kubelet_pods, &sim_pods));
     let documented = std::fs::read_to_string(DIFFERENCES).expect("kep/upstream-differences.md");
     for (key, detail) in &found {
         println!("difference {key}: {detail}");

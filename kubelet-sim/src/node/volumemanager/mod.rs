@@ -126,7 +126,7 @@ impl VolumeManager {
     }
 
     /// Ok once every volume of the pod is attached (where it must be) and mounted for it; else which are
-    /// not. It does not block: the pod workers ask on each pass, and give upstream's timeout event
+    /// not. It does not block: the pod workers ask on each pass, and log upstream's timeout error
     /// themselves.
     pub fn wait_for_attach_and_mount(&self, uid: &str) -> Result<(), VolumesNotReady> {
         if !self.processed.lock().contains(uid) {

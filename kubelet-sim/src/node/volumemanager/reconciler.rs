@@ -48,6 +48,10 @@ enum Action {
     SetUp {
         unique: String,
         volume: Arc<PodVolume>,
+        /// One mount of the volume at a time, for every pod (`operation_executor.go` MountVolume keys an
+        /// attachable or device-mountable volume's mounts by the volume alone, so a ReadWriteOncePod check
+        /// sees the other pod's mount); else one per pod.
+        per_volume: bool,
     },
 }
 
@@ -98,8 +102,15 @@ impl VolumeManager {
                         me.mount_device(unique, volume, waiting)
                     });
                 }
-                Action::SetUp { unique, volume } => {
-                    let key = OpKey::volume(&unique, &volume.pod.uid);
+                Action::SetUp {
+                    unique,
+                    volume,
+                    per_volume,
+                } => {
+                    let key = match per_volume {
+                        true => OpKey::device(&unique),
+                        false => OpKey::volume(&unique, &volume.pod.uid),
+                    };
                     self.spawn_op(key, move |me| me.set_up(unique, volume));
                 }
             }
@@ -176,6 +187,7 @@ impl VolumeManager {
                     actions.push(Action::SetUp {
                         unique: unique.clone(),
                         volume: volume.clone(),
+                        per_volume: desired.attachable || desired.device_mountable,
                     });
                 }
             }
