@@ -2,7 +2,8 @@
 //! scenario's pod can end. `true`, `false`, `sleep N`, and `sh -c` scripts of `;`- or `&&`-joined
 //! commands among `exit N`, `true`, `false`, `sleep N`, `echo ...`, `cat PATH` and `test -e|-f|-d PATH`
 //! (also `[ ... ]`). Paths are read through the container's mounts, so a command can check a volume's
-//! file. Anything else runs until stopped, as before.
+//! file; `$NAME` and `${NAME}` are the container's environment variables, as a shell expands them. Anything
+//! else runs until stopped, as before.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -25,11 +26,17 @@ pub enum Outcome {
     },
 }
 
-/// The outcome of running `command` + `args` with `mounts`.
-pub fn run(command: &[String], args: &[String], mounts: &[cri::Mount]) -> Outcome {
+/// The outcome of running `command` + `args` with `mounts` and the environment `envs`.
+pub fn run(
+    command: &[String],
+    args: &[String],
+    mounts: &[cri::Mount],
+    envs: &[cri::KeyValue],
+) -> Outcome {
     let argv: Vec<&str> = command.iter().chain(args).map(String::as_str).collect();
     let mut script = Script {
         mounts,
+        envs,
         after: Duration::ZERO,
         output: Vec::new(),
     };
@@ -62,6 +69,7 @@ enum Status {
 
 struct Script<'a> {
     mounts: &'a [cri::Mount],
+    envs: &'a [cri::KeyValue],
     after: Duration,
     output: Vec<String>,
 }
@@ -75,7 +83,7 @@ impl Script<'_> {
                 if i > 0 && last != 0 {
                     break;
                 }
-                let words = split_words(command)?;
+                let words = split_words(&self.expand(command)?)?;
                 if words.is_empty() {
                     continue;
                 }
@@ -87,6 +95,43 @@ impl Script<'_> {
             }
         }
         Some(last)
+    }
+
+    /// `$NAME` and `${NAME}` replaced by the variable's value (empty when unset), as sh does outside
+    /// single quotes; None (not understood) for any other `$` use, such as `$(cmd)` or `$1`.
+    fn expand(&self, text: &str) -> Option<String> {
+        let mut out = String::with_capacity(text.len());
+        let mut rest = text;
+        let mut quoted = false;
+        while let Some(c) = rest.chars().next() {
+            rest = &rest[c.len_utf8()..];
+            if c == '\'' {
+                quoted = !quoted;
+            }
+            if c != '$' || quoted {
+                out.push(c);
+                continue;
+            }
+            let (name, after) = match rest.strip_prefix('{') {
+                Some(body) => {
+                    let end = body.find('}')?;
+                    (&body[..end], &body[end + 1..])
+                }
+                None => {
+                    let end = rest
+                        .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                        .unwrap_or(rest.len());
+                    (&rest[..end], &rest[end..])
+                }
+            };
+            if name.is_empty() || name.starts_with(|c: char| c.is_ascii_digit()) {
+                return None;
+            }
+            let value = self.envs.iter().find(|kv| kv.key == name);
+            out.push_str(value.map(|kv| kv.value.as_str()).unwrap_or_default());
+            rest = after;
+        }
+        Some(out)
     }
 
     fn command(&mut self, words: &[&str]) -> Option<Status> {
@@ -193,28 +238,55 @@ mod tests {
     #[test]
     fn small_programs_end() {
         assert_eq!(
-            run(&argv(&["true"]), &[], &[]),
+            run(&argv(&["true"]), &[], &[], &[]),
             exits(0, Duration::ZERO, &[])
         );
         assert_eq!(
-            run(&argv(&["false"]), &[], &[]),
+            run(&argv(&["false"]), &[], &[], &[]),
             exits(1, Duration::ZERO, &[])
         );
         assert_eq!(
-            run(&argv(&["sleep"]), &argv(&["0.5"]), &[]),
+            run(&argv(&["sleep"]), &argv(&["0.5"]), &[], &[]),
             exits(0, Duration::from_millis(500), &[])
         );
         assert_eq!(
-            run(&argv(&["sh", "-c", "echo 'hello there'; exit 3"]), &[], &[]),
+            run(
+                &argv(&["sh", "-c", "echo 'hello there'; exit 3"]),
+                &[],
+                &[],
+                &[]
+            ),
             exits(3, Duration::ZERO, &["hello there"])
         );
         assert_eq!(
             run(
                 &argv(&["/bin/sh", "-c"]),
                 &argv(&["false && echo no; true"]),
+                &[],
                 &[]
             ),
             exits(0, Duration::ZERO, &[])
+        );
+    }
+
+    #[test]
+    fn variables_are_the_containers_environment() {
+        let envs = [cri::KeyValue {
+            key: "GREETING".into(),
+            value: "hello".into(),
+        }];
+        assert_eq!(
+            run(
+                &argv(&[
+                    "sh",
+                    "-c",
+                    "echo $GREETING ${GREETING}-x '$GREETING' [$UNSET]"
+                ]),
+                &[],
+                &[],
+                &envs
+            ),
+            exits(0, Duration::ZERO, &["hello hello-x $GREETING []"])
         );
     }
 
@@ -223,12 +295,13 @@ mod tests {
         for words in [
             &["sleep", "infinity"][..],
             &["nginx"],
-            &["sh", "-c", "echo $HOME"],
+            &["sh", "-c", "echo $(date)"],
+            &["sh", "-c", "echo $1"],
             &["sh", "-c", "cat /x | grep y"],
             &[],
         ] {
             assert_eq!(
-                run(&argv(words), &[], &[]),
+                run(&argv(words), &[], &[], &[]),
                 Outcome::RunsUntilStopped,
                 "{words:?}"
             );
@@ -244,7 +317,7 @@ mod tests {
             host_path: dir.path().display().to_string(),
             ..Default::default()
         }];
-        let script = |text: &str| run(&argv(&["sh", "-c", text]), &[], &mounts);
+        let script = |text: &str| run(&argv(&["sh", "-c", text]), &[], &mounts, &[]);
         assert_eq!(
             script("test -f /data/index.html && cat /data/index.html"),
             exits(0, Duration::ZERO, &["hi"])

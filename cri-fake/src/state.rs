@@ -362,7 +362,7 @@ impl FakeRuntime {
             if let Some(sandbox) = s.sandboxes.get_mut(sandbox_id) {
                 sandbox.containers.push(id.clone());
             }
-            let outcome = program::run(&config.command, &config.args, &config.mounts);
+            let outcome = program::run(&config.command, &config.args, &config.mounts, &config.envs);
             s.containers.insert(
                 id.clone(),
                 Container {

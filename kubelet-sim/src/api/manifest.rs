@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::core::v1::{
-    Namespace, PersistentVolume, PersistentVolumeClaim, Pod, Secret, ServiceAccount,
+    ConfigMap, Namespace, PersistentVolume, PersistentVolumeClaim, Pod, Secret, ServiceAccount,
 };
 use k8s_openapi::api::storage::v1::CSIDriver;
 use serde_json::Value;
@@ -25,6 +25,8 @@ pub enum Object {
     Pod(Box<Pod>),
     /// A Secret.
     Secret(Box<Secret>),
+    /// A ConfigMap.
+    ConfigMap(Box<ConfigMap>),
     /// A CSIDriver.
     CsiDriver(Box<CSIDriver>),
     /// A PersistentVolume.
@@ -155,6 +157,7 @@ fn object(mut value: Value, origin: &str) -> Result<Object, ManifestError> {
     let expected = match kind.as_str() {
         "Pod"
         | "Secret"
+        | "ConfigMap"
         | "PersistentVolume"
         | "PersistentVolumeClaim"
         | "ServiceAccount"
@@ -162,7 +165,7 @@ fn object(mut value: Value, origin: &str) -> Result<Object, ManifestError> {
         "CSIDriver" => "storage.k8s.io/v1",
         other => {
             return Err(ManifestError(format!(
-                "{origin}: kind {other:?} is not supported (supported: Pod, Secret, CSIDriver, PersistentVolume, PersistentVolumeClaim, ServiceAccount, Namespace)"
+                "{origin}: kind {other:?} is not supported (supported: Pod, Secret, ConfigMap, CSIDriver, PersistentVolume, PersistentVolumeClaim, ServiceAccount, Namespace)"
             )));
         }
     };
@@ -178,6 +181,7 @@ fn object(mut value: Value, origin: &str) -> Result<Object, ManifestError> {
     Ok(match kind.as_str() {
         "Pod" => Object::Pod(Box::new(serde_json::from_value(value).map_err(typed)?)),
         "Secret" => Object::Secret(Box::new(serde_json::from_value(value).map_err(typed)?)),
+        "ConfigMap" => Object::ConfigMap(Box::new(serde_json::from_value(value).map_err(typed)?)),
         "CSIDriver" => Object::CsiDriver(Box::new(serde_json::from_value(value).map_err(typed)?)),
         "PersistentVolume" => {
             Object::PersistentVolume(Box::new(serde_json::from_value(value).map_err(typed)?))

@@ -8,7 +8,7 @@ pub mod store;
 use k8s_openapi::api::core::v1::{Event, ObjectReference, Pod, ServiceAccount};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-pub use store::{Api, ApiRead, Key, now};
+pub use store::{Api, ApiRead, Key, Kind, now};
 
 /// The reporting component of events the simulator records.
 pub const COMPONENT: &str = "kubelet-sim";

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolume, PersistentVolumeClaim, Pod, Secret};
 use k8s_openapi::api::storage::v1::{CSIDriver, VolumeAttachment};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
@@ -212,12 +212,14 @@ async fn pods(
         if let Event::Apply(pod) | Event::InitApply(pod) = &event {
             let missing = secrets::referenced(pod, &api)
                 .into_iter()
-                .filter(|(namespace, name)| {
-                    api.peek::<k8s_openapi::api::core::v1::Secret>(namespace, name)
-                        .is_none()
-                })
+                .filter(|(namespace, name)| api.peek::<Secret>(namespace, name).is_none())
                 .collect();
-            secrets::fetch(&client, &api, &missing).await;
+            secrets::fetch::<Secret>(&client, &api, &missing).await;
+            let missing = secrets::referenced_config_maps(pod)
+                .into_iter()
+                .filter(|(namespace, name)| api.peek::<ConfigMap>(namespace, name).is_none())
+                .collect();
+            secrets::fetch::<ConfigMap>(&client, &api, &missing).await;
         }
         let keep_status = |known: Option<&Pod>, mut pod: Pod| {
             if let Some(known) = known.filter(|k| k.metadata.uid == pod.metadata.uid) {
@@ -231,9 +233,9 @@ async fn pods(
     }
 }
 
-/// Keeps the embedded API's Secrets to what the pods refer to: a Secret referred to but not read yet (its
-/// pod's claim or PV arrived after the pod) is read when the API changes, again at most every few seconds
-/// while the API server has none; each minute every referenced Secret is read again (the kubelet's secret
+/// Keeps the embedded API's Secrets and ConfigMaps to what the pods refer to: one referred to but not read
+/// yet (its pod's claim or PV arrived after the pod) is read when the API changes, again at most every few
+/// seconds while the API server has none; each minute every referenced one is read again (the kubelet's
 /// cache TTL), and those no pod refers to any more are dropped.
 async fn refresh_secrets(
     client: kube::Client,
@@ -243,7 +245,7 @@ async fn refresh_secrets(
     let mut changes = api.watch();
     let mut tick = tokio::time::interval(Duration::from_secs(60));
     tick.tick().await;
-    let mut missing_since: HashMap<secrets::SecretKey, Instant> = HashMap::new();
+    let mut missing_since: (HashMap<_, Instant>, HashMap<_, Instant>) = Default::default();
     loop {
         let full = tokio::select! {
             _ = tick.tick() => true,
@@ -254,39 +256,52 @@ async fn refresh_secrets(
             _ = stop.changed() => return,
         };
         let referenced = secrets::referenced_by_all(&api);
-        let wanted: BTreeSet<_> = if full {
-            // Only here: a pod's Secrets are read just before the pod is stored, so between the two a
-            // change-driven pass would drop them.
-            secrets::forget_unreferenced(&api, &referenced);
-            missing_since.clear();
-            referenced
-        } else {
-            referenced
-                .into_iter()
-                .filter(|(namespace, name)| {
-                    api.peek::<k8s_openapi::api::core::v1::Secret>(namespace, name)
-                        .is_none()
-                })
-                .filter(|key| {
-                    missing_since
-                        .get(key)
-                        .is_none_or(|at| at.elapsed() >= RETRY_MISSING)
-                })
-                .collect()
-        };
-        if wanted.is_empty() {
-            continue;
-        }
-        secrets::fetch(&client, &api, &wanted).await;
-        for key in wanted {
-            if api
-                .peek::<k8s_openapi::api::core::v1::Secret>(&key.0, &key.1)
-                .is_none()
-            {
-                missing_since.insert(key, Instant::now());
-            }
-        }
+        refresh::<Secret>(&client, &api, referenced, full, &mut missing_since.0).await;
+        let referenced = secrets::config_maps_referenced_by_all(&api);
+        refresh::<ConfigMap>(&client, &api, referenced, full, &mut missing_since.1).await;
         // Its own changes are not news.
         changes.borrow_and_update();
+    }
+}
+
+/// One pass of [`refresh_secrets`] for one kind: on a `full` pass every `referenced` object is read again
+/// and the others dropped; else only those not held yet, each at most every [`RETRY_MISSING`].
+async fn refresh<T>(
+    client: &kube::Client,
+    api: &Arc<Api>,
+    referenced: BTreeSet<secrets::SecretKey>,
+    full: bool,
+    missing_since: &mut HashMap<secrets::SecretKey, Instant>,
+) where
+    T: crate::api::Kind
+        + kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    let wanted: BTreeSet<_> = if full {
+        // Only here: a pod's objects are read just before the pod is stored, so between the two a
+        // change-driven pass would drop them.
+        secrets::forget_unreferenced::<T>(api, &referenced);
+        missing_since.clear();
+        referenced
+    } else {
+        referenced
+            .into_iter()
+            .filter(|(namespace, name)| api.peek::<T>(namespace, name).is_none())
+            .filter(|key| {
+                missing_since
+                    .get(key)
+                    .is_none_or(|at| at.elapsed() >= RETRY_MISSING)
+            })
+            .collect()
+    };
+    if wanted.is_empty() {
+        return;
+    }
+    secrets::fetch::<T>(client, api, &wanted).await;
+    for key in wanted {
+        if api.peek::<T>(&key.0, &key.1).is_none() {
+            missing_since.insert(key, Instant::now());
+        }
     }
 }

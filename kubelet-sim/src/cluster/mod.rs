@@ -106,6 +106,13 @@ impl Cluster {
                 )
                 .await
             }
+            Object::ConfigMap(c) => {
+                apply(
+                    kube::Api::namespaced(client.clone(), &namespace(&c.metadata)),
+                    *c,
+                )
+                .await
+            }
             Object::PersistentVolumeClaim(c) => {
                 apply(
                     kube::Api::namespaced(client.clone(), &namespace(&c.metadata)),

@@ -1,22 +1,54 @@
-//! The Secrets a hollow node may read: only those its pods refer to (image pull secrets, `secret` volumes,
-//! CSI secret references), each in the namespace its reference
-//! names, as the kubelet's secret manager registers a pod's references when the pod arrives
-//! (`pkg/kubelet/secret`, `podutil.VisitPodSecretNames`) and the CSI plugin reads a PV's references
-//! (`csi_mounter.go`, `csi_attacher.go`). A Secret is read before the pod that needs it is handed to the
-//! node, and dropped from the embedded API once no pod of the node refers to it.
+//! The Secrets and ConfigMaps a hollow node may read: only those its pods refer to (Secrets: image pull
+//! secrets, `secret` volumes, CSI secret references, container environments; ConfigMaps: container
+//! environments), each in the namespace its reference names, as the kubelet's secret and configmap managers
+//! register a pod's references when the pod arrives (`pkg/kubelet/secret`, `podutil.VisitPodSecretNames`,
+//! `VisitPodConfigmapNames`) and the CSI plugin reads a PV's references (`csi_mounter.go`,
+//! `csi_attacher.go`). An object is read before the pod that needs it is handed to the node, and dropped
+//! from the embedded API once no pod of the node refers to it.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
+use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::core::v1::{
-    PersistentVolume, PersistentVolumeClaim, Pod, Secret, SecretReference,
+    Container, PersistentVolume, PersistentVolumeClaim, Pod, SecretReference,
 };
 
-use crate::api::Api;
 use crate::api::manifest::draft_fields;
+use crate::api::{Api, Kind};
 
-/// A Secret's namespace and name.
+/// An object's namespace and name.
 pub type SecretKey = (String, String);
+
+/// Every container of the pod, init containers first.
+fn containers(pod: &Pod) -> impl Iterator<Item = &Container> {
+    let spec = pod.spec.as_ref();
+    let init = spec
+        .and_then(|s| s.init_containers.as_deref())
+        .unwrap_or_default();
+    init.iter()
+        .chain(spec.map(|s| s.containers.as_slice()).unwrap_or_default())
+}
+
+/// The ConfigMaps `pod`'s containers take environment variables from (`envFrom`, `configMapKeyRef`), in its
+/// namespace.
+pub fn referenced_config_maps(pod: &Pod) -> BTreeSet<SecretKey> {
+    let namespace = pod.metadata.namespace.clone().unwrap_or_default();
+    let mut keys = BTreeSet::new();
+    for container in containers(pod) {
+        let from = container.env_from.iter().flatten();
+        let names = from.filter_map(|f| f.config_map_ref.as_ref().map(|r| r.name.clone()));
+        let keyed = container.env.iter().flatten().filter_map(|e| {
+            let r = e.value_from.as_ref()?.config_map_key_ref.as_ref()?;
+            Some(r.name.clone())
+        });
+        for name in names.chain(keyed) {
+            keys.insert((namespace.clone(), name));
+        }
+    }
+    keys.retain(|(_, name)| !name.is_empty());
+    keys
+}
 
 /// The Secrets `pod` refers to: its image pull secrets, its `secret` volumes and its inline CSI volumes'
 /// `nodePublishSecretRef` (in its own namespace), and the node-side secret references of the CSI PVs its
@@ -27,6 +59,17 @@ pub fn referenced(pod: &Pod, api: &Api) -> BTreeSet<SecretKey> {
     let Some(spec) = &pod.spec else { return keys };
     for secret in spec.image_pull_secrets.iter().flatten() {
         keys.insert((namespace.clone(), secret.name.clone()));
+    }
+    for container in containers(pod) {
+        let from = container.env_from.iter().flatten();
+        let names = from.filter_map(|f| f.secret_ref.as_ref().map(|r| r.name.clone()));
+        let keyed = container.env.iter().flatten().filter_map(|e| {
+            let r = e.value_from.as_ref()?.secret_key_ref.as_ref()?;
+            Some(r.name.clone())
+        });
+        for name in names.chain(keyed) {
+            keys.insert((namespace.clone(), name));
+        }
     }
     for volume in spec.volumes.iter().flatten() {
         if let Some(name) = volume.secret.as_ref().and_then(|s| s.secret_name.clone()) {
@@ -75,28 +118,44 @@ pub fn referenced_by_all(api: &Api) -> BTreeSet<SecretKey> {
         .collect()
 }
 
-/// Reads the Secrets `keys` from the API server into the embedded API (one GET each; a missing one is
-/// removed, and the node's mount reports it as the kubelet does). Errors are logged, never their data.
-pub async fn fetch(client: &kube::Client, api: &Arc<Api>, keys: &BTreeSet<SecretKey>) {
+/// Every ConfigMap the pods in the embedded API refer to.
+pub fn config_maps_referenced_by_all(api: &Api) -> BTreeSet<SecretKey> {
+    api.list::<Pod>()
+        .iter()
+        .flat_map(|pod| referenced_config_maps(pod))
+        .collect()
+}
+
+/// Reads the objects `keys` (Secrets or ConfigMaps) from the API server into the embedded API (one GET
+/// each; a missing one is removed, and the node reports it as the kubelet does). Errors are logged, never
+/// their data.
+pub async fn fetch<T>(client: &kube::Client, api: &Arc<Api>, keys: &BTreeSet<SecretKey>)
+where
+    T: Kind
+        + kube::Resource<Scope = NamespaceResourceScope, DynamicType = ()>
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
     for (namespace, name) in keys {
-        let secrets = kube::Api::<Secret>::namespaced(client.clone(), namespace);
-        match secrets.get_opt(name).await {
-            Ok(Some(secret)) => api.put(secret),
-            Ok(None) => drop(api.remove::<Secret>(namespace, name)),
-            Err(e) => tracing::warn!(namespace, name, "reading a secret: {e}"),
+        let objects = kube::Api::<T>::namespaced(client.clone(), namespace);
+        match objects.get_opt(name).await {
+            Ok(Some(object)) => api.put(object),
+            Ok(None) => drop(api.remove::<T>(namespace, name)),
+            Err(e) => tracing::warn!(namespace, name, kind = T::KIND, "reading an object: {e}"),
         }
     }
 }
 
-/// Drops from the embedded API every Secret no pod refers to any more.
-pub fn forget_unreferenced(api: &Api, referenced: &BTreeSet<SecretKey>) {
-    for secret in api.list::<Secret>() {
+/// Drops from the embedded API every object of its kind no pod refers to any more.
+pub fn forget_unreferenced<T: Kind>(api: &Api, referenced: &BTreeSet<SecretKey>) {
+    for object in api.list::<T>() {
+        let meta = object.metadata();
         let key = (
-            secret.metadata.namespace.clone().unwrap_or_default(),
-            secret.metadata.name.clone().unwrap_or_default(),
+            meta.namespace.clone().unwrap_or_default(),
+            meta.name.clone().unwrap_or_default(),
         );
         if !referenced.contains(&key) {
-            api.remove::<Secret>(&key.0, &key.1);
+            api.remove::<T>(&key.0, &key.1);
         }
     }
 }

@@ -1,11 +1,13 @@
 //! A container's CRI mounts (`kubelet_pods.go` makeMounts): each volumeMount's volume dir from the volume
-//! manager, or the bind of its subPath, read-only when the mount or the volume says so.
+//! manager, or the bind of its subPath (or of its `subPathExpr`, expanded with the container's
+//! environment), read-only when the mount or the volume says so.
 
 use std::path::{Component, Path, PathBuf};
 
 use inlet_proto::runtime::v1 as cri;
 use k8s_openapi::api::core::v1::Container;
 
+use super::env::{Env, expand_sub_path};
 use super::{Kubelet, subpath};
 
 impl Kubelet {
@@ -17,6 +19,7 @@ impl Kubelet {
         &self,
         uid: &str,
         container: &Container,
+        env: &Env,
     ) -> Result<Vec<cri::Mount>, String> {
         let volumes = self.volumes.mounted_volumes_for_pod(uid);
         let pod_dir = self.config.root.join("pods").join(uid);
@@ -29,7 +32,12 @@ impl Kubelet {
                 )
             })?;
             let dir = volume.path.clone();
-            let host_path = match mount.sub_path.as_deref().filter(|s| !s.is_empty()) {
+            // A subPathExpr is the subPath its variables expand to, checked as one.
+            let expanded = match mount.sub_path_expr.as_deref().filter(|e| !e.is_empty()) {
+                Some(expr) => Some(expand_sub_path(expr, env)?),
+                None => mount.sub_path.clone(),
+            };
+            let host_path = match expanded.as_deref().filter(|s| !s.is_empty()) {
                 None => dir,
                 Some(sub) => {
                     check_sub_path(sub)?;

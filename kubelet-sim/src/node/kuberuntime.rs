@@ -14,6 +14,7 @@ use k8s_openapi::api::core::v1::{Container, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::Kubelet;
+use super::env::expand_words;
 use super::pod_worker::{PodRuntime, PodState};
 use super::status::is_sidecar;
 
@@ -298,9 +299,12 @@ impl Kubelet {
         attempt: u32,
     ) -> Result<ContainerReport, StartError> {
         let uid = pod.metadata.uid.clone().unwrap_or_default();
+        // `generateContainerConfig`: the environment first, then the mounts (a subPathExpr reads it).
+        let config_error = StartError::reason("CreateContainerConfigError");
+        let env = self.environment(pod, container).map_err(&config_error)?;
         let mounts = self
-            .container_mounts(&uid, container)
-            .map_err(StartError::reason("CreateContainerConfigError"))?;
+            .container_mounts(&uid, container, &env)
+            .map_err(&config_error)?;
         let config = cri::ContainerConfig {
             metadata: Some(cri::ContainerMetadata {
                 name: container.name.clone(),
@@ -310,19 +314,12 @@ impl Kubelet {
                 image: container.image.clone().unwrap_or_default(),
                 ..Default::default()
             }),
-            command: container.command.clone().unwrap_or_default(),
-            args: container.args.clone().unwrap_or_default(),
+            command: expand_words(container.command.as_deref().unwrap_or_default(), &env),
+            args: expand_words(container.args.as_deref().unwrap_or_default(), &env),
             working_dir: container.working_dir.clone().unwrap_or_default(),
-            envs: container
-                .env
-                .iter()
-                .flatten()
-                .filter_map(|e| {
-                    e.value.clone().map(|value| cri::KeyValue {
-                        key: e.name.clone(),
-                        value,
-                    })
-                })
+            envs: env
+                .into_iter()
+                .map(|(key, value)| cri::KeyValue { key, value })
                 .collect(),
             mounts,
             // The pod's labels too, as `newContainerLabels` sets them: the relist finds a container's pod.

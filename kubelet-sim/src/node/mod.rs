@@ -11,6 +11,7 @@
 //!   the regular ones; `startContainer`), and the sandboxes a previous kubelet left; `images.rs`: the image
 //!   manager (`EnsureImageExists`).
 //! - `container_mounts.rs`: a container's CRI mounts (`makeMounts`), subPaths checked and bound.
+//! - `env.rs`: a container's environment (`makeEnvironmentVariables`) and `$(VAR)` expansion.
 //! - `containers.rs`: the relist of exited containers, restarts with back-off, the next init container.
 //! - `subpath.rs`: subPath binds under `volume-subpaths`, made without following symlinks, and their cleanup.
 //! - `kubelet_volumes.rs`: orphaned pod directories removed once nothing of theirs is mounted.
@@ -19,6 +20,7 @@
 
 mod container_mounts;
 mod containers;
+mod env;
 pub mod host;
 mod images;
 mod kubelet_volumes;

@@ -109,6 +109,12 @@ impl Simulation {
             Object::Secret(secret) => self
                 .api
                 .put(self.admission.admit_secret(*secret).map_err(|e| e.0)?),
+            Object::ConfigMap(mut cm) => {
+                cm.metadata
+                    .namespace
+                    .get_or_insert_with(|| "default".into());
+                self.api.put(*cm);
+            }
             Object::CsiDriver(driver) => self
                 .api
                 .put(self.admission.admit_csi_driver(*driver).map_err(|e| e.0)?),
