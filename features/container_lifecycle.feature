@@ -80,8 +80,8 @@ Feature: Containers run to completion
 
   Scenario: A runtime call that hangs past the runtime request timeout fails, and is retried
     The kubelet gives each RuntimeService call its runtimeRequestTimeout (2 min upstream, 500 ms here);
-    a call that hangs past it is abandoned with DEADLINE_EXCEEDED, the half-started sandbox is removed, and
-    the pod is started again.
+    a call that hangs past it is abandoned with DEADLINE_EXCEEDED, and the container is created again in
+    the pod's sandbox after the pod workers' back-off.
     Given the runtime hangs 3000ms in CreateContainer once
     And the manifests:
       """

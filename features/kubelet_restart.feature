@@ -134,7 +134,7 @@ Feature: Kubelet restarts and several nodes
         containers: [{name: app, image: busybox, volumeMounts: [{name: data, mountPath: /data}]}]
         volumes: [{name: data, csi: {driver: local.inlet.dev}}]
       """
-    Then pod "during" has a Warning "Failed" event saying "Failed to pull image "busybox": rpc error: code = Unavailable"
+    Then pod "during" has a Warning "FailedCreatePodSandBox" event saying "Failed to create pod sandbox: rpc error: code = Unavailable"
     And pod "during" is Pending
     When the runtime starts again
     Then pod "during" is Running

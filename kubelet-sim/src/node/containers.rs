@@ -109,26 +109,16 @@ impl Kubelet {
             }
         }
         if let Some(sandbox_id) = sandbox_id {
-            for report in containers.iter_mut() {
+            // A container that ran is restarted; one never created is `start_next`'s.
+            for report in containers.iter_mut().filter(|r| !r.id.is_empty()) {
                 if report.restart_at.is_some_and(|at| at <= Instant::now()) {
                     changed |= self.restart(pod, &sandbox_id, report).await;
                 }
             }
             let config = self.sandbox_config(pod);
-            match self
+            changed |= self
                 .start_next(pod, &sandbox_id, &config, &mut containers)
-                .await
-            {
-                Ok(started) => changed |= started,
-                Err((_, e)) => {
-                    self.api.record_event(
-                        pod,
-                        "Warning",
-                        "Failed",
-                        &format!("Error: {}", e.message),
-                    );
-                }
-            }
+                .await;
         }
         if !changed {
             return;
@@ -232,9 +222,16 @@ impl Kubelet {
             }
             Err(e) => {
                 self.api
-                    .record_event(pod, "Warning", "Failed", &format!("Error: {}", e.message));
+                    .record_event(pod, "Warning", "Failed", &format!("Error: {}", e.event()));
+                // It waits with the error's reason, and is tried again after the pod workers' back-off.
+                if report.state == ContainerState::Terminated {
+                    report.last_state = Some(terminated_run(report));
+                }
+                report.state = ContainerState::Waiting;
+                report.reason = e.reason.into();
+                report.message = e.message;
                 report.restart_at = Some(Instant::now() + self.config.containers.backoff.initial);
-                false
+                true
             }
         }
     }
@@ -331,8 +328,9 @@ fn done_for_good(pod: &Pod, containers: &[ContainerReport]) -> bool {
     })
 }
 
-/// Go's `time.Duration` text for the back-off message: `10s`, `1m20s`, `5m0s`, `500ms`.
-fn go_duration(d: Duration) -> String {
+/// Go's `time.Duration` text, to the millisecond (back-off messages, pull times): `10s`, `1m20s`,
+/// `5m0s`, `500ms`, `1.5s`.
+pub(super) fn go_duration(d: Duration) -> String {
     if d < Duration::from_secs(1) {
         return format!("{}ms", d.as_millis());
     }

@@ -1,10 +1,14 @@
 //! The image manager (`pkg/kubelet/images/image_manager.go` EnsureImageExists): a container's image made
-//! present per its pull policy, with upstream's events. Whether a cached image may be used (KEP-2535) and
-//! how a pull runs are the node's one [`Puller`]'s, shared with image volumes and the in-process image
-//! drivers; this file turns its answers into the kubelet's events.
+//! present per its pull policy before each start of the container, with upstream's events and errors.
+//! Whether a cached image may be used (KEP-2535) and how a pull runs are the node's one [`Puller`]'s,
+//! shared with image volumes and the in-process image drivers; this file turns its answers into the
+//! kubelet's events, and keeps the pull back-off: after a failed pull, the pod's next pulls of that image
+//! wait (10 s doubling to 5 min upstream, keyed by pod and image) with `ImagePullBackOff` and the last
+//! failure's message.
 
+use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use inlet_image::auth::{self, Credentials};
 use inlet_image::pull::{Decision, PullError, PullPolicy, PullRequest, Puller};
@@ -13,29 +17,62 @@ use inlet_volume::PodInfo;
 use k8s_openapi::api::core::v1::{Container, Pod, Secret};
 use tonic::transport::Channel;
 
+use super::BackoffPolicy;
+use super::containers::go_duration;
 use crate::api::Api;
+
+/// Why a container's image is not there: the container's waiting reason, and the message beside it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImageError {
+    /// `ErrImageNeverPull`, `ErrImagePull` or `ImagePullBackOff`.
+    pub reason: &'static str,
+    /// Upstream's message.
+    pub message: String,
+}
+
+/// One pod's back-off for one image (`flowcontrol.Backoff` entry), with the failure that started it.
+struct PullBackOff {
+    delay: Duration,
+    updated: Instant,
+    last_error: String,
+}
 
 /// Makes containers' images present.
 pub struct ImageManager {
     api: Arc<Api>,
     cri: ImageServiceClient<Channel>,
     puller: Arc<Puller>,
+    backoff: BackoffPolicy,
+    /// By `<pod uid>_<image>`, as upstream keys it.
+    backoffs: parking_lot::Mutex<HashMap<String, PullBackOff>>,
 }
 
 impl ImageManager {
-    /// An image manager over the runtime's ImageService and the node's puller.
-    pub fn new(api: Arc<Api>, cri: ImageServiceClient<Channel>, puller: Arc<Puller>) -> Self {
-        Self { api, cri, puller }
+    /// An image manager over the runtime's ImageService and the node's puller, backing off failed pulls
+    /// per `backoff`.
+    pub fn new(
+        api: Arc<Api>,
+        cri: ImageServiceClient<Channel>,
+        puller: Arc<Puller>,
+        backoff: BackoffPolicy,
+    ) -> Self {
+        Self {
+            api,
+            cri,
+            puller,
+            backoff,
+            backoffs: Default::default(),
+        }
     }
 
-    /// True once `container`'s image is present and the pod may use it; else the pod has upstream's event
-    /// (`ErrImageNeverPull`, or `Failed` with the runtime's answer) and its start is retried.
+    /// Ok once `container`'s image is present and the pod may use it; else the container waits with the
+    /// error's reason, the pod has upstream's event, and the start is tried again later.
     pub async fn ensure_image_exists(
         &self,
         pod: &Pod,
         container: &Container,
         sandbox: &cri::PodSandboxConfig,
-    ) -> bool {
+    ) -> Result<(), ImageError> {
         let image = container.image.clone().unwrap_or_default();
         let request = PullRequest {
             image: image.clone(),
@@ -65,7 +102,7 @@ impl ImageManager {
                     "Container image {image:?} already present on machine and can be accessed by the pod"
                 );
                 self.api.record_event(pod, "Normal", "Pulled", &message);
-                true
+                Ok(())
             }
             // Absent, or present but this pod has not shown the credentials it was pulled with, and
             // Never forbids a pull to show them: upstream answers the same for both.
@@ -74,29 +111,87 @@ impl ImageManager {
                     format!("Container image {image:?} is not present with pull policy of Never");
                 self.api
                     .record_event(pod, "Warning", "ErrImageNeverPull", &message);
-                false
+                Err(ImageError {
+                    reason: "ErrImageNeverPull",
+                    message,
+                })
             }
-            Decision::Pull => {
-                self.api.record_event(
-                    pod,
-                    "Normal",
-                    "Pulling",
-                    &format!("Pulling image {image:?}"),
+            Decision::Pull => self.pull(pod, &request).await,
+        }
+    }
+
+    /// `pullImage`: unless the pod is backing off this image, Pulling, the pull, then Pulled with its
+    /// times and size, or Failed and a longer back-off.
+    async fn pull(&self, pod: &Pod, request: &PullRequest) -> Result<(), ImageError> {
+        let image = &request.image;
+        let key = format!(
+            "{}_{image}",
+            pod.metadata.uid.as_deref().unwrap_or_default()
+        );
+        if let Some(last_error) = self.backing_off(&key) {
+            let message = format!("Back-off pulling image {image:?}");
+            self.api.record_event(pod, "Normal", "BackOff", &message);
+            return Err(ImageError {
+                reason: "ImagePullBackOff",
+                message: format!("{message}: {last_error}"),
+            });
+        }
+        self.api.record_event(
+            pod,
+            "Normal",
+            "Pulling",
+            &format!("Pulling image {image:?}"),
+        );
+        let started = Instant::now();
+        match self.puller.pull(request).await {
+            Ok(pulled) => {
+                self.backoffs.lock().remove(&key);
+                let message = format!(
+                    "Successfully pulled image {image:?} in {} ({} including waiting). Image size: {} bytes.",
+                    go_duration(pulled.pull_duration),
+                    go_duration(started.elapsed()),
+                    pulled.size
                 );
-                match self.puller.pull(&request).await {
-                    Ok(_) => {
-                        let message = format!("Successfully pulled image {image:?}");
-                        self.api.record_event(pod, "Normal", "Pulled", &message);
-                        true
-                    }
-                    Err(e) => {
-                        let message = format!("Failed to pull image {image:?}: {}", shown(&e));
-                        self.api.record_event(pod, "Warning", "Failed", &message);
-                        false
-                    }
-                }
+                self.api.record_event(pod, "Normal", "Pulled", &message);
+                Ok(())
+            }
+            Err(e) => {
+                let shown = shown(&e);
+                let message = format!("Failed to pull image {image:?}: {shown}");
+                self.api.record_event(pod, "Warning", "Failed", &message);
+                self.failed(&key, format!("ErrImagePull: {shown}"));
+                Err(ImageError {
+                    reason: "ErrImagePull",
+                    message: shown,
+                })
             }
         }
+    }
+
+    /// The last failure's text while `key` backs off (`IsInBackOffSinceUpdate`); entries untouched for
+    /// twice the maximum are forgotten.
+    fn backing_off(&self, key: &str) -> Option<String> {
+        let mut backoffs = self.backoffs.lock();
+        backoffs.retain(|_, b| b.updated.elapsed() <= 2 * self.backoff.max);
+        let entry = backoffs.get(key)?;
+        (entry.updated.elapsed() < entry.delay).then(|| entry.last_error.clone())
+    }
+
+    /// A failed pull lengthens the back-off (`Backoff.Next`).
+    fn failed(&self, key: &str, error: String) {
+        let mut backoffs = self.backoffs.lock();
+        let delay = match backoffs.get(key) {
+            Some(b) => (b.delay * 2).min(self.backoff.max),
+            None => self.backoff.initial,
+        };
+        backoffs.insert(
+            key.to_string(),
+            PullBackOff {
+                delay,
+                updated: Instant::now(),
+                last_error: error,
+            },
+        );
     }
 
     /// The credentials of the pod's `imagePullSecrets` (read from its namespace) that apply to `image`;

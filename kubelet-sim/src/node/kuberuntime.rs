@@ -100,8 +100,9 @@ pub struct TerminatedRun {
 /// Why a container could not be started: the waiting reason kuberuntime gives it, and the event's text.
 #[derive(Debug)]
 pub struct StartError {
-    /// `CreateContainerConfigError` (its mounts could not be made), `CreateContainerError` or
-    /// `RunContainerError` (the runtime refused).
+    /// `ErrImagePull`, `ImagePullBackOff` or `ErrImageNeverPull` (its image), `CreateContainerConfigError`
+    /// (its environment or mounts could not be made), `CreateContainerError` or `RunContainerError` (the
+    /// runtime refused).
     pub reason: &'static str,
     /// What went wrong, for the pod's `Failed` event.
     pub message: String,
@@ -110,6 +111,15 @@ pub struct StartError {
 impl StartError {
     fn reason(reason: &'static str) -> impl Fn(String) -> Self {
         move |message| Self { reason, message }
+    }
+
+    /// What the `Failed` event says after `Error: `: the error's message, or for an image error its
+    /// reason alone (`Error: ErrImagePull`), as `startContainer` records the image manager's error.
+    pub fn event(&self) -> &str {
+        match self.reason {
+            "ErrImagePull" | "ImagePullBackOff" | "ErrImageNeverPull" => self.reason,
+            _ => &self.message,
+        }
     }
 }
 
@@ -125,9 +135,10 @@ pub struct MountReport {
 }
 
 impl Kubelet {
-    /// Starts a pod whose volumes are mounted, as `SyncPod` does for a new pod (`computePodActions`): images,
+    /// Starts a pod whose volumes are mounted, as `SyncPod` does for a new pod (`computePodActions`):
     /// RunPodSandbox, then the first init container, or the regular containers when there is none (see
-    /// [`Kubelet::start_next`]). A failure leaves nothing half-started and is retried after backoff.
+    /// [`Kubelet::start_next`]). A sandbox that cannot be made is retried after backoff; a container that
+    /// cannot start waits in the sandbox and is tried again, as upstream keeps the sandbox.
     ///
     /// Every pod waiting to start holds this future, so the calls it awaits are boxed: a pending start
     /// costs a few hundred bytes, not the largest CRI call's state (16 KB), which adds up over thousands
@@ -135,14 +146,6 @@ impl Kubelet {
     pub(super) async fn start(self: Arc<Self>, pod: Arc<Pod>) -> bool {
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         let sandbox_config = self.sandbox_config(&pod);
-        for container in all_containers(&pod) {
-            let ensured = self
-                .images
-                .ensure_image_exists(&pod, container, &sandbox_config);
-            if !Box::pin(ensured).await {
-                return false;
-            }
-        }
         let request = cri::RunPodSandboxRequest {
             config: Some(sandbox_config.clone()),
             runtime_handler: String::new(),
@@ -158,38 +161,7 @@ impl Kubelet {
         };
         inlet_host::crash::point("pod.sandbox-started");
         let mut reports = Vec::new();
-        if let Err((container, e)) =
-            Box::pin(self.start_next(&pod, &sandbox_id, &sandbox_config, &mut reports)).await
-        {
-            self.api
-                .record_event(&pod, "Warning", "Failed", &format!("Error: {}", e.message));
-            reports.push(ContainerReport {
-                name: container.name.clone(),
-                state: ContainerState::Waiting,
-                reason: e.reason.into(),
-                message: e.message,
-                init: is_init(&pod, &container.name),
-                ..Default::default()
-            });
-            // Leave nothing half-started: the next attempt starts from a clean sandbox.
-            // (RemovePodSandbox removes the containers in it.)
-            let mut runtime = self.cri.runtime.clone();
-            let _ = Box::pin(runtime.stop_pod_sandbox(cri::StopPodSandboxRequest {
-                pod_sandbox_id: sandbox_id.clone(),
-            }))
-            .await;
-            let _ = Box::pin(runtime.remove_pod_sandbox(cri::RemovePodSandboxRequest {
-                pod_sandbox_id: sandbox_id.clone(),
-            }))
-            .await;
-            let waiting: Vec<ContainerReport> =
-                reports.into_iter().filter(|r| r.id.is_empty()).collect();
-            if let Some(rt) = self.pods.lock().get_mut(&uid) {
-                rt.containers = waiting.clone();
-            }
-            self.set_status(&pod, &waiting, false);
-            return false;
-        }
+        Box::pin(self.start_next(&pod, &sandbox_id, &sandbox_config, &mut reports)).await;
         // Record the containers before the status says Running, so whoever sees Running finds them.
         if let Some(rt) = self.pods.lock().get_mut(&uid) {
             rt.state = PodState::Running;
@@ -202,30 +174,56 @@ impl Kubelet {
 
     /// `computePodActions`' containers to start, started: init containers one at a time in order (a
     /// regular one must have completed before the next starts; a sidecar, `restartPolicy: Always`, only
-    /// started), then every regular container not started yet. Their reports are added to `reports`; the
-    /// first that fails to start is returned with its error.
+    /// started), then every regular container not started yet. A container that fails to start waits
+    /// with its error's reason (the `Failed` event says why) and is tried again after the pod workers'
+    /// back-off (`backOffPeriod`, 10 s upstream); the others go on. Reports are updated in `reports`;
+    /// returns whether any changed.
     pub(super) async fn start_next(
         &self,
         pod: &Pod,
         sandbox_id: &str,
         sandbox_config: &cri::PodSandboxConfig,
         reports: &mut Vec<ContainerReport>,
-    ) -> Result<bool, (Container, StartError)> {
-        let mut started = false;
+    ) -> bool {
+        let mut changed = false;
         loop {
             let next = next_to_start(pod, reports);
             if next.is_empty() {
-                return Ok(started);
+                return changed;
             }
+            changed = true;
+            let mut started = false;
             for container in next {
                 let init = is_init(pod, &container.name);
-                match Box::pin(self.start_container(pod, container, sandbox_id, sandbox_config, 0))
-                    .await
-                {
-                    Ok(report) => reports.push(ContainerReport { init, ..report }),
-                    Err(e) => return Err((container.clone(), e)),
+                let attempt = self.start_container(pod, container, sandbox_id, sandbox_config, 0);
+                let report = match Box::pin(attempt).await {
+                    Ok(report) => {
+                        started = true;
+                        ContainerReport { init, ..report }
+                    }
+                    Err(e) => {
+                        let event = format!("Error: {}", e.event());
+                        self.api.record_event(pod, "Warning", "Failed", &event);
+                        ContainerReport {
+                            name: container.name.clone(),
+                            state: ContainerState::Waiting,
+                            reason: e.reason.into(),
+                            message: e.message,
+                            init,
+                            restart_at: Some(
+                                Instant::now() + self.config.containers.backoff.initial,
+                            ),
+                            ..Default::default()
+                        }
+                    }
+                };
+                match reports.iter_mut().find(|r| r.name == container.name) {
+                    Some(slot) => *slot = report,
+                    None => reports.push(report),
                 }
-                started = true;
+            }
+            if !started {
+                return changed;
             }
         }
     }
@@ -299,6 +297,15 @@ impl Kubelet {
         attempt: u32,
     ) -> Result<ContainerReport, StartError> {
         let uid = pod.metadata.uid.clone().unwrap_or_default();
+        // Step 1 of `startContainer`, at every start: the image per its pull policy (a restart re-checks
+        // the pod's credentials, and a tag that moved is pulled again under `Always`).
+        let ensured = self
+            .images
+            .ensure_image_exists(pod, container, sandbox_config);
+        Box::pin(ensured).await.map_err(|e| StartError {
+            reason: e.reason,
+            message: e.message,
+        })?;
         // `generateContainerConfig`: the environment first, then the mounts (a subPathExpr reads it).
         let config_error = StartError::reason("CreateContainerConfigError");
         let env = self.environment(pod, container).map_err(&config_error)?;
@@ -578,15 +585,25 @@ pub(super) fn is_init(pod: &Pod, name: &str) -> bool {
 
 /// What `computePodActions` starts next, given the containers already created: the first init container
 /// not created yet (a regular one only once those before it completed), else every regular container not
-/// created yet once every regular init container completed.
+/// created yet once every regular init container completed. One whose creation failed counts as not
+/// created once its retry is due.
 pub(super) fn next_to_start<'a>(pod: &'a Pod, reports: &[ContainerReport]) -> Vec<&'a Container> {
     let Some(spec) = pod.spec.as_ref() else {
         return Vec::new();
     };
+    // A container that failed to be created is tried again once its wait is over.
+    let due = |r: &ContainerReport| r.restart_at.is_none_or(|at| at <= Instant::now());
     for container in spec.init_containers.iter().flatten() {
         let Some(report) = reports.iter().find(|r| r.name == container.name) else {
             return vec![container];
         };
+        if report.id.is_empty() {
+            return if due(report) {
+                vec![container]
+            } else {
+                Vec::new()
+            };
+        }
         let completed = report.state == ContainerState::Terminated && report.exit_code == Some(0);
         if !is_sidecar(container) && !completed {
             // Running, or failed and waiting for its restart: nothing after it starts yet.
@@ -595,7 +612,10 @@ pub(super) fn next_to_start<'a>(pod: &'a Pod, reports: &[ContainerReport]) -> Ve
     }
     spec.containers
         .iter()
-        .filter(|c| !reports.iter().any(|r| r.name == c.name))
+        .filter(|c| match reports.iter().find(|r| r.name == c.name) {
+            None => true,
+            Some(r) => r.id.is_empty() && due(r),
+        })
         .collect()
 }
 

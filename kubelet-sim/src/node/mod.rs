@@ -256,7 +256,12 @@ impl Kubelet {
         );
         Arc::new(Self {
             pod_ops: Mutex::new(Operations::new(config.backoff)),
-            images: ImageManager::new(Arc::clone(&api), cri.image.clone(), puller),
+            images: ImageManager::new(
+                Arc::clone(&api),
+                cri.image.clone(),
+                puller,
+                config.containers.backoff,
+            ),
             volumes: Arc::new(volumes),
             config,
             api,

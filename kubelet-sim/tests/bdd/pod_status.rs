@@ -312,3 +312,19 @@ fn no_failed_call(w: &mut Sim, method: String, handle: String) {
         .collect();
     assert!(failed.is_empty(), "{failed:#?}");
 }
+
+#[then(regex = r#"^pod "([^"]+)" has had at least (\d+) "([^"]+)" events$"#)]
+async fn event_count(w: &mut Sim, pod: String, times: i32, reason: String) {
+    w.wait(&format!("pod {pod} has had {times} {reason} events"), |r| {
+        r.pods.iter().any(|p| {
+            p.name == pod
+                && p.events
+                    .iter()
+                    .filter(|e| e.reason == reason)
+                    .map(|e| e.count)
+                    .sum::<i32>()
+                    >= times
+        })
+    })
+    .await;
+}

@@ -214,6 +214,10 @@ pub struct Pulled {
     pub id: String,
     /// True when this call pulled (or took the result of a pull); false when the cached image was used.
     pub pulled: bool,
+    /// How long the pull itself took (from its start, which may be another caller's, to its end).
+    pub pull_duration: Duration,
+    /// The image's size as the runtime reports it (`Image.size`), in bytes.
+    pub size: u64,
 }
 
 type Outcome = Option<Result<(String, Option<String>), PullError>>;
@@ -300,7 +304,12 @@ impl Puller {
     pub async fn ensure(&self, request: &PullRequest) -> Result<Pulled, PullError> {
         let present = self.status(&request.image).await?;
         match self.decide(request, present.as_deref()) {
-            Decision::UseCached(id) => Ok(Pulled { id, pulled: false }),
+            Decision::UseCached(id) => Ok(Pulled {
+                id,
+                pulled: false,
+                pull_duration: Duration::ZERO,
+                size: 0,
+            }),
             Decision::Refused(e) => Err(e),
             Decision::Pull => match self.pull(request).await {
                 Err(PullError::Unauthorized { message, .. }) if present.is_some() => {
@@ -344,24 +353,36 @@ impl Puller {
     /// a running pull of the same image and credentials; waits at most `request.wait`.
     pub async fn pull(&self, request: &PullRequest) -> Result<Pulled, PullError> {
         self.intend_pull(&request.image)?;
-        let (id, fingerprint) = self.join_pull(request).await?;
+        let (id, fingerprint, pull_duration) = self.join_pull(request).await?;
         // PullImage's `image_ref` is the image id on containerd but `repository@digest` on CRI-O: the id
         // the store and the credential record know comes from ImageStatus. Recording credentials under
         // the reference instead would leave a private image pulled on CRI-O unrecorded, so served to
         // pods without them as if preloaded.
-        let id = self.status(&id).await?.unwrap_or(id);
+        let image = self.image(&id).await?;
+        let size = image.as_ref().map(|i| i.size).unwrap_or_default();
+        let id = image.map(|i| i.id).unwrap_or(id);
         self.remember(&request.image, &id, fingerprint);
-        Ok(Pulled { id, pulled: true })
+        Ok(Pulled {
+            id,
+            pulled: true,
+            pull_duration,
+            size,
+        })
     }
 
     /// The id of the image if the runtime has it.
     async fn status(&self, image: &str) -> Result<Option<String>, PullError> {
+        Ok(self.image(image).await?.map(|i| i.id))
+    }
+
+    /// The image as the runtime has it (ImageStatus), if it has it.
+    async fn image(&self, image: &str) -> Result<Option<cri::Image>, PullError> {
         let request = cri::ImageStatusRequest {
             image: Some(image_spec(image)),
             verbose: false,
         };
         match self.cri.clone().image_status(request).await {
-            Ok(r) => Ok(r.into_inner().image.map(|i| i.id)),
+            Ok(r) => Ok(r.into_inner().image),
             Err(s) => Err(classify(image, s)),
         }
     }
@@ -415,7 +436,7 @@ impl Puller {
     async fn join_pull(
         &self,
         request: &PullRequest,
-    ) -> Result<(String, Option<String>), PullError> {
+    ) -> Result<(String, Option<String>, Duration), PullError> {
         let salt = self.salt();
         let fingerprints: Vec<String> = request
             .credentials
@@ -452,7 +473,7 @@ impl Puller {
                 let outcome = outcome.unwrap_or_else(|| unreachable_outcome(&request.image));
                 // The result is taken once; the next caller starts afresh (a failed pull is retried).
                 self.running.lock().remove(&key);
-                outcome
+                outcome.map(|(id, fingerprint)| (id, fingerprint, started.elapsed()))
             }
             Ok(Err(_)) => {
                 self.running.lock().remove(&key);
