@@ -30,24 +30,42 @@ fn containers(pod: &Pod) -> impl Iterator<Item = &Container> {
         .chain(spec.map(|s| s.containers.as_slice()).unwrap_or_default())
 }
 
-/// The ConfigMaps `pod`'s containers take environment variables from (`envFrom`, `configMapKeyRef`), in its
-/// namespace.
-pub fn referenced_config_maps(pod: &Pod) -> BTreeSet<SecretKey> {
-    let namespace = pod.metadata.namespace.clone().unwrap_or_default();
-    let mut keys = BTreeSet::new();
+/// The Secrets (`secrets`) or ConfigMaps its containers take environment variables from (`envFrom`,
+/// `secretKeyRef`, `configMapKeyRef`), by name.
+fn env_references(pod: &Pod, secrets: bool) -> Vec<String> {
+    let mut names = Vec::new();
     for container in containers(pod) {
-        let from = container.env_from.iter().flatten();
-        let names = from.filter_map(|f| f.config_map_ref.as_ref().map(|r| r.name.clone()));
-        let keyed = container.env.iter().flatten().filter_map(|e| {
-            let r = e.value_from.as_ref()?.config_map_key_ref.as_ref()?;
-            Some(r.name.clone())
-        });
-        for name in names.chain(keyed) {
-            keys.insert((namespace.clone(), name));
+        for from in container.env_from.iter().flatten() {
+            let name = match secrets {
+                true => from.secret_ref.as_ref().map(|r| r.name.clone()),
+                false => from.config_map_ref.as_ref().map(|r| r.name.clone()),
+            };
+            names.extend(name);
+        }
+        for source in container
+            .env
+            .iter()
+            .flatten()
+            .filter_map(|e| e.value_from.as_ref())
+        {
+            let name = match secrets {
+                true => source.secret_key_ref.as_ref().map(|r| r.name.clone()),
+                false => source.config_map_key_ref.as_ref().map(|r| r.name.clone()),
+            };
+            names.extend(name);
         }
     }
-    keys.retain(|(_, name)| !name.is_empty());
-    keys
+    names
+}
+
+/// The ConfigMaps `pod`'s containers take environment variables from, in its namespace.
+pub fn referenced_config_maps(pod: &Pod) -> BTreeSet<SecretKey> {
+    let namespace = pod.metadata.namespace.clone().unwrap_or_default();
+    env_references(pod, false)
+        .into_iter()
+        .filter(|name| !name.is_empty())
+        .map(|name| (namespace.clone(), name))
+        .collect()
 }
 
 /// The Secrets `pod` refers to: its image pull secrets, its `secret` volumes and its inline CSI volumes'
@@ -60,16 +78,8 @@ pub fn referenced(pod: &Pod, api: &Api) -> BTreeSet<SecretKey> {
     for secret in spec.image_pull_secrets.iter().flatten() {
         keys.insert((namespace.clone(), secret.name.clone()));
     }
-    for container in containers(pod) {
-        let from = container.env_from.iter().flatten();
-        let names = from.filter_map(|f| f.secret_ref.as_ref().map(|r| r.name.clone()));
-        let keyed = container.env.iter().flatten().filter_map(|e| {
-            let r = e.value_from.as_ref()?.secret_key_ref.as_ref()?;
-            Some(r.name.clone())
-        });
-        for name in names.chain(keyed) {
-            keys.insert((namespace.clone(), name));
-        }
+    for name in env_references(pod, true) {
+        keys.insert((namespace.clone(), name));
     }
     for volume in spec.volumes.iter().flatten() {
         if let Some(name) = volume.secret.as_ref().and_then(|s| s.secret_name.clone()) {

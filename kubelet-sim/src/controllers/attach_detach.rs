@@ -151,14 +151,20 @@ impl AttachDetach {
     /// Writes the attachments pods want; returns, per attachment, the pods waiting for it (for events).
     async fn attach_desired(&self) -> HashMap<String, Vec<(Arc<Pod>, String)>> {
         let mut waiting: HashMap<String, Vec<(Arc<Pod>, String)>> = HashMap::new();
+        // Only nodes that exist are managed (upstream's desired state of world adds a node from its
+        // Node object); read once a pass, not once a pod.
+        let nodes: std::collections::HashSet<String> = self
+            .api
+            .list::<Node>()
+            .iter()
+            .filter_map(|n| n.metadata.name.clone())
+            .collect();
         for pod in self.api.list::<Pod>() {
             let Some(node) = pod
                 .spec
                 .as_ref()
                 .and_then(|s| s.node_name.clone())
-                // Only nodes that exist are managed (upstream's desired state of world adds a node from
-                // its Node object).
-                .filter(|n| self.api.peek::<Node>("", n).is_some())
+                .filter(|n| nodes.contains(n))
             else {
                 continue;
             };

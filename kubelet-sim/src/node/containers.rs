@@ -15,9 +15,7 @@ use inlet_proto::runtime::v1 as cri;
 use k8s_openapi::api::core::v1::Pod;
 
 use super::Kubelet;
-use super::kuberuntime::{
-    ContainerReport, ContainerState, TerminatedRun, all_containers, next_to_start,
-};
+use super::kuberuntime::{ContainerReport, ContainerState, all_containers, next_to_start};
 use super::pod_worker::PodState;
 use super::status::is_sidecar;
 use crate::operations::OpKey;
@@ -139,7 +137,7 @@ impl Kubelet {
     /// A crashed container waits out its back-off: `CrashLoopBackOff` with `doBackOff`'s message, and the
     /// `BackOff` event.
     fn back_off(&self, pod: &Pod, report: &mut ContainerReport, delay: Duration) {
-        report.last_state = Some(terminated_run(report));
+        report.last_state = Some(report.run());
         report.state = ContainerState::Waiting;
         report.reason = "CrashLoopBackOff".into();
         report.message = format!(
@@ -204,7 +202,7 @@ impl Kubelet {
                 // A container restarted at once is still terminated; one that waited out its back-off
                 // already keeps its last run.
                 let last_state = match report.state {
-                    ContainerState::Terminated => Some(terminated_run(report)),
+                    ContainerState::Terminated => Some(report.run()),
                     _ => report.last_state.take(),
                 };
                 *report = ContainerReport {
@@ -225,7 +223,7 @@ impl Kubelet {
                     .record_event(pod, "Warning", "Failed", &format!("Error: {}", e.event()));
                 // It waits with the error's reason, and is tried again after the pod workers' back-off.
                 if report.state == ContainerState::Terminated {
-                    report.last_state = Some(terminated_run(report));
+                    report.last_state = Some(report.run());
                 }
                 report.state = ContainerState::Waiting;
                 report.reason = e.reason.into();
@@ -262,17 +260,6 @@ fn restart_policy(pod: &Pod) -> &str {
         Some("OnFailure") => "OnFailure",
         Some("Never") => "Never",
         _ => "Always",
-    }
-}
-
-/// The run a report describes, as a `lastState`.
-fn terminated_run(report: &ContainerReport) -> TerminatedRun {
-    TerminatedRun {
-        id: report.id.clone(),
-        exit_code: report.exit_code.unwrap_or_default(),
-        reason: report.reason.clone(),
-        started_at: report.started_at.clone(),
-        finished_at: report.finished_at.clone(),
     }
 }
 

@@ -75,46 +75,29 @@ impl Kubelet {
         from: &EnvVarSource,
     ) -> Result<Option<String>, String> {
         let namespace = pod.metadata.namespace.clone().unwrap_or_default();
-        let value = if let Some(r) = &from.secret_key_ref {
-            let optional = r.optional == Some(true);
-            match self.secret(&namespace, &r.name) {
-                None if optional => return Ok(None),
-                None => return Err(format!("secret {:?} not found", r.name)),
-                Some(s) => match secret_strings(&s).remove(&r.key) {
-                    Some(v) => v,
-                    None if optional => return Ok(None),
-                    None => {
-                        return Err(format!(
-                            "couldn't find key {} in Secret {namespace}/{}",
-                            r.key, r.name
-                        ));
-                    }
-                },
-            }
+        let (kind, name, key, optional, data) = if let Some(r) = &from.secret_key_ref {
+            let data = self.secret(&namespace, &r.name).map(|s| secret_strings(&s));
+            ("Secret", &r.name, &r.key, r.optional, data)
         } else if let Some(r) = &from.config_map_key_ref {
-            let optional = r.optional == Some(true);
-            match self.config_map(&namespace, &r.name) {
-                None if optional => return Ok(None),
-                None => return Err(format!("configmap {:?} not found", r.name)),
-                Some(cm) => match cm.data.as_ref().and_then(|d| d.get(&r.key)) {
-                    Some(v) => v.clone(),
-                    None if optional => return Ok(None),
-                    None => {
-                        return Err(format!(
-                            "couldn't find key {} in ConfigMap {namespace}/{}",
-                            r.key, r.name
-                        ));
-                    }
-                },
-            }
+            let data = self.config_map(&namespace, &r.name);
+            let data = data.map(|c| c.data.clone().unwrap_or_default());
+            ("ConfigMap", &r.name, &r.key, r.optional, data)
         } else if let Some(field) = &from.field_ref {
-            pod_field(pod, field)?
+            return pod_field(pod, field).map(Some);
         } else if let Some(resource) = &from.resource_field_ref {
-            container_resource(container, &resource.resource)?
+            return container_resource(container, &resource.resource).map(Some);
         } else {
             return Ok(None);
         };
-        Ok(Some(value))
+        let optional = optional == Some(true);
+        match data.map(|mut d| d.remove(key)) {
+            Some(Some(value)) => Ok(Some(value)),
+            None | Some(None) if optional => Ok(None),
+            None => Err(format!("{} {name:?} not found", kind.to_lowercase())),
+            Some(None) => Err(format!(
+                "couldn't find key {key} in {kind} {namespace}/{name}"
+            )),
+        }
     }
 
     /// A Secret of the pod's namespace (read for the report, as the kubelet's secret manager reads it).

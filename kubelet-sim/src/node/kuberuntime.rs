@@ -82,6 +82,19 @@ pub struct ContainerReport {
     pub backoff: Option<(Duration, Instant)>,
 }
 
+impl ContainerReport {
+    /// Its latest run, as a run that ended (`lastState`).
+    pub fn run(&self) -> TerminatedRun {
+        TerminatedRun {
+            id: self.id.clone(),
+            exit_code: self.exit_code.unwrap_or_default(),
+            reason: self.reason.clone(),
+            started_at: self.started_at.clone(),
+            finished_at: self.finished_at.clone(),
+        }
+    }
+}
+
 /// A run that ended, as `lastState.terminated` shows it.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct TerminatedRun {

@@ -17,6 +17,17 @@ pub(super) fn condition(type_: &str, status: &str, reason: &str, message: String
     }
 }
 
+/// `containers with unknown status: [a], containers with unready status: [b c]`: each group that has
+/// names, as generate.go words them.
+fn status_message(groups: &[(&str, &Vec<String>)]) -> String {
+    let parts: Vec<String> = groups
+        .iter()
+        .filter(|(_, names)| !names.is_empty())
+        .map(|(what, names)| format!("containers with {what} status: {}", go_list(names)))
+        .collect();
+    parts.join(", ")
+}
+
 /// Go's `%s` of a string slice: `[a b]`.
 fn go_list(names: &[String]) -> String {
     format!("[{}]", names.join(" "))
@@ -49,28 +60,11 @@ pub(super) fn containers_ready_condition(
         };
         return condition("ContainersReady", "False", reason, String::new());
     }
-    let mut messages = Vec::new();
-    if !unknown.is_empty() {
-        messages.push(format!(
-            "containers with unknown status: {}",
-            go_list(&unknown)
-        ));
-    }
-    if !unready.is_empty() {
-        messages.push(format!(
-            "containers with unready status: {}",
-            go_list(&unready)
-        ));
-    }
-    if messages.is_empty() {
+    let message = status_message(&[("unknown", &unknown), ("unready", &unready)]);
+    if message.is_empty() {
         return condition("ContainersReady", "True", "", String::new());
     }
-    condition(
-        "ContainersReady",
-        "False",
-        "ContainersNotReady",
-        messages.join(", "),
-    )
+    condition("ContainersReady", "False", "ContainersNotReady", message)
 }
 
 /// `GeneratePodReadyCondition`: ContainersReady, then the readiness gates.
@@ -148,28 +142,11 @@ pub(super) fn initialized_condition(
     if started {
         return condition("Initialized", "True", "", String::new());
     }
-    let mut messages = Vec::new();
-    if !unknown.is_empty() {
-        messages.push(format!(
-            "containers with unknown status: {}",
-            go_list(&unknown)
-        ));
-    }
-    if !incomplete.is_empty() {
-        messages.push(format!(
-            "containers with incomplete status: {}",
-            go_list(&incomplete)
-        ));
-    }
-    if messages.is_empty() {
+    let message = status_message(&[("unknown", &unknown), ("incomplete", &incomplete)]);
+    if message.is_empty() {
         return condition("Initialized", "True", "", String::new());
     }
-    condition(
-        "Initialized",
-        "False",
-        "ContainersNotInitialized",
-        messages.join(", "),
-    )
+    condition("Initialized", "False", "ContainersNotInitialized", message)
 }
 
 /// `updateLastTransitionTime`: a condition keeps the time it last changed status.

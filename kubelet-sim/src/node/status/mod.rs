@@ -202,6 +202,26 @@ fn api_statuses(
         .collect()
 }
 
+/// A run that ended, as the API shows it.
+fn terminated(run: &TerminatedRun, runtime: &str) -> ApiContainerState {
+    ApiContainerState {
+        terminated: Some(ContainerStateTerminated {
+            exit_code: run.exit_code,
+            reason: Some(run.reason.clone()).filter(|r| !r.is_empty()),
+            started_at: run.started_at.clone(),
+            finished_at: run.finished_at.clone(),
+            container_id: container_id(&run.id, runtime),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// `<runtime>://<id>` (`kubecontainer.ContainerID`), none before the container is created.
+fn container_id(id: &str, runtime: &str) -> Option<String> {
+    (!id.is_empty()).then(|| format!("{runtime}://{id}"))
+}
+
 /// One container's API status from what the runtime last reported.
 fn api_status(
     spec: &Container,
@@ -209,7 +229,6 @@ fn api_status(
     image: String,
     runtime: &str,
 ) -> ContainerStatus {
-    let container_id = |id: &str| (!id.is_empty()).then(|| format!("{runtime}://{id}"));
     let running = report.state == ContainerState::Running;
     let state = match report.state {
         ContainerState::Running => ApiContainerState {
@@ -218,17 +237,7 @@ fn api_status(
             }),
             ..Default::default()
         },
-        ContainerState::Terminated => ApiContainerState {
-            terminated: Some(ContainerStateTerminated {
-                exit_code: report.exit_code.unwrap_or_default(),
-                reason: Some(report.reason.clone()).filter(|r| !r.is_empty()),
-                started_at: report.started_at.clone(),
-                finished_at: report.finished_at.clone(),
-                container_id: container_id(&report.id),
-                ..Default::default()
-            }),
-            ..Default::default()
-        },
+        ContainerState::Terminated => terminated(&report.run(), runtime),
         ContainerState::Waiting => ApiContainerState {
             waiting: Some(ContainerStateWaiting {
                 reason: Some(report.reason.clone()).filter(|r| !r.is_empty()),
@@ -240,17 +249,7 @@ fn api_status(
     let last_state = report
         .last_state
         .as_ref()
-        .map(|run: &TerminatedRun| ApiContainerState {
-            terminated: Some(ContainerStateTerminated {
-                exit_code: run.exit_code,
-                reason: Some(run.reason.clone()).filter(|r| !r.is_empty()),
-                started_at: run.started_at.clone(),
-                finished_at: run.finished_at.clone(),
-                container_id: container_id(&run.id),
-                ..Default::default()
-            }),
-            ..Default::default()
-        });
+        .map(|run| terminated(run, runtime));
     // A regular init container is ready once it completed; any other once it runs (no probes here).
     let ready = if report.init && !is_sidecar(spec) {
         report.state == ContainerState::Terminated && report.exit_code == Some(0)
@@ -261,7 +260,7 @@ fn api_status(
         name: report.name.clone(),
         image,
         image_id: report.image_id.clone(),
-        container_id: container_id(&report.id),
+        container_id: container_id(&report.id, runtime),
         ready,
         started: Some(running),
         restart_count: i32::try_from(report.restart_count).unwrap_or(i32::MAX),

@@ -162,7 +162,15 @@ impl MountLayer for RecordingMounter {
 
     fn mounts_under(&self, dir: &Path) -> io::Result<Vec<PathBuf>> {
         let state = self.state.lock();
-        let under: Vec<&PathBuf> = state.mounts.keys().filter(|p| p.starts_with(dir)).collect();
+        // Paths order component by component, so everything under `dir` follows it in one run: the
+        // lookup costs what is under `dir`, not the whole mount table.
+        let from = (std::ops::Bound::Included(dir), std::ops::Bound::Unbounded);
+        let under: Vec<&PathBuf> = state
+            .mounts
+            .range::<Path, _>(from)
+            .map(|(p, _)| p)
+            .take_while(|p| p.starts_with(dir))
+            .collect();
         // Sorted, so a mount inside another comes after it.
         let mut outer: Vec<PathBuf> = Vec::new();
         for path in under {
@@ -240,5 +248,24 @@ mod tests {
             .is_err()
         );
         assert_eq!(m.calls().len(), 4);
+    }
+
+    #[test]
+    fn mounts_under_a_dir_are_the_outermost_ones_below_it_and_no_neighbour() {
+        let dir = tempfile::tempdir().unwrap();
+        let m = RecordingMounter::new();
+        for sub in ["a", "a/inner", "a/inner/deeper", "ab", "b"] {
+            let target = dir.path().join(sub);
+            std::fs::create_dir_all(&target).unwrap();
+            m.bind(Path::new("/src"), &target, MountFlags::default())
+                .unwrap();
+        }
+        let a = dir.path().join("a");
+        assert_eq!(m.mounts_under(&a).unwrap(), std::slice::from_ref(&a));
+        assert_eq!(
+            m.mounts_under(&a.join("inner/x")).unwrap(),
+            Vec::<PathBuf>::new()
+        );
+        assert_eq!(m.mounts_under(dir.path()).unwrap().len(), 3, "a, ab and b");
     }
 }
