@@ -115,3 +115,33 @@ Feature: Containers run to completion
     When pod "gone" is force-deleted
     Then the driver got NodeUnpublishVolume for volume "data" of pod "gone"
     And nothing is left of pod "gone" on "node-1"
+
+  @mounts
+  Scenario: A deleted pod turns Failed from its killed container before it leaves the API
+    Since 1.27 the kubelet gives a deleted pod a terminal phase once its containers are stopped
+    (`podIsTerminal`), each stopped within its grace period (`killContainer`, 2 s at least); the pod stays
+    until its volumes are torn down, here held up by a file open in the volume.
+    Given the manifests:
+      """
+      apiVersion: v1
+      kind: Pod
+      metadata: {name: held}
+      spec:
+        terminationGracePeriodSeconds: 1
+        containers:
+        - name: app
+          image: busybox
+          command: [sleep, "3600"]
+          volumeMounts: [{name: data, mountPath: /data}]
+        volumes: [{name: data, csi: {driver: local.inlet.dev}}]
+      """
+    When the simulation runs
+    Then pod "held" is Running
+    When a process holds "/data:busy.txt" open in pod "held"
+    And pod "held" is being deleted
+    Then pod "held" becomes Failed
+    And container "app" of pod "held" ended with exit code 137 and reason "Error"
+    And pod "held" has condition "Ready" "False" with reason "PodFailed"
+    And pod "held" has condition "PodReadyToStartContainers" "False"
+    When the process lets go of its files
+    Then nothing is left of pod "held" on "node-1"

@@ -452,12 +452,14 @@ fn reserve(names: &mut HashMap<String, String>, name: &str, id: &str) -> Result<
     Ok(())
 }
 
+/// A running container stopped: as a busybox `sleep` that, PID 1 with no handler, ignores SIGTERM and is
+/// killed when its grace period ends (exit 137, `Error`).
 fn stop(status: &mut cri::ContainerStatus) {
     if status.state != cri::ContainerState::ContainerExited as i32 {
         status.state = cri::ContainerState::ContainerExited as i32;
         status.finished_at = now_nanos();
-        status.exit_code = 0;
-        status.reason = "Completed".into();
+        status.exit_code = 137;
+        status.reason = "Error".into();
     }
 }
 

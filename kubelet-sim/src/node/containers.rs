@@ -90,14 +90,14 @@ impl Kubelet {
         };
         let mut changed = false;
         for report in containers.iter_mut() {
-            let Some(exit) = exited.iter().find(|c| c.id == report.id) else {
+            if !exited.iter().any(|c| c.id == report.id) {
                 continue;
-            };
+            }
             if report.state != ContainerState::Running {
                 continue;
             }
             changed = true;
-            self.record_exit(pod, report, exit).await;
+            self.record_exit(pod, report).await;
             if will_restart(pod, report) {
                 let delay = restart_delay(&self.config.containers.backoff, report.backoff);
                 report.restart_at = Some(Instant::now() + delay);
@@ -159,13 +159,13 @@ impl Kubelet {
     }
 
     /// One container's run ended: its exit code, the runtime's reason and the tail of its log.
-    async fn record_exit(&self, pod: &Pod, report: &mut ContainerReport, exit: &cri::Container) {
+    pub(super) async fn record_exit(&self, pod: &Pod, report: &mut ContainerReport) {
         let status = self
             .cri
             .runtime
             .clone()
             .container_status(cri::ContainerStatusRequest {
-                container_id: exit.id.clone(),
+                container_id: report.id.clone(),
                 verbose: false,
             })
             .await

@@ -432,17 +432,18 @@ impl Kubelet {
     /// its volumes are torn down.
     pub(super) async fn kill(self: Arc<Self>, pod: Arc<Pod>) -> bool {
         let uid = pod.metadata.uid.clone().unwrap_or_default();
-        let (sandbox, containers) = self
+        let (sandbox, mut containers) = self
             .pods
             .lock()
             .get(&uid)
             .map(|r| (r.sandbox_id.clone(), r.containers.clone()))
             .unwrap_or_default();
         let mut runtime = self.cri.runtime.clone();
+        let timeout = grace_period(&pod);
         // Only running containers are stopped, and get a Killing event (`killContainersWithSyncResult`
         // walks the running pod's containers): one that exited, or waits to be created, has nothing to stop.
         for container in containers
-            .iter()
+            .iter_mut()
             .filter(|c| c.state == ContainerState::Running)
         {
             self.api.record_event(
@@ -451,16 +452,15 @@ impl Kubelet {
                 "Killing",
                 &format!("Stopping container {}", container.name),
             );
-            if runtime
-                .stop_container(cri::StopContainerRequest {
-                    container_id: container.id.clone(),
-                    timeout: 30,
-                })
-                .await
-                .is_err()
-            {
+            let request = cri::StopContainerRequest {
+                container_id: container.id.clone(),
+                timeout,
+            };
+            if runtime.stop_container(request).await.is_err() {
                 return false;
             }
+            self.record_exit(&pod, container).await;
+            container.restart_at = None;
         }
         if let Some(sandbox) = sandbox {
             if runtime
@@ -479,11 +479,14 @@ impl Kubelet {
                 return false;
             }
         }
-        self.set_state(&uid, PodState::Terminated);
-        if pod.metadata.deletion_timestamp.is_none() {
-            // A pod that ended keeps its status, now without a sandbox (PodReadyToStartContainers False).
-            self.set_status(&pod, &containers, true);
+        if let Some(rt) = self.pods.lock().get_mut(&uid) {
+            rt.state = PodState::Terminated;
+            rt.containers = containers.clone();
         }
+        // The pod's last status, terminal (`podIsTerminal`): an ended pod keeps it, now without a sandbox
+        // (PodReadyToStartContainers False); a deleted one shows Succeeded or Failed from its containers'
+        // exits until its volumes are torn down and it leaves the API (since 1.27).
+        self.set_status(&pod, &containers, true);
         true
     }
 
@@ -507,6 +510,16 @@ impl Kubelet {
             let node_pod = pods.contains_key(&uid);
             let ours = node_pod || self.config.root.join("pods").join(&uid).exists();
             if !ours {
+                continue;
+            }
+            // A pod this kubelet is already starting (its volumes were ready before the adoption ran)
+            // owns its new sandbox: taking it over would lose the containers being started in it.
+            let tracked = self
+                .pods
+                .lock()
+                .get(&uid)
+                .is_some_and(|rt| rt.state != PodState::Waiting);
+            if tracked {
                 continue;
             }
             if !node_pod {
@@ -578,6 +591,18 @@ impl Kubelet {
     }
 }
 
+/// The seconds a container gets to stop (`setTerminationGracePeriod`, `killContainer`): the deletion's grace
+/// period, else the pod's `terminationGracePeriodSeconds` (30 when unset, as the API server defaults it),
+/// and never under 2 s (`minimumGracePeriodInSeconds`).
+fn grace_period(pod: &Pod) -> i64 {
+    let given = pod
+        .metadata
+        .deletion_grace_period_seconds
+        .or_else(|| pod.spec.as_ref()?.termination_grace_period_seconds)
+        .unwrap_or(30);
+    given.max(2)
+}
+
 /// Every container of the pod, init containers first.
 pub(super) fn all_containers(pod: &Pod) -> impl Iterator<Item = &Container> {
     let spec = pod.spec.as_ref();
@@ -638,4 +663,23 @@ pub(super) fn api_time(nanos: i64) -> Option<Time> {
         .then(|| k8s_openapi::jiff::Timestamp::from_nanosecond(i128::from(nanos)).ok())
         .flatten()
         .map(Time)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::PodSpec;
+
+    #[test]
+    fn the_grace_period_is_the_deletions_then_the_pods_and_at_least_two_seconds() {
+        let mut pod = Pod::default();
+        assert_eq!(grace_period(&pod), 30, "the API server's default");
+        pod.spec = Some(PodSpec {
+            termination_grace_period_seconds: Some(0),
+            ..Default::default()
+        });
+        assert_eq!(grace_period(&pod), 2);
+        pod.metadata.deletion_grace_period_seconds = Some(45);
+        assert_eq!(grace_period(&pod), 45);
+    }
 }
