@@ -24,6 +24,35 @@ impl Default for BackoffPolicy {
     }
 }
 
+/// One item's entry in a `flowcontrol.Backoff` (the crash-loop back-off of a container, the pull back-off
+/// of a pod's image): the wait it is in, and when it last grew.
+#[derive(Debug, Clone, Copy)]
+pub struct BackoffEntry {
+    /// The current wait.
+    pub delay: Duration,
+    /// When it last grew.
+    pub updated: Instant,
+}
+
+impl BackoffPolicy {
+    /// `entry` while it lasts: one untouched for over twice the maximum is forgotten (`hasExpired`).
+    pub fn live(&self, entry: Option<BackoffEntry>) -> Option<BackoffEntry> {
+        entry.filter(|e| e.updated.elapsed() <= 2 * self.max)
+    }
+
+    /// `Backoff.Next`: `initial` for a new or forgotten entry, else its wait doubled up to the maximum.
+    pub fn next(&self, entry: Option<BackoffEntry>) -> BackoffEntry {
+        let delay = match self.live(entry) {
+            Some(e) => (e.delay * 2).min(self.max),
+            None => self.initial,
+        };
+        BackoffEntry {
+            delay,
+            updated: Instant::now(),
+        }
+    }
+}
+
 /// What an operation is about: what it excludes while it runs, and what its backoff is kept under.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum OpKey {

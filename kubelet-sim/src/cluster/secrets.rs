@@ -10,31 +10,20 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use k8s_openapi::NamespaceResourceScope;
-use k8s_openapi::api::core::v1::{
-    Container, PersistentVolume, PersistentVolumeClaim, Pod, SecretReference,
-};
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod, SecretReference};
 
 use crate::api::manifest::draft_fields;
 use crate::api::{Api, Kind};
+use crate::node::all_containers;
 
 /// An object's namespace and name.
 pub type SecretKey = (String, String);
-
-/// Every container of the pod, init containers first.
-fn containers(pod: &Pod) -> impl Iterator<Item = &Container> {
-    let spec = pod.spec.as_ref();
-    let init = spec
-        .and_then(|s| s.init_containers.as_deref())
-        .unwrap_or_default();
-    init.iter()
-        .chain(spec.map(|s| s.containers.as_slice()).unwrap_or_default())
-}
 
 /// The Secrets (`secrets`) or ConfigMaps its containers take environment variables from (`envFrom`,
 /// `secretKeyRef`, `configMapKeyRef`), by name.
 fn env_references(pod: &Pod, secrets: bool) -> Vec<String> {
     let mut names = Vec::new();
-    for container in containers(pod) {
+    for container in all_containers(pod) {
         for from in container.env_from.iter().flatten() {
             let name = match secrets {
                 true => from.secret_ref.as_ref().map(|r| r.name.clone()),

@@ -18,7 +18,7 @@ use super::Kubelet;
 use super::kuberuntime::{ContainerReport, ContainerState, all_containers, next_to_start};
 use super::pod_worker::PodState;
 use super::status::is_sidecar;
-use crate::operations::OpKey;
+use crate::operations::{BackoffEntry, BackoffPolicy, OpKey};
 
 /// How many log lines the report keeps per container.
 const LOG_LINES: usize = 20;
@@ -210,10 +210,7 @@ impl Kubelet {
                     exit_code: report.exit_code,
                     init: report.init,
                     last_state,
-                    backoff: Some(next_backoff(
-                        &self.config.containers.backoff,
-                        report.backoff,
-                    )),
+                    backoff: Some(self.config.containers.backoff.next(report.backoff)),
                     ..next
                 };
                 true
@@ -280,25 +277,10 @@ fn will_restart(pod: &Pod, report: &ContainerReport) -> bool {
     }
 }
 
-/// The wait before the next run (`IsInBackOffSince`): none without a back-off entry, or when the entry
-/// was last touched over 2 × `max` ago (`hasExpired`); else the entry's delay.
-fn restart_delay(policy: &super::BackoffPolicy, entry: Option<(Duration, Instant)>) -> Duration {
-    match entry {
-        Some((delay, at)) if at.elapsed() <= 2 * policy.max => delay,
-        _ => Duration::ZERO,
-    }
-}
-
-/// The entry after a restart (`Backoff.Next`): `initial` when new or expired, else doubled up to `max`.
-fn next_backoff(
-    policy: &super::BackoffPolicy,
-    entry: Option<(Duration, Instant)>,
-) -> (Duration, Instant) {
-    let delay = match entry {
-        Some((delay, at)) if at.elapsed() <= 2 * policy.max => (delay * 2).min(policy.max),
-        _ => policy.initial,
-    };
-    (delay, Instant::now())
+/// The wait before the next run (`IsInBackOffSince`): none for the first restart or after a long run
+/// (the entry was forgotten), else the entry's delay.
+fn restart_delay(policy: &BackoffPolicy, entry: Option<BackoffEntry>) -> Duration {
+    policy.live(entry).map_or(Duration::ZERO, |e| e.delay)
 }
 
 /// True when none of the pod's regular containers will run again (`podIsTerminal` for a started pod).
@@ -357,7 +339,7 @@ mod tests {
 
     #[test]
     fn back_off_doubles_to_its_cap_and_is_forgotten_after_twice_the_cap() {
-        let policy = crate::node::BackoffPolicy {
+        let policy = BackoffPolicy {
             initial: Duration::from_secs(10),
             max: Duration::from_secs(300),
         };
@@ -365,18 +347,15 @@ mod tests {
         let mut waits = Vec::new();
         for _ in 0..8 {
             waits.push(restart_delay(&policy, entry).as_secs());
-            entry = Some(next_backoff(&policy, entry));
+            entry = Some(policy.next(entry));
         }
         assert_eq!(waits, [0, 10, 20, 40, 80, 160, 300, 300]);
-        let long_ago = Instant::now() - Duration::from_secs(601);
-        assert_eq!(
-            restart_delay(&policy, Some((policy.max, long_ago))),
-            Duration::ZERO
-        );
-        assert_eq!(
-            next_backoff(&policy, Some((policy.max, long_ago))).0,
-            policy.initial
-        );
+        let long_ago = Some(BackoffEntry {
+            delay: policy.max,
+            updated: Instant::now() - Duration::from_secs(601),
+        });
+        assert_eq!(restart_delay(&policy, long_ago), Duration::ZERO);
+        assert_eq!(policy.next(long_ago).delay, policy.initial);
     }
 
     #[test]

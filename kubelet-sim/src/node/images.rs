@@ -20,6 +20,7 @@ use tonic::transport::Channel;
 use super::BackoffPolicy;
 use super::containers::go_duration;
 use crate::api::Api;
+use crate::operations::BackoffEntry;
 
 /// Why a container's image is not there: the container's waiting reason, and the message beside it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -30,10 +31,9 @@ pub struct ImageError {
     pub message: String,
 }
 
-/// One pod's back-off for one image (`flowcontrol.Backoff` entry), with the failure that started it.
+/// One pod's back-off for one image, with the failure that started it.
 struct PullBackOff {
-    delay: Duration,
-    updated: Instant,
+    entry: BackoffEntry,
     last_error: String,
 }
 
@@ -168,27 +168,23 @@ impl ImageManager {
         }
     }
 
-    /// The last failure's text while `key` backs off (`IsInBackOffSinceUpdate`); entries untouched for
-    /// twice the maximum are forgotten.
+    /// The last failure's text while `key` backs off (`IsInBackOffSinceUpdate`); entries the policy has
+    /// forgotten are dropped.
     fn backing_off(&self, key: &str) -> Option<String> {
         let mut backoffs = self.backoffs.lock();
-        backoffs.retain(|_, b| b.updated.elapsed() <= 2 * self.backoff.max);
-        let entry = backoffs.get(key)?;
-        (entry.updated.elapsed() < entry.delay).then(|| entry.last_error.clone())
+        backoffs.retain(|_, b| self.backoff.live(Some(b.entry)).is_some());
+        let b = backoffs.get(key)?;
+        (b.entry.updated.elapsed() < b.entry.delay).then(|| b.last_error.clone())
     }
 
     /// A failed pull lengthens the back-off (`Backoff.Next`).
     fn failed(&self, key: &str, error: String) {
         let mut backoffs = self.backoffs.lock();
-        let delay = match backoffs.get(key) {
-            Some(b) => (b.delay * 2).min(self.backoff.max),
-            None => self.backoff.initial,
-        };
+        let entry = self.backoff.next(backoffs.get(key).map(|b| b.entry));
         backoffs.insert(
             key.to_string(),
             PullBackOff {
-                delay,
-                updated: Instant::now(),
+                entry,
                 last_error: error,
             },
         );

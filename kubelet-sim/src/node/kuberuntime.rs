@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use inlet_proto::csi_call::rpc_error;
 use inlet_proto::runtime::v1 as cri;
@@ -17,6 +17,7 @@ use super::Kubelet;
 use super::env::expand_words;
 use super::pod_worker::{PodRuntime, PodState};
 use super::status::is_sidecar;
+use crate::operations::BackoffEntry;
 
 /// Where a container is, as the report and the pod's status show it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
@@ -79,7 +80,7 @@ pub struct ContainerReport {
     pub restart_at: Option<Instant>,
     /// Its crash-loop back-off entry (`flowcontrol.Backoff`): the next delay, and when it last grew.
     #[serde(skip)]
-    pub backoff: Option<(Duration, Instant)>,
+    pub backoff: Option<BackoffEntry>,
 }
 
 impl ContainerReport {
@@ -604,7 +605,7 @@ fn grace_period(pod: &Pod) -> i64 {
 }
 
 /// Every container of the pod, init containers first.
-pub(super) fn all_containers(pod: &Pod) -> impl Iterator<Item = &Container> {
+pub(crate) fn all_containers(pod: &Pod) -> impl Iterator<Item = &Container> {
     let spec = pod.spec.as_ref();
     let init = spec
         .and_then(|s| s.init_containers.as_deref())

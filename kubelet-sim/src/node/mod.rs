@@ -53,6 +53,7 @@ use tokio::sync::Notify;
 
 use host::NodeHost;
 use images::ImageManager;
+pub(crate) use kuberuntime::all_containers;
 pub use kuberuntime::{ContainerReport, ContainerState, MountReport, TerminatedRun};
 pub use pod_worker::PodRuntime;
 use registry::{DriverDirectory, DriverRegistry};

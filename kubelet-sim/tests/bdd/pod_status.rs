@@ -136,8 +136,7 @@ async fn api_status(
     what: &str,
     done: impl Fn(&ContainerStatus) -> bool,
 ) {
-    let found = |r: &Report| {
-        let _ = r;
+    let found = |_: &Report| {
         let object = w.api_pod(pod);
         let status = object.status.unwrap_or_default();
         let all = status

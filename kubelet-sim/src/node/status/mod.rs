@@ -81,27 +81,29 @@ impl Kubelet {
             .lock()
             .get(&uid)
             .is_some_and(|rt| rt.sandbox_id.is_some() && !rt.terminated());
-        let spec = pod.spec.clone().unwrap_or_default();
+        let no_spec = PodSpec::default();
+        let spec = pod.spec.as_ref().unwrap_or(&no_spec);
         let runtime = &self.cri.runtime_name;
-        let init_statuses = api_statuses(&spec, &spec.init_containers, containers, runtime);
-        let statuses = api_statuses(&spec, &Some(spec.containers.clone()), containers, runtime);
+        let init = spec.init_containers.as_deref().unwrap_or_default();
+        let init_statuses = api_statuses(spec, init, containers, runtime);
+        let statuses = api_statuses(spec, &spec.containers, containers, runtime);
         let all: Vec<ContainerStatus> = statuses.iter().chain(&init_statuses).cloned().collect();
-        let phase = get_phase(&spec, &all, terminal);
+        let phase = get_phase(spec, &all, terminal);
         // Others' conditions as the API has them now: the readiness gates read them.
         let others: Vec<PodCondition> = pod
             .status
             .iter()
             .flat_map(|s| s.conditions.iter().flatten())
-            .filter(|c| !KUBELET_CONDITIONS.contains(&c.type_.as_str()))
+            .filter(|c| owned_by_others(c))
             .cloned()
             .collect();
         let sandbox = if sandbox_ready { "True" } else { "False" };
         Generated {
             phase,
             ready_to_start: condition("PodReadyToStartContainers", sandbox, "", String::new()),
-            initialized: initialized_condition(&spec, &all, phase),
-            ready: ready_condition(&spec, &others, &all, phase),
-            containers_ready: containers_ready_condition(&spec, &all, phase),
+            initialized: initialized_condition(spec, &all, phase),
+            ready: ready_condition(spec, &others, &all, phase),
+            containers_ready: containers_ready_condition(spec, &all, phase),
             statuses,
             init_statuses,
         }
@@ -119,13 +121,13 @@ impl Kubelet {
                 .conditions
                 .iter()
                 .flatten()
-                .filter(|c| !KUBELET_CONDITIONS.contains(&c.type_.as_str()))
+                .filter(|c| owned_by_others(c))
                 .cloned()
                 .chain([
-                    status.ready_to_start.clone(),
-                    status.initialized.clone(),
-                    status.ready.clone(),
-                    status.containers_ready.clone(),
+                    status.ready_to_start,
+                    status.initialized,
+                    status.ready,
+                    status.containers_ready,
                     condition("PodScheduled", "True", "", String::new()),
                 ])
                 .collect();
@@ -136,9 +138,8 @@ impl Kubelet {
             p.status = Some(PodStatus {
                 phase: Some(status.phase.into()),
                 conditions: Some(conditions),
-                container_statuses: Some(status.statuses.clone()),
-                init_container_statuses: Some(status.init_statuses.clone())
-                    .filter(|s| !s.is_empty()),
+                container_statuses: Some(status.statuses),
+                init_container_statuses: Some(status.init_statuses).filter(|s| !s.is_empty()),
                 host_ip: Some("127.0.0.1".into()),
                 // When the node first started working on the pod, kept from then on.
                 start_time: old.start_time.or_else(|| Some(now())),
@@ -159,6 +160,11 @@ struct Generated {
     init_statuses: Vec<ContainerStatus>,
 }
 
+/// True for a condition the kubelet does not write, kept as whoever wrote it left it.
+fn owned_by_others(condition: &PodCondition) -> bool {
+    !KUBELET_CONDITIONS.contains(&condition.type_.as_str())
+}
+
 /// `IsRestartableInitContainer`: an init container with `restartPolicy: Always` (a sidecar).
 pub fn is_sidecar(container: &Container) -> bool {
     container.restart_policy.as_deref() == Some("Always")
@@ -168,7 +174,7 @@ pub fn is_sidecar(container: &Container) -> bool {
 /// reported yet waits with `ContainerCreating`, or `PodInitializing` in a pod with init containers.
 fn api_statuses(
     spec: &PodSpec,
-    specs: &Option<Vec<Container>>,
+    specs: &[Container],
     reports: &[ContainerReport],
     runtime: &str,
 ) -> Vec<ContainerStatus> {
@@ -179,7 +185,6 @@ fn api_statuses(
     };
     specs
         .iter()
-        .flatten()
         .map(|c| {
             let image = c.image.clone().unwrap_or_default();
             match reports.iter().find(|r| r.name == c.name) {
