@@ -91,3 +91,29 @@ Feature: The pod status a kubelet writes
     When 600 ms pass
     Then pod "stuck" got no event saying "Unable to attach or mount volumes"
     And pod "stuck" is Pending
+
+  Scenario: A container's events name it in involvedObject.fieldPath; a volume's events are the pod's
+    Given the manifests:
+      """
+      apiVersion: v1
+      kind: Pod
+      metadata: {name: fields}
+      spec:
+        initContainers: [{name: setup, image: busybox, command: ["true"]}]
+        containers: [{name: app, image: busybox, command: [sleep, "3600"]}]
+      ---
+      apiVersion: v1
+      kind: Pod
+      metadata: {name: stuck, annotations: {inlet.dev/expected-phase: Pending}}
+      spec:
+        containers: [{name: app, image: busybox}]
+        volumes: [{name: data, csi: {driver: missing.inlet.dev}}]
+      """
+    When the simulation runs
+    Then pod "fields" is Running
+    And pod "fields" has a "Pulled" event about spec.initContainers{setup}
+    And pod "fields" has a "Started" event about spec.initContainers{setup}
+    And pod "fields" has a "Started" event about spec.containers{app}
+    And pod "stuck" has a "FailedMount" event about the pod itself
+    When all pods are deleted
+    Then pod "fields" has a "Killing" event about spec.containers{app}

@@ -82,6 +82,20 @@ pub struct EventReport {
     pub message: String,
     /// How often it happened.
     pub count: i32,
+    /// The container it is about (`spec.containers{app}`), for a container's events.
+    pub field_path: Option<String>,
+}
+
+impl From<k8s_openapi::api::core::v1::Event> for EventReport {
+    fn from(e: k8s_openapi::api::core::v1::Event) -> Self {
+        Self {
+            type_: e.type_.unwrap_or_default(),
+            reason: e.reason.unwrap_or_default(),
+            message: e.message.unwrap_or_default(),
+            count: e.count.unwrap_or(1),
+            field_path: e.involved_object.field_path,
+        }
+    }
 }
 
 /// An object admission refused.
@@ -169,12 +183,7 @@ impl PodReport {
             events: api
                 .events_for(&uid)
                 .into_iter()
-                .map(|e| EventReport {
-                    type_: e.type_.unwrap_or_default(),
-                    reason: e.reason.unwrap_or_default(),
-                    message: e.message.unwrap_or_default(),
-                    count: e.count.unwrap_or(1),
-                })
+                .map(EventReport::from)
                 .collect(),
             containers,
             init_containers,

@@ -18,11 +18,42 @@ impl Api {
     /// API server's event aggregation does. Events are kept per pod, outside the object store: nothing in
     /// the simulation watches them, so recording one wakes no controller.
     pub fn record_event(&self, pod: &Pod, type_: &str, reason: &str, message: &str) {
+        self.record(pod, None, type_, reason, message);
+    }
+
+    /// Records an event on one of a pod's containers: its `involvedObject.fieldPath` names the container
+    /// (`GenerateContainerRef`), and a repeat counts only against the same container's events.
+    pub fn record_container_event(
+        &self,
+        pod: &Pod,
+        container: &str,
+        type_: &str,
+        reason: &str,
+        message: &str,
+    ) {
+        self.record(
+            pod,
+            Some(container_field_path(pod, container)),
+            type_,
+            reason,
+            message,
+        );
+    }
+
+    fn record(
+        &self,
+        pod: &Pod,
+        field_path: Option<String>,
+        type_: &str,
+        reason: &str,
+        message: &str,
+    ) {
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         let mut events = self.events.lock();
         let log = events.entry(uid.clone()).or_default();
         if let Some(event) = log.iter_mut().find(|e| {
-            e.type_.as_deref() == Some(type_)
+            e.involved_object.field_path == field_path
+                && e.type_.as_deref() == Some(type_)
                 && e.reason.as_deref() == Some(reason)
                 && e.message.as_deref() == Some(message)
         }) {
@@ -43,11 +74,13 @@ impl Api {
                 ..Default::default()
             },
             involved_object: ObjectReference {
+                api_version: Some("v1".into()),
                 kind: Some("Pod".into()),
                 namespace: Some(namespace),
                 name: pod.metadata.name.clone(),
                 uid: Some(uid),
-                ..Default::default()
+                resource_version: pod.metadata.resource_version.clone(),
+                field_path,
             },
             type_: Some(type_.into()),
             reason: Some(reason.into()),
@@ -92,6 +125,29 @@ impl Api {
             whole_seconds.to_string(),
         ))
     }
+}
+
+/// Where a container sits in its pod, as an event's `involvedObject.fieldPath` says it
+/// (`pkg/kubelet/container/ref.go` fieldPath: app containers first, then init containers; one the pod
+/// does not have is "implicitly required container <name>").
+pub fn container_field_path(pod: &Pod, name: &str) -> String {
+    let spec = pod.spec.as_ref();
+    let find = |list: Option<&Vec<k8s_openapi::api::core::v1::Container>>, field: &str| {
+        let index = list?.iter().position(|c| c.name == name)?;
+        Some(if name.is_empty() {
+            format!("spec.{field}[{index}]")
+        } else {
+            format!("spec.{field}{{{name}}}")
+        })
+    };
+    find(spec.map(|s| &s.containers), "containers")
+        .or_else(|| {
+            find(
+                spec.and_then(|s| s.init_containers.as_ref()),
+                "initContainers",
+            )
+        })
+        .unwrap_or_else(|| format!("implicitly required container {name}"))
 }
 
 /// An object the API does not have, in the API server's words (`serviceaccounts "default" not found`).

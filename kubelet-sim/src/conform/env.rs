@@ -299,12 +299,7 @@ impl CheckEnv {
             .events_for(&uid)
             .into_iter()
             .filter(|e| e.type_.as_deref() == Some("Warning"))
-            .map(|e| EventReport {
-                type_: e.type_.unwrap_or_default(),
-                reason: e.reason.unwrap_or_default(),
-                message: e.message.unwrap_or_default(),
-                count: e.count.unwrap_or(1),
-            })
+            .map(EventReport::from)
             .collect()
     }
 

@@ -146,8 +146,9 @@ impl Kubelet {
             report.name,
             format_pod(pod)
         );
-        self.api.record_event(
+        self.api.record_container_event(
             pod,
+            &report.name,
             "Warning",
             "BackOff",
             &format!(
@@ -216,8 +217,9 @@ impl Kubelet {
                 true
             }
             Err(e) => {
+                let event = format!("Error: {}", e.event());
                 self.api
-                    .record_event(pod, "Warning", "Failed", &format!("Error: {}", e.event()));
+                    .record_container_event(pod, &report.name, "Warning", "Failed", &event);
                 // It waits with the error's reason, and is tried again after the pod workers' back-off.
                 if report.state == ContainerState::Terminated {
                     report.last_state = Some(report.run());

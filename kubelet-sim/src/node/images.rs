@@ -74,6 +74,7 @@ impl ImageManager {
         sandbox: &cri::PodSandboxConfig,
     ) -> Result<(), ImageError> {
         let image = container.image.clone().unwrap_or_default();
+        let name = container.name.as_str();
         let request = PullRequest {
             image: image.clone(),
             policy: pull_policy(container),
@@ -101,7 +102,8 @@ impl ImageManager {
                 let message = format!(
                     "Container image {image:?} already present on machine and can be accessed by the pod"
                 );
-                self.api.record_event(pod, "Normal", "Pulled", &message);
+                self.api
+                    .record_container_event(pod, name, "Normal", "Pulled", &message);
                 Ok(())
             }
             // Absent, or present but this pod has not shown the credentials it was pulled with, and
@@ -109,20 +111,25 @@ impl ImageManager {
             Decision::Refused(_) => {
                 let message =
                     format!("Container image {image:?} is not present with pull policy of Never");
-                self.api
-                    .record_event(pod, "Warning", "ErrImageNeverPull", &message);
+                self.api.record_container_event(
+                    pod,
+                    name,
+                    "Warning",
+                    "ErrImageNeverPull",
+                    &message,
+                );
                 Err(ImageError {
                     reason: "ErrImageNeverPull",
                     message,
                 })
             }
-            Decision::Pull => self.pull(pod, &request).await,
+            Decision::Pull => self.pull(pod, name, &request).await,
         }
     }
 
     /// `pullImage`: unless the pod is backing off this image, Pulling, the pull, then Pulled with its
     /// times and size, or Failed and a longer back-off.
-    async fn pull(&self, pod: &Pod, request: &PullRequest) -> Result<(), ImageError> {
+    async fn pull(&self, pod: &Pod, name: &str, request: &PullRequest) -> Result<(), ImageError> {
         let image = &request.image;
         let key = format!(
             "{}_{image}",
@@ -130,14 +137,16 @@ impl ImageManager {
         );
         if let Some(last_error) = self.backing_off(&key) {
             let message = format!("Back-off pulling image {image:?}");
-            self.api.record_event(pod, "Normal", "BackOff", &message);
+            self.api
+                .record_container_event(pod, name, "Normal", "BackOff", &message);
             return Err(ImageError {
                 reason: "ImagePullBackOff",
                 message: format!("{message}: {last_error}"),
             });
         }
-        self.api.record_event(
+        self.api.record_container_event(
             pod,
+            name,
             "Normal",
             "Pulling",
             &format!("Pulling image {image:?}"),
@@ -152,13 +161,15 @@ impl ImageManager {
                     go_duration(started.elapsed()),
                     pulled.size
                 );
-                self.api.record_event(pod, "Normal", "Pulled", &message);
+                self.api
+                    .record_container_event(pod, name, "Normal", "Pulled", &message);
                 Ok(())
             }
             Err(e) => {
                 let shown = shown(&e);
                 let message = format!("Failed to pull image {image:?}: {shown}");
-                self.api.record_event(pod, "Warning", "Failed", &message);
+                self.api
+                    .record_container_event(pod, name, "Warning", "Failed", &message);
                 self.failed(&key, format!("ErrImagePull: {shown}"));
                 Err(ImageError {
                     reason: "ErrImagePull",

@@ -217,7 +217,9 @@ impl Kubelet {
                     }
                     Err(e) => {
                         let event = format!("Error: {}", e.event());
-                        self.api.record_event(pod, "Warning", "Failed", &event);
+                        let name = &container.name;
+                        self.api
+                            .record_container_event(pod, name, "Warning", "Failed", &event);
                         ContainerReport {
                             name: container.name.clone(),
                             state: ContainerState::Waiting,
@@ -371,8 +373,9 @@ impl Kubelet {
             .map_err(rpc("CreateContainerError"))?
             .into_inner()
             .container_id;
-        self.api.record_event(
+        self.api.record_container_event(
             pod,
+            &container.name,
             "Normal",
             "Created",
             // 1.35's text (`kuberuntime_container.go` startContainer; 1.20 wrote "Created container %v").
@@ -386,8 +389,9 @@ impl Kubelet {
             })
             .await
             .map_err(rpc("RunContainerError"))?;
-        self.api.record_event(
+        self.api.record_container_event(
             pod,
+            &container.name,
             "Normal",
             "Started",
             &format!("Started container {}", container.name),
@@ -447,8 +451,9 @@ impl Kubelet {
             .iter_mut()
             .filter(|c| c.state == ContainerState::Running)
         {
-            self.api.record_event(
+            self.api.record_container_event(
                 &pod,
+                &container.name,
                 "Normal",
                 "Killing",
                 &format!("Stopping container {}", container.name),

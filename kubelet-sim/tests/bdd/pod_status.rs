@@ -86,6 +86,25 @@ async fn started_in_order(w: &mut Sim, pod: String, names: String) {
     .await;
 }
 
+#[then(regex = r#"^pod "([^"]+)" has an? "([^"]+)" event about (the pod itself|\S+)$"#)]
+async fn event_about(w: &mut Sim, pod: String, reason: String, about: String) {
+    // An event about the pod itself has no fieldPath.
+    let field_path = (about != "the pod itself").then_some(about.clone());
+    // From the API's events, which outlive the pod.
+    let api = w.sim().api.clone();
+    let uid = w.uid(&pod);
+    w.wait(
+        &format!("pod {pod} has a {reason} event about {about}"),
+        |_| {
+            api.events_for(&uid).iter().any(|e| {
+                e.reason.as_deref() == Some(reason.as_str())
+                    && e.involved_object.field_path == field_path
+            })
+        },
+    )
+    .await;
+}
+
 #[then(regex = r#"^pod "([^"]+)" got no "([^"]+)" event$"#)]
 fn no_event(w: &mut Sim, pod: String, reason: String) {
     let report = w.report();
@@ -100,12 +119,7 @@ fn no_event(w: &mut Sim, pod: String, reason: String) {
             .api
             .events_for(&w.uid(&pod))
             .into_iter()
-            .map(|e| kubelet_sim::report::EventReport {
-                type_: e.type_.unwrap_or_default(),
-                reason: e.reason.unwrap_or_default(),
-                message: e.message.unwrap_or_default(),
-                count: e.count.unwrap_or(1),
-            })
+            .map(kubelet_sim::report::EventReport::from)
             .collect()
     });
     assert!(!events.iter().any(|e| e.reason == reason), "{events:#?}");
