@@ -1,14 +1,16 @@
 //! The CRI services over [`FakeRuntime`]: `runtime.v1.RuntimeService` and `runtime.v1.ImageService`.
 //! Each handler records the call and applies injected faults first ([`FakeRuntime::enter`]); calls this
-//! fake does not model (exec, attach, stats, ...) answer UNIMPLEMENTED.
+//! fake does not model (streaming exec, attach, stats, ...) answer UNIMPLEMENTED.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use inlet_proto::runtime::v1::{
     self as cri, image_service_server::ImageService, runtime_service_server::RuntimeService,
 };
 use tonic::{Request, Response, Status};
 
+use crate::program::Outcome;
 use crate::state::{FakeRuntime, now_nanos};
 
 /// Both CRI services, sharing one runtime.
@@ -242,6 +244,56 @@ impl RuntimeService for CriService {
             })
             .collect();
         ok(cri::ListContainersResponse { containers })
+    }
+
+    /// Runs a command in a running container as [`crate::program`] understands it: its output and exit
+    /// code after the time it takes. One that would not end runs until the container stops (exit code
+    /// 137) or the timeout passes (DEADLINE_EXCEEDED, containerd's text); a timeout of 0 is none.
+    async fn exec_sync(&self, r: Request<cri::ExecSyncRequest>) -> Reply<cri::ExecSyncResponse> {
+        let r = r.into_inner();
+        self.runtime.enter("ExecSync", &r.container_id).await?;
+        let deadline = (r.timeout > 0).then(|| Duration::from_secs(r.timeout as u64));
+        let timed_out = || {
+            Status::deadline_exceeded(format!(
+                "failed to exec in container: timeout {}s exceeded: context deadline exceeded",
+                r.timeout
+            ))
+        };
+        match self.runtime.exec(&r.container_id, &r.cmd)? {
+            Outcome::Exits {
+                code,
+                after,
+                output,
+            } => {
+                if let Some(deadline) = deadline.filter(|d| *d < after) {
+                    tokio::time::sleep(deadline).await;
+                    return Err(timed_out());
+                }
+                tokio::time::sleep(after).await;
+                let mut stdout = output.join("\n").into_bytes();
+                if !stdout.is_empty() {
+                    stdout.push(b'\n');
+                }
+                ok(cri::ExecSyncResponse {
+                    stdout,
+                    stderr: Vec::new(),
+                    exit_code: code,
+                })
+            }
+            Outcome::RunsUntilStopped => {
+                let started = std::time::Instant::now();
+                while self.runtime.is_running(&r.container_id) {
+                    if deadline.is_some_and(|d| started.elapsed() >= d) {
+                        return Err(timed_out());
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                ok(cri::ExecSyncResponse {
+                    exit_code: 137,
+                    ..Default::default()
+                })
+            }
+        }
     }
 
     /// The status with its mounts; NOT_FOUND for an unknown container.

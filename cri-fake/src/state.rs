@@ -55,6 +55,8 @@ pub struct Container {
     pub outcome: Outcome,
     /// Its CRI log file: the sandbox's `log_directory` joined with the container's `log_path`.
     pub log_file: Option<PathBuf>,
+    /// Its environment, which an exec'd command sees too.
+    pub envs: Vec<cri::KeyValue>,
     /// When a started container that ends exits.
     exits_at: Option<Instant>,
 }
@@ -371,6 +373,7 @@ impl FakeRuntime {
                     reserved_name: name,
                     outcome,
                     log_file,
+                    envs: config.envs,
                     exits_at: None,
                 },
             );
@@ -402,6 +405,32 @@ impl FakeRuntime {
                 }
             }
             Ok(())
+        })
+    }
+
+    /// ExecSync's first half: how `cmd` ends when run in the running container `id`, over its mounts and
+    /// with its environment. NOT_FOUND for an unknown container, FAILED_PRECONDITION for one not running
+    /// (containerd's texts).
+    pub fn exec(&self, id: &str, cmd: &[String]) -> Result<Outcome, Status> {
+        let c = self.container(id)?;
+        if c.status.state != cri::ContainerState::ContainerRunning as i32 {
+            let state = cri::ContainerState::try_from(c.status.state)
+                .map(|s| s.as_str_name())
+                .unwrap_or("UNKNOWN");
+            return Err(Status::failed_precondition(format!(
+                "container {id:?} is in {state} state"
+            )));
+        }
+        Ok(program::run(cmd, &[], &c.status.mounts, &c.envs))
+    }
+
+    /// True while the container `id` exists and runs.
+    pub fn is_running(&self, id: &str) -> bool {
+        self.with(|s| {
+            s.containers.get_mut(id).is_some_and(|c| {
+                c.refresh();
+                c.status.state == cri::ContainerState::ContainerRunning as i32
+            })
         })
     }
 

@@ -483,3 +483,48 @@ async fn an_unknown_runtime_handler_is_refused_as_containerd_refuses_it() {
     .await
     .unwrap();
 }
+
+#[tokio::test]
+async fn exec_sync_runs_a_command_in_a_running_container_only() {
+    let mut f = Fixture::start().await;
+    f.pull("busybox").await;
+    let sandbox = f.sandbox("exec").await;
+    let mut config = container("app", "busybox", vec![]);
+    config.command = vec!["sleep".into(), "3600".into()];
+    config.envs = vec![cri::KeyValue {
+        key: "WHO".into(),
+        value: "app".into(),
+    }];
+    let id =
+        f.rt.create_container(create(&sandbox, config))
+            .await
+            .unwrap()
+            .into_inner()
+            .container_id;
+    let exec = |cmd: &[&str], timeout| cri::ExecSyncRequest {
+        container_id: id.clone(),
+        cmd: cmd.iter().map(|s| s.to_string()).collect(),
+        timeout,
+    };
+    let refused = f.rt.exec_sync(exec(&["true"], 0)).await.unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
+    f.rt.start_container(cri::StartContainerRequest {
+        container_id: id.clone(),
+    })
+    .await
+    .unwrap();
+    let reply =
+        f.rt.exec_sync(exec(&["sh", "-c", "echo $WHO; exit 3"], 0))
+            .await
+            .unwrap()
+            .into_inner();
+    assert_eq!((reply.stdout, reply.exit_code), (b"app\n".to_vec(), 3));
+    let slow = f.rt.exec_sync(exec(&["sleep", "5"], 1)).await.unwrap_err();
+    assert_eq!(slow.code(), Code::DeadlineExceeded, "{slow:?}");
+    let unknown = cri::ExecSyncRequest {
+        container_id: "nope".into(),
+        ..exec(&["true"], 0)
+    };
+    let missing = f.rt.exec_sync(unknown).await.unwrap_err();
+    assert_eq!(missing.code(), Code::NotFound, "{missing:?}");
+}

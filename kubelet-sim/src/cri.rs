@@ -22,6 +22,9 @@ pub struct Cri {
     pub runtime: RuntimeServiceClient<Channel>,
     /// ImageService.
     pub image: ImageServiceClient<Channel>,
+    /// RuntimeService without the request timeout, for ExecSync: its deadline is the command's own
+    /// (`remote_runtime.go` ExecSync sets none for a timeout of 0, as lifecycle hooks ask).
+    pub exec: RuntimeServiceClient<Channel>,
     /// The runtime's name as CRI Version reports it (`containerd`, `cri-o`): the scheme of the
     /// `containerID`s in pod statuses (`kubecontainer.ContainerID`); `cri` when Version does not answer.
     pub runtime_name: String,
@@ -30,7 +33,8 @@ pub struct Cri {
 impl Cri {
     /// Connects to the runtime on `socket`. A RuntimeService call that takes longer than
     /// `runtime_timeout` fails with DEADLINE_EXCEEDED (`remote_runtime.go` gives each its
-    /// `runtimeRequestTimeout`); ImageService calls have no deadline, since a pull may take long.
+    /// `runtimeRequestTimeout`); ImageService calls have no deadline, since a pull may take long, and
+    /// neither has `exec`.
     pub async fn connect(
         socket: &Path,
         runtime_timeout: Duration,
@@ -47,6 +51,7 @@ impl Cri {
         };
         Ok(Self {
             runtime,
+            exec: RuntimeServiceClient::new(image.clone()),
             image: ImageServiceClient::new(image),
             runtime_name,
         })

@@ -23,6 +23,8 @@ use kubelet_sim::node::{BackoffPolicy, ContainerTiming};
 use kubelet_sim::report::{Report, TeardownReport};
 use kubelet_sim::sim::{SimConfig, SimImages, Simulation};
 
+#[path = "bdd/hooks.rs"]
+mod hooks;
 #[path = "bdd/images.rs"]
 mod images;
 #[path = "bdd/pod_status.rs"]
@@ -63,6 +65,8 @@ struct Sim {
     recording: Option<Arc<RecordingMounter>>,
     /// How long a pod waits for its volumes before the kubelet gives up on this wait.
     volume_wait: Duration,
+    /// The request lines an HTTP server of the scenario's got (`hooks.rs`).
+    http_requests: Arc<parking_lot::Mutex<Vec<String>>>,
 }
 
 impl std::fmt::Debug for Sim {
@@ -95,6 +99,7 @@ impl Sim {
             offered: BTreeMap::new(),
             recording: None,
             volume_wait: Duration::from_secs(60),
+            http_requests: Default::default(),
         }
     }
 
@@ -471,14 +476,16 @@ async fn pod_phase(w: &mut Sim, pod: String, phase: String) {
 
 #[then(regex = r#"^pod "([^"]+)" has a (Normal|Warning) "([^"]+)" event saying "(.*)"$"#)]
 async fn pod_event(w: &mut Sim, pod: String, type_: String, reason: String, text: String) {
+    // From the API's events, which outlive the pod.
+    let api = Arc::clone(&w.sim().api);
+    let uid = w.uid(&pod);
     w.wait(
         &format!("pod {pod} has a {type_} {reason} event saying {text:?}"),
-        |r| {
-            r.pods.iter().any(|p| {
-                p.name == pod
-                    && p.events.iter().any(|e| {
-                        e.type_ == type_ && e.reason == reason && e.message.contains(&text)
-                    })
+        |_| {
+            api.events_for(&uid).iter().any(|e| {
+                e.type_.as_deref() == Some(type_.as_str())
+                    && e.reason.as_deref() == Some(reason.as_str())
+                    && e.message.as_deref().unwrap_or_default().contains(&text)
             })
         },
     )

@@ -1,8 +1,8 @@
 //! kuberuntime, much reduced (`pkg/kubelet/kuberuntime`): a pod's sandbox and containers through CRI.
 //! `start` is `SyncPod` for a new pod (`computePodActions`: images through the image manager, a sandbox,
-//! then the init containers one by one and the regular containers, `start_next`), `start_container` is `startContainer` (`kuberuntime_container.go`: its
-//! mounts from `container_mounts.rs`, create, start), `kill` is `killPodWithSyncResult`, and
-//! `adopt_sandboxes` takes over what a previous kubelet left running.
+//! then the init containers one by one and the regular containers, `start_next`), `start_container` is
+//! `startContainer` (`kuberuntime_container.go`: its mounts from `container_mounts.rs`, create, start),
+//! and `adopt_sandboxes` takes over what a previous kubelet left running. Stopping a pod is `kill.rs`.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -433,69 +433,6 @@ impl Kubelet {
         })
     }
 
-    /// Stops a pod's containers and its sandbox (`killPodWithSyncResult`), then marks it terminated so
-    /// its volumes are torn down.
-    pub(super) async fn kill(self: Arc<Self>, pod: Arc<Pod>) -> bool {
-        let uid = pod.metadata.uid.clone().unwrap_or_default();
-        let (sandbox, mut containers) = self
-            .pods
-            .lock()
-            .get(&uid)
-            .map(|r| (r.sandbox_id.clone(), r.containers.clone()))
-            .unwrap_or_default();
-        let mut runtime = self.cri.runtime.clone();
-        let timeout = grace_period(&pod);
-        // Only running containers are stopped, and get a Killing event (`killContainersWithSyncResult`
-        // walks the running pod's containers): one that exited, or waits to be created, has nothing to stop.
-        for container in containers
-            .iter_mut()
-            .filter(|c| c.state == ContainerState::Running)
-        {
-            self.api.record_container_event(
-                &pod,
-                &container.name,
-                "Normal",
-                "Killing",
-                &format!("Stopping container {}", container.name),
-            );
-            let request = cri::StopContainerRequest {
-                container_id: container.id.clone(),
-                timeout,
-            };
-            if runtime.stop_container(request).await.is_err() {
-                return false;
-            }
-            self.record_exit(&pod, container).await;
-            container.restart_at = None;
-        }
-        if let Some(sandbox) = sandbox {
-            if runtime
-                .stop_pod_sandbox(cri::StopPodSandboxRequest {
-                    pod_sandbox_id: sandbox.clone(),
-                })
-                .await
-                .is_err()
-                || runtime
-                    .remove_pod_sandbox(cri::RemovePodSandboxRequest {
-                        pod_sandbox_id: sandbox,
-                    })
-                    .await
-                    .is_err()
-            {
-                return false;
-            }
-        }
-        if let Some(rt) = self.pods.lock().get_mut(&uid) {
-            rt.state = PodState::Terminated;
-            rt.containers = containers.clone();
-        }
-        // The pod's last status, terminal (`podIsTerminal`): an ended pod keeps it, now without a sandbox
-        // (PodReadyToStartContainers False); a deleted one shows Succeeded or Failed from its containers'
-        // exits until its volumes are torn down and it leaves the API (since 1.27).
-        self.set_status(&pod, &containers, true);
-        true
-    }
-
     /// Sandboxes the runtime still has: a pod that still exists keeps running; an orphan is stopped. Run
     /// once the populator has added the API's pods, so a pod not loaded yet is not taken for an orphan.
     pub(super) async fn adopt_sandboxes(&self) {
@@ -597,18 +534,6 @@ impl Kubelet {
     }
 }
 
-/// The seconds a container gets to stop (`setTerminationGracePeriod`, `killContainer`): the deletion's grace
-/// period, else the pod's `terminationGracePeriodSeconds` (30 when unset, as the API server defaults it),
-/// and never under 2 s (`minimumGracePeriodInSeconds`).
-fn grace_period(pod: &Pod) -> i64 {
-    let given = pod
-        .metadata
-        .deletion_grace_period_seconds
-        .or_else(|| pod.spec.as_ref()?.termination_grace_period_seconds)
-        .unwrap_or(30);
-    given.max(2)
-}
-
 /// Every container of the pod, init containers first.
 pub(crate) fn all_containers(pod: &Pod) -> impl Iterator<Item = &Container> {
     let spec = pod.spec.as_ref();
@@ -669,23 +594,4 @@ pub(super) fn api_time(nanos: i64) -> Option<Time> {
         .then(|| k8s_openapi::jiff::Timestamp::from_nanosecond(i128::from(nanos)).ok())
         .flatten()
         .map(Time)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use k8s_openapi::api::core::v1::PodSpec;
-
-    #[test]
-    fn the_grace_period_is_the_deletions_then_the_pods_and_at_least_two_seconds() {
-        let mut pod = Pod::default();
-        assert_eq!(grace_period(&pod), 30, "the API server's default");
-        pod.spec = Some(PodSpec {
-            termination_grace_period_seconds: Some(0),
-            ..Default::default()
-        });
-        assert_eq!(grace_period(&pod), 2);
-        pod.metadata.deletion_grace_period_seconds = Some(45);
-        assert_eq!(grace_period(&pod), 45);
-    }
 }
