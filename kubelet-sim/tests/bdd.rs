@@ -31,6 +31,8 @@ mod images;
 mod pod_status;
 #[path = "bdd/registration.rs"]
 mod registration;
+#[path = "bdd/volume_files.rs"]
+mod volume_files;
 
 /// How long a step waits for the simulation to reach a state.
 const WAIT: Duration = Duration::from_secs(15);

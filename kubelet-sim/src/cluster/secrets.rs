@@ -1,10 +1,10 @@
 //! The Secrets and ConfigMaps a hollow node may read: only those its pods refer to (Secrets: image pull
 //! secrets, `secret` volumes, CSI secret references, container environments; ConfigMaps: container
-//! environments), each in the namespace its reference names, as the kubelet's secret and configmap managers
-//! register a pod's references when the pod arrives (`pkg/kubelet/secret`, `podutil.VisitPodSecretNames`,
-//! `VisitPodConfigmapNames`) and the CSI plugin reads a PV's references (`csi_mounter.go`,
-//! `csi_attacher.go`). An object is read before the pod that needs it is handed to the node, and dropped
-//! from the embedded API once no pod of the node refers to it.
+//! environments and `configMap` volumes), each in the namespace its reference names, as the kubelet's
+//! secret and configmap managers register a pod's references when the pod arrives (`pkg/kubelet/secret`,
+//! `podutil.VisitPodSecretNames`, `VisitPodConfigmapNames`) and the CSI plugin reads a PV's references
+//! (`csi_mounter.go`, `csi_attacher.go`). An object is read before the pod that needs it is handed to the
+//! node, and dropped from the embedded API once no pod of the node refers to it.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -47,11 +47,18 @@ fn env_references(pod: &Pod, secrets: bool) -> Vec<String> {
     names
 }
 
-/// The ConfigMaps `pod`'s containers take environment variables from, in its namespace.
+/// The ConfigMaps `pod`'s containers take environment variables from and its `configMap` volumes name,
+/// in its namespace.
 pub fn referenced_config_maps(pod: &Pod) -> BTreeSet<SecretKey> {
     let namespace = pod.metadata.namespace.clone().unwrap_or_default();
+    let volumes = pod
+        .spec
+        .iter()
+        .flat_map(|s| s.volumes.iter().flatten())
+        .filter_map(|v| Some(v.config_map.as_ref()?.name.clone()));
     env_references(pod, false)
         .into_iter()
+        .chain(volumes)
         .filter(|name| !name.is_empty())
         .map(|name| (namespace.clone(), name))
         .collect()

@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use inlet_host::mount::MountLayer;
 use inlet_volume::csi::CsiClient;
 use inlet_volume::{PodInfo, TokenRequestArgs, VolumeHost};
-use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use k8s_openapi::api::storage::v1::{CSIDriver, VolumeAttachment};
 
 use super::registry::DriverRegistry;
@@ -55,6 +55,23 @@ impl VolumeHost for NodeHost {
             .api
             .get_recorded::<Secret>(namespace, name)
             .map(Arc::unwrap_or_clone))
+    }
+
+    async fn config_map(&self, namespace: &str, name: &str) -> Result<Option<ConfigMap>, String> {
+        Ok(self
+            .api
+            .get_recorded::<ConfigMap>(namespace, name)
+            .map(Arc::unwrap_or_clone))
+    }
+
+    /// The host's memory less the default hard eviction threshold (`memory.available<100Mi`), as a
+    /// kubelet with no reservations reports it.
+    fn node_allocatable_memory(&self) -> Option<u64> {
+        static ALLOCATABLE: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+        *ALLOCATABLE.get_or_init(|| {
+            let total = nix::sys::sysinfo::sysinfo().ok()?.ram_total();
+            Some(total.saturating_sub(100 << 20))
+        })
     }
 
     async fn csi_driver(&self, name: &str) -> Result<Option<CSIDriver>, String> {

@@ -44,6 +44,7 @@ use inlet_host::mount::MountLayer;
 use inlet_image::pull::{Puller, VerificationPolicy};
 use inlet_image::{Engine, EngineConfig};
 use inlet_volume::VolumePlugin;
+use inlet_volume::config_map::ConfigMapPlugin;
 use inlet_volume::csi::{CsiObserver, CsiPlugin};
 use inlet_volume::empty_dir::EmptyDirPlugin;
 use inlet_volume::image::ImagePlugin;
@@ -211,6 +212,7 @@ impl Kubelet {
         let mut plugins: Vec<Arc<dyn VolumePlugin>> = vec![
             Arc::new(CsiPlugin::new(host.clone())),
             Arc::new(SecretPlugin::new(host.clone())),
+            Arc::new(ConfigMapPlugin::new(host.clone())),
             Arc::new(EmptyDirPlugin::new(host.clone())),
         ];
         // The engine's puller, or (when the runtime's storage cannot be opened for image volumes) one of

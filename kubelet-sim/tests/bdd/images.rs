@@ -209,7 +209,7 @@ pub fn after_start(w: &Sim) {
 // ---- what containers see ----
 
 /// The host path behind `container_path` in pod `pod`'s first container that mounts it.
-fn host_path(w: &Sim, pod: &str, container_path: &str) -> PathBuf {
+pub(super) fn host_path(w: &Sim, pod: &str, container_path: &str) -> PathBuf {
     let report = w.report();
     let mount = report
         .pods
@@ -222,7 +222,7 @@ fn host_path(w: &Sim, pod: &str, container_path: &str) -> PathBuf {
     PathBuf::from(&mount.host_path)
 }
 
-fn content_visible(what: &str) -> bool {
+pub(super) fn content_visible(what: &str) -> bool {
     if can_mount() {
         return true;
     }
@@ -330,7 +330,7 @@ fn cannot_write(w: &mut Sim, pod: String, path: String) {
 }
 
 /// `/mount/path:file/in/it` -> (`/mount/path`, `file/in/it`).
-fn split_mount(path: &str) -> (&str, &str) {
+pub(super) fn split_mount(path: &str) -> (&str, &str) {
     path.split_once(':')
         .expect("write MOUNT_PATH:FILE, for example /data:hello.txt")
 }

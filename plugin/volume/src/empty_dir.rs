@@ -136,21 +136,40 @@ impl DirVolume for EmptyDir {
         host: Arc<dyn VolumeHost>,
         path: PathBuf,
         volume: &Volume,
-        _pod: &PodInfo,
+        pod: &PodInfo,
     ) -> Box<dyn Mounter> {
         let source = volume.empty_dir.as_ref();
         let memory = source.and_then(|s| s.medium.as_deref()) == Some("Memory");
-        // `sizeLimit` bounds a memory-backed emptyDir's tmpfs; without it, the kernel's default.
-        let size = source
+        let size_limit = source
             .and_then(|s| s.size_limit.as_ref())
-            .and_then(|q| inlet_host::quantity::parse_bytes(&q.0).ok())
-            .unwrap_or(0);
+            .and_then(|q| inlet_host::quantity::parse_bytes(&q.0).ok());
+        let size = memory.then(|| {
+            empty_dir_memory_size(host.node_allocatable_memory(), pod.memory_limit, size_limit)
+        });
         Box::new(EmptyDirMounter {
             host,
             path,
-            memory: memory.then_some(size),
+            memory: size,
         })
     }
+}
+
+/// `calculateEmptyDirMemorySize` (`pkg/volume/emptydir/empty_dir.go`, SizeMemoryBackedVolumes, GA in
+/// 1.32): a memory-backed emptyDir's tmpfs is the node's allocatable memory, or the pod's memory limit when
+/// that is smaller, or the volume's `sizeLimit` when that is smaller still. 0 (the kernel's default) only
+/// when none of them is known.
+fn empty_dir_memory_size(
+    allocatable: Option<u64>,
+    pod_limit: Option<u64>,
+    size_limit: Option<u64>,
+) -> u64 {
+    let mut size = allocatable;
+    for bound in [pod_limit, size_limit].into_iter().flatten() {
+        if bound > 0 && size.is_none_or(|s| bound <= s) {
+            size = Some(bound);
+        }
+    }
+    size.unwrap_or(0)
 }
 
 struct EmptyDirMounter {
@@ -249,4 +268,31 @@ fn mount_below(mounter: &dyn inlet_host::mount::MountLayer, dir: &Path) -> Optio
         }
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::empty_dir_memory_size;
+
+    #[test]
+    fn a_memory_backed_empty_dir_is_the_smallest_of_node_pod_and_volume() {
+        const GI: u64 = 1 << 30;
+        assert_eq!(empty_dir_memory_size(Some(8 * GI), None, None), 8 * GI);
+        assert_eq!(empty_dir_memory_size(Some(8 * GI), Some(GI), None), GI);
+        assert_eq!(
+            empty_dir_memory_size(Some(8 * GI), Some(GI), Some(GI / 2)),
+            GI / 2
+        );
+        assert_eq!(
+            empty_dir_memory_size(Some(8 * GI), Some(GI), Some(2 * GI)),
+            GI,
+            "a sizeLimit above the pod's limit is not used"
+        );
+        assert_eq!(
+            empty_dir_memory_size(Some(GI), Some(16 * GI), None),
+            GI,
+            "nor a pod limit above the node's"
+        );
+        assert_eq!(empty_dir_memory_size(None, None, None), 0);
+    }
 }

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::api::storage::v1::{CSIDriver, VolumeAttachment};
 
 use super::PodInfo;
@@ -49,6 +49,11 @@ pub trait VolumeHost: Send + Sync {
     fn feature_enabled(&self, gate: &str) -> bool;
     /// Reads a secret; `Ok(None)` when it does not exist.
     async fn secret(&self, namespace: &str, name: &str) -> Result<Option<Secret>, String>;
+    /// Reads a ConfigMap; `Ok(None)` when it does not exist.
+    async fn config_map(&self, namespace: &str, name: &str) -> Result<Option<ConfigMap>, String>;
+    /// The node's allocatable memory in bytes (`GetNodeAllocatable`): the largest a memory-backed emptyDir
+    /// may be. None when the node cannot tell.
+    fn node_allocatable_memory(&self) -> Option<u64>;
     /// Reads a CSIDriver object; `Ok(None)` when it does not exist.
     async fn csi_driver(&self, name: &str) -> Result<Option<CSIDriver>, String>;
     /// A client for a registered CSI driver; the error when it is not registered is upstream's

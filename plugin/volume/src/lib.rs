@@ -11,14 +11,19 @@
 //!   tokens, VolumeAttachments, paths, the mount layer).
 //! - [`csi`]: the `kubernetes.io/csi` plugin, carrying the KEP-596 inline contract.
 //! - [`image`]: the `kubernetes.io/image` plugin: `volumes[].image` (KEP-4639) mounted kubelet-side.
-//! - [`secret`], [`empty_dir`]: `secret` and `emptyDir` volumes, as a real cluster's pods carry them (a
-//!   1.20 API server adds a service-account token `secret` volume to every pod).
+//! - [`secret`], [`config_map`], [`empty_dir`]: `secret`, `configMap` and `emptyDir` volumes, as a real
+//!   cluster's pods carry them (a 1.20 API server adds a service-account token `secret` volume to every
+//!   pod); the first two written by `atomic_writer.rs` (`AtomicWriter`), given to the pod's fsGroup by
+//!   `ownership.rs` (`SetVolumeOwnership`, which the CSI plugin uses too).
 
+mod atomic_writer;
+pub mod config_map;
 pub mod csi;
 pub mod empty_dir;
 mod error;
 mod host;
 pub mod image;
+mod ownership;
 pub mod secret;
 mod spec;
 use std::path::{Path, PathBuf};

@@ -1,18 +1,23 @@
 //! The `kubernetes.io/secret` plugin (`pkg/volume/secret`): a Secret's keys as files, on a tmpfs (so their
-//! values never reach the node's disk), written again when the volume is set up again. What a real
+//! values never reach the node's disk), written again when the volume is set up again, as `AtomicWriter`
+//! writes them (one version swapped whole for the next). What a real
 //! cluster's pods carry for their service account token before projected tokens (Kubernetes 1.20 and
 //! older), and what any pod may ask for.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use k8s_openapi::api::core::v1::{SecretVolumeSource, Volume};
+use k8s_openapi::api::core::v1::{KeyToPath, SecretVolumeSource, Volume};
 
+use super::atomic_writer::{self, FileProjection};
 use super::empty_dir::{DirPlugin, DirVolume, set_up_dir};
+use super::ownership::set_volume_ownership;
 use super::{Mounter, MounterArgs, PodInfo, VolumeError, VolumeHost};
 
-/// A file's mode when neither the item nor the volume names one (`SecretVolumeSourceDefaultMode`).
+/// A file's mode when neither the item nor the volume names one (`SecretVolumeSourceDefaultMode`,
+/// `ConfigMapVolumeSourceDefaultMode`).
 const DEFAULT_MODE: i32 = 0o644;
 
 /// `secret`.
@@ -66,7 +71,7 @@ impl Mounter for SecretMounter {
         self.path.clone()
     }
 
-    async fn set_up_at(&self, dir: &Path, _args: &MounterArgs) -> Result<(), VolumeError> {
+    async fn set_up_at(&self, dir: &Path, args: &MounterArgs) -> Result<(), VolumeError> {
         let name = self.source.secret_name.clone().unwrap_or_default();
         let optional = self.source.optional.unwrap_or(false);
         let secret = self
@@ -74,95 +79,85 @@ impl Mounter for SecretMounter {
             .secret(&self.namespace, &name)
             .await
             .map_err(VolumeError::transient)?;
-        let data = match secret {
-            Some(secret) => secret.data.unwrap_or_default(),
+        let data: BTreeMap<String, Vec<u8>> = match secret {
+            Some(secret) => secret
+                .data
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(key, value)| (key, value.0))
+                .collect(),
             None if optional => Default::default(),
-            // Upstream's text (the API server's NotFound).
+            // The secret manager's NotFound (`corev1.Resource("secret")`).
             None => return Err(VolumeError::transient(format!("secret {name:?} not found"))),
         };
+        let payload = make_payload(
+            data,
+            self.source.items.as_deref(),
+            self.source.default_mode,
+            optional,
+            |key| format!("references non-existent secret key: {key}"),
+        )?;
         set_up_dir(self.host.as_ref(), dir, Some(0))?;
-        let default_mode = self.source.default_mode.unwrap_or(DEFAULT_MODE);
-        let files: Vec<(String, i32, &[u8])> = match &self.source.items {
-            Some(items) => {
-                let mut files = Vec::new();
-                for item in items {
-                    match data.get(&item.key) {
-                        Some(value) => files.push((
-                            item.path.clone(),
-                            item.mode.unwrap_or(default_mode),
-                            value.0.as_slice(),
-                        )),
-                        None if optional => {}
-                        None => {
-                            return Err(VolumeError::transient(format!(
-                                "references non-existent secret key: {}",
-                                item.key
-                            )));
-                        }
-                    }
-                }
-                files
+        project(self.host.as_ref(), dir, payload, args.fs_group).await
+    }
+}
+
+/// `MakePayload` (`secret.go`, `configmap.go`): every key as a file of the default mode, or only the items'
+/// keys at their paths with their modes. A key an item names that the object lacks is skipped for an
+/// optional volume, else `missing(key)`.
+pub(crate) fn make_payload(
+    data: BTreeMap<String, Vec<u8>>,
+    items: Option<&[KeyToPath]>,
+    default_mode: Option<i32>,
+    optional: bool,
+    missing: impl Fn(&str) -> String,
+) -> Result<BTreeMap<String, FileProjection>, VolumeError> {
+    let default_mode = default_mode.unwrap_or(DEFAULT_MODE);
+    let file = |data: Vec<u8>, mode: i32| FileProjection {
+        data,
+        mode: (mode as u32) & 0o7777,
+    };
+    let Some(items) = items.filter(|i| !i.is_empty()) else {
+        return Ok(data
+            .into_iter()
+            .map(|(key, value)| (key, file(value, default_mode)))
+            .collect());
+    };
+    let mut payload = BTreeMap::new();
+    for item in items {
+        match data.get(&item.key) {
+            Some(value) => {
+                let mode = item.mode.unwrap_or(default_mode);
+                payload.insert(item.path.clone(), file(value.clone(), mode));
             }
-            None => data
-                .iter()
-                .map(|(key, value)| (key.clone(), default_mode, value.0.as_slice()))
-                .collect(),
-        };
-        let mut written = std::collections::HashSet::new();
-        for (path, mode, value) in files {
-            write_file(dir, &path, mode, value)?;
-            written.insert(dir.join(&path));
+            None if optional => {}
+            None => return Err(VolumeError::transient(missing(&item.key))),
         }
-        remove_stale_files(dir, &written);
-        Ok(())
     }
+    Ok(payload)
 }
 
-/// Removes the files a previous set-up wrote that the Secret no longer has (its keys changed).
-fn remove_stale_files(dir: &Path, written: &std::collections::HashSet<PathBuf>) {
-    let stale = walkdir::WalkDir::new(dir)
-        .follow_links(false)
-        .into_iter()
-        .filter_map(Result::ok)
-        .filter(|e| !e.file_type().is_dir() && !written.contains(e.path()));
-    for entry in stale {
-        let _ = std::fs::remove_file(entry.path());
-    }
-}
-
-/// Writes one file below `dir` without following a symlink anywhere on its path (the path comes from the
-/// pod's spec; the API server refuses `..`, and this refuses it again), with `mode` whatever the umask.
-/// The content goes to a temporary file renamed over the old one, so a reader sees the old value or the
-/// new one, never a part (upstream's AtomicWriter swaps the whole set at once through a symlink).
-fn write_file(dir: &Path, path: &str, mode: i32, value: &[u8]) -> Result<(), VolumeError> {
-    use nix::fcntl::{OFlag, openat};
-    use nix::sys::stat::{Mode, fchmod};
-    use std::io::Write;
-    let refused = |e: String| VolumeError::final_(format!("secret file {path:?}: {e}"));
-    let relative = Path::new(path);
-    let name = relative
-        .file_name()
-        .ok_or_else(|| refused("not a file name".into()))?;
-    let parent = relative.parent().unwrap_or(Path::new(""));
-    if !parent.as_os_str().is_empty() {
-        inlet_host::host_path::create_dirs(dir, parent, 0o755)
-            .map_err(|e| refused(e.to_string()))?;
-    }
-    let parent = inlet_host::host_path::open_below(dir, parent)
-        .map_err(|e| refused(e.to_string()))?
-        .ok_or_else(|| refused("its directory is gone".into()))?;
-    let mode = Mode::from_bits_truncate((mode as u32) & 0o777);
-    let mut temporary = std::ffi::OsString::from("..");
-    temporary.push(name);
-    temporary.push(".tmp");
-    let flags =
-        OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_TRUNC | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
-    let fd =
-        openat(&parent, temporary.as_os_str(), flags, mode).map_err(|e| refused(e.to_string()))?;
-    fchmod(&fd, mode).map_err(|e| refused(e.to_string()))?;
-    std::fs::File::from(fd)
-        .write_all(value)
-        .map_err(|e| VolumeError::transient(format!("secret file {path:?}: {e}")))?;
-    nix::fcntl::renameat(&parent, temporary.as_os_str(), &parent, name)
-        .map_err(|e| VolumeError::transient(format!("secret file {path:?}: {e}")))
+/// Writes `payload` into the volume at `dir` as `AtomicWriter` does, the whole volume given to the pod's
+/// fsGroup (read-only) before the new version becomes visible, on the blocking pool.
+pub(crate) async fn project(
+    host: &dyn VolumeHost,
+    dir: &Path,
+    payload: BTreeMap<String, FileProjection>,
+    fs_group: Option<i64>,
+) -> Result<(), VolumeError> {
+    let mounter = host.mounter();
+    let dir = dir.to_path_buf();
+    let write = move || {
+        atomic_writer::write(&dir, &payload, |_| match fs_group {
+            Some(gid) => set_volume_ownership(mounter.as_ref(), &dir, gid, true),
+            None => Ok(()),
+        })
+    };
+    let written = tokio::task::spawn_blocking(write)
+        .await
+        .map_err(|e| VolumeError::transient(e.to_string()))?;
+    // Retried like any SetUp failure, as upstream retries a bad path with the volume's back-off.
+    written
+        .map(drop)
+        .map_err(|e| VolumeError::transient(e.to_string()))
 }

@@ -3,7 +3,9 @@
 
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{CSIVolumeSource, PersistentVolume, Pod, SecretReference, Volume};
+use k8s_openapi::api::core::v1::{
+    CSIVolumeSource, Container, PersistentVolume, Pod, SecretReference, Volume,
+};
 
 /// The inline CSI source as the early KEP-596 draft had it: the shipped `CSIVolumeSource` plus the draft's
 /// `volumeHandle` and controller-publish / node-stage secret references (upstream never shipped these; they
@@ -65,6 +67,9 @@ pub struct PodInfo {
     pub fs_group: Option<i64>,
     /// `spec.imagePullSecrets` names (in the pod's namespace).
     pub image_pull_secrets: Vec<String>,
+    /// The memory the pod may use, in bytes, when its containers' limits bound it (the pod cgroup's
+    /// limit, `ResourceConfigForPod`): a memory-backed emptyDir is no larger.
+    pub memory_limit: Option<u64>,
 }
 
 impl PodInfo {
@@ -91,8 +96,41 @@ impl PodInfo {
                 .flatten()
                 .map(|r| r.name.clone())
                 .collect(),
+            memory_limit: pod_memory_limit(pod),
         }
     }
+}
+
+/// The pod's memory limit as `ResourceConfigForPod` (`pkg/kubelet/cm/helpers_linux.go`) sets its cgroup's:
+/// none unless every container states one; then the regular containers' and sidecars' sum, or an init
+/// container's limit (with the sidecars started before it) when that is larger, plus the pod's overhead.
+fn pod_memory_limit(pod: &Pod) -> Option<u64> {
+    let spec = pod.spec.as_ref()?;
+    let limit = |c: &Container| {
+        let quantity = c.resources.as_ref()?.limits.as_ref()?.get("memory")?;
+        inlet_host::quantity::parse_bytes(&quantity.0).ok()
+    };
+    let mut sidecars = 0u64;
+    let mut init_peak = 0u64;
+    for container in spec.init_containers.iter().flatten() {
+        let bytes = limit(container)?;
+        if container.restart_policy.as_deref() == Some("Always") {
+            sidecars = sidecars.saturating_add(bytes);
+        } else {
+            init_peak = init_peak.max(sidecars.saturating_add(bytes));
+        }
+    }
+    let mut regular = sidecars;
+    for container in &spec.containers {
+        regular = regular.saturating_add(limit(container)?);
+    }
+    let overhead = spec
+        .overhead
+        .as_ref()
+        .and_then(|o| o.get("memory"))
+        .and_then(|q| inlet_host::quantity::parse_bytes(&q.0).ok())
+        .unwrap_or(0);
+    Some(regular.max(init_peak).saturating_add(overhead))
 }
 
 /// A reference to a secret with its namespace resolved.

@@ -20,6 +20,7 @@ use super::handle::attachment_name;
 use super::source::{CsiSource, LifecycleMode, resolve};
 use super::vol_data::VolData;
 use super::{CsiPlugin, PLUGIN_NAME, device_path_for, log, spec_driver};
+use crate::ownership::set_volume_ownership;
 use crate::{Mounter, MounterArgs, PodInfo, SecretRef, Spec, Unmounter, VolumeError, VolumeHost};
 use k8s_openapi::api::storage::v1::CSIDriver;
 
@@ -392,27 +393,10 @@ pub(super) fn remove_mount_dir(host: &dyn VolumeHost, dir: &Path) {
     }
 }
 
-/// `SetVolumeOwnership` (`volume_linux.go`): the group of every file becomes `gid`, with group read/write,
-/// and directories get the setgid bit so new files inherit the group. Like upstream's `filepath.Walk`, the
-/// walk does not follow symlinks, and a symlink is left alone. Every change goes through the mount layer
-/// (the recording fake records it); the walk runs on the blocking pool.
+/// [`set_volume_ownership`] for a read-write volume, on the blocking pool.
 async fn apply_fs_group(mounter: Arc<dyn MountLayer>, dir: &Path, gid: i64) -> std::io::Result<()> {
-    let gid = u32::try_from(gid).map_err(std::io::Error::other)?;
     let dir = dir.to_path_buf();
-    let walk = move || {
-        for entry in walkdir::WalkDir::new(&dir) {
-            let entry = entry.map_err(std::io::Error::other)?;
-            if entry.path_is_symlink() {
-                continue;
-            }
-            let bits = match entry.file_type().is_dir() {
-                true => 0o2070,
-                false => 0o060,
-            };
-            mounter.set_group(entry.path(), gid, bits)?;
-        }
-        Ok(())
-    };
+    let walk = move || set_volume_ownership(mounter.as_ref(), &dir, gid, false);
     tokio::task::spawn_blocking(walk)
         .await
         .map_err(std::io::Error::other)?
