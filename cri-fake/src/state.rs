@@ -57,6 +57,8 @@ pub struct Container {
     pub log_file: Option<PathBuf>,
     /// Its environment, which an exec'd command sees too.
     pub envs: Vec<cri::KeyValue>,
+    /// The devices it was given (a block volume's, for one).
+    pub devices: Vec<cri::Device>,
     /// When a started container that ends exits.
     exits_at: Option<Instant>,
 }
@@ -322,6 +324,15 @@ impl FakeRuntime {
                 )));
             }
         }
+        // A device's host path is followed (the kubelet passes a block volume's symlink), as runc does.
+        for device in &config.devices {
+            if std::fs::metadata(&device.host_path).is_err() {
+                return Err(Status::unknown(format!(
+                    "failed to generate container spec: error gathering device information while adding custom device {:?}: no such file or directory",
+                    device.host_path
+                )));
+            }
+        }
         let id = new_id();
         self.with(|s| {
             let sandbox = s
@@ -374,6 +385,7 @@ impl FakeRuntime {
                     outcome,
                     log_file,
                     envs: config.envs,
+                    devices: config.devices,
                     exits_at: None,
                 },
             );

@@ -29,6 +29,33 @@ fn read<T: crate::api::store::Kind>(
     }
 }
 
+/// A claim's volume is a filesystem for volumeMounts and a device for volumeDevices, as its PV's
+/// `volumeMode` says (`createVolumeSpec` in desired_state_of_world_populator.go; Filesystem when unset).
+fn check_volume_mode(pod: &Pod, name: &str, pv: &PersistentVolume) -> Result<(), String> {
+    let mode = pv
+        .spec
+        .as_ref()
+        .and_then(|s| s.volume_mode.as_deref())
+        .unwrap_or("Filesystem");
+    let containers = crate::node::all_containers(pod);
+    let (mut mounted, mut mapped) = (false, false);
+    for c in containers {
+        mounted |= c.volume_mounts.iter().flatten().any(|m| m.name == name);
+        mapped |= c.volume_devices.iter().flatten().any(|d| d.name == name);
+    }
+    if mounted && mode != "Filesystem" {
+        return Err(format!(
+            "volume {name} has volumeMode {mode}, but is specified in volumeMounts"
+        ));
+    }
+    if mapped && mode != "Block" {
+        return Err(format!(
+            "volume {name} has volumeMode {mode}, but is specified in volumeDevices"
+        ));
+    }
+    Ok(())
+}
+
 /// The spec of one pod volume, and the volume's own read-only flag. Errors are in upstream's words.
 pub fn volume_spec(
     api: &Api,
@@ -76,6 +103,7 @@ pub fn volume_spec(
         }
         let pv = read::<PersistentVolume>(api, reads, "", &pv_name)
             .ok_or_else(|| format!("persistentvolume {pv_name:?} not found"))?;
+        check_volume_mode(pod, &volume.name, &pv)?;
         let read_only = claim.read_only.unwrap_or(false);
         return Ok((Spec::Persistent { pv, read_only }, read_only));
     }

@@ -42,6 +42,9 @@ pub struct CsiCall {
     pub access_mode: String,
     /// The capability's `volume_mount_group` (the fsGroup a VOLUME_MOUNT_GROUP driver applies).
     pub volume_mount_group: String,
+    /// The capability's access type, `Mount` or `Block`, when the call has a capability.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub access_type: String,
 }
 
 /// What a call's report needs from its request.
@@ -214,6 +217,11 @@ impl CsiCall {
             volume_mount_group: match info.capability.and_then(|c| c.access_type.as_ref()) {
                 Some(csi::volume_capability::AccessType::Mount(m)) => m.volume_mount_group.clone(),
                 _ => String::new(),
+            },
+            access_type: match info.capability.and_then(|c| c.access_type.as_ref()) {
+                Some(csi::volume_capability::AccessType::Mount(_)) => "Mount".into(),
+                Some(csi::volume_capability::AccessType::Block(_)) => "Block".into(),
+                None => String::new(),
             },
         }
     }

@@ -25,7 +25,9 @@ use inlet_proto::csi::v1::{
 use inlet_proto::csi_call::rpc_error;
 use inlet_volume::csi::{CsiClient, CsiPlugin};
 use inlet_volume::{PodInfo, VolumePlugin};
-use k8s_openapi::api::core::v1::{CSIPersistentVolumeSource, Node, PersistentVolume, Pod, Secret};
+use k8s_openapi::api::core::v1::{
+    CSIPersistentVolumeSource, Node, PersistentVolume, PersistentVolumeSpec, Pod, Secret,
+};
 use k8s_openapi::api::storage::v1::{
     CSINode, VolumeAttachment, VolumeAttachmentStatus, VolumeError as ApiVolumeError,
 };
@@ -388,7 +390,19 @@ impl AttachDetach {
             return Ok(None);
         }
         let read_only = source.read_only.unwrap_or(false);
-        let access_mode = self.access_mode(attachment);
+        let spec = self.volume_spec(attachment);
+        let access_mode = access_mode(spec.as_ref());
+        // A Block PV is published for raw block access (the external-attacher's capability).
+        let block = spec.as_ref().and_then(|s| s.volume_mode.as_deref()) == Some("Block");
+        let access_type = match block {
+            true => csi::volume_capability::AccessType::Block(Default::default()),
+            false => {
+                csi::volume_capability::AccessType::Mount(csi::volume_capability::MountVolume {
+                    fs_type: source.fs_type.clone().unwrap_or_default(),
+                    ..Default::default()
+                })
+            }
+        };
         let request = csi::ControllerPublishVolumeRequest {
             volume_id: source.volume_handle.clone(),
             node_id,
@@ -396,12 +410,7 @@ impl AttachDetach {
                 access_mode: Some(csi::volume_capability::AccessMode {
                     mode: access_mode as i32,
                 }),
-                access_type: Some(csi::volume_capability::AccessType::Mount(
-                    csi::volume_capability::MountVolume {
-                        fs_type: source.fs_type.clone().unwrap_or_default(),
-                        ..Default::default()
-                    },
-                )),
+                access_type: Some(access_type),
             }),
             readonly: read_only,
             secrets: self.secrets(source.controller_publish_secret_ref.as_ref())?,
@@ -466,27 +475,17 @@ impl AttachDetach {
         Ok((source, client, node_id))
     }
 
-    fn access_mode(
-        &self,
-        attachment: &VolumeAttachment,
-    ) -> csi::volume_capability::access_mode::Mode {
-        use csi::volume_capability::access_mode::Mode;
-        let modes = match &attachment.spec.source.inline_volume_spec {
-            Some(spec) => spec.access_modes.clone(),
+    /// The volume's spec: the attachment's inline one, else its PV's.
+    fn volume_spec(&self, attachment: &VolumeAttachment) -> Option<PersistentVolumeSpec> {
+        match &attachment.spec.source.inline_volume_spec {
+            Some(spec) => Some(spec.clone()),
             None => attachment
                 .spec
                 .source
                 .persistent_volume_name
                 .as_deref()
                 .and_then(|n| self.api.peek::<PersistentVolume>("", n))
-                .and_then(|pv| pv.spec.clone())
-                .and_then(|s| s.access_modes),
-        };
-        match modes.unwrap_or_default().first().map(String::as_str) {
-            Some("ReadOnlyMany") => Mode::MultiNodeReaderOnly,
-            Some("ReadWriteMany") => Mode::MultiNodeMultiWriter,
-            Some("ReadWriteOncePod") => Mode::SingleNodeSingleWriter,
-            _ => Mode::SingleNodeWriter,
+                .and_then(|pv| pv.spec.clone()),
         }
     }
 
@@ -513,5 +512,17 @@ impl AttachDetach {
             .into_iter()
             .map(|(k, v)| (k, String::from_utf8_lossy(&v.0).into_owned()))
             .collect())
+    }
+}
+
+/// The CSI access mode of a volume's first Kubernetes one.
+fn access_mode(spec: Option<&PersistentVolumeSpec>) -> csi::volume_capability::access_mode::Mode {
+    use csi::volume_capability::access_mode::Mode;
+    let first = spec.and_then(|s| s.access_modes.as_ref()?.first().cloned());
+    match first.as_deref() {
+        Some("ReadOnlyMany") => Mode::MultiNodeReaderOnly,
+        Some("ReadWriteMany") => Mode::MultiNodeMultiWriter,
+        Some("ReadWriteOncePod") => Mode::SingleNodeSingleWriter,
+        _ => Mode::SingleNodeWriter,
     }
 }

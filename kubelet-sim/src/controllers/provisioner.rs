@@ -57,6 +57,12 @@ pub async fn pre_provision(
             pv: name.clone(),
             reason,
         })?;
+    // A Block PV's volume is created for raw block access, as the external-provisioner asks for one.
+    let block = pv.spec.as_ref().and_then(|s| s.volume_mode.as_deref()) == Some("Block");
+    let access_type = match block {
+        true => csi::volume_capability::AccessType::Block(Default::default()),
+        false => csi::volume_capability::AccessType::Mount(Default::default()),
+    };
     for handle in local_drivers {
         let channel = inlet_proto::uds::connect(&handle.socket).await?;
         let request = csi::CreateVolumeRequest {
@@ -69,7 +75,7 @@ pub async fn pre_provision(
                 access_mode: Some(csi::volume_capability::AccessMode {
                     mode: csi::volume_capability::access_mode::Mode::SingleNodeWriter as i32,
                 }),
-                access_type: Some(csi::volume_capability::AccessType::Mount(Default::default())),
+                access_type: Some(access_type.clone()),
             }],
             ..Default::default()
         };

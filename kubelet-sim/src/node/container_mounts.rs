@@ -1,6 +1,7 @@
 //! A container's CRI mounts (`kubelet_pods.go` makeMounts): each volumeMount's volume dir from the volume
 //! manager, or the bind of its subPath (or of its `subPathExpr`, expanded with the container's
-//! environment), read-only when the mount or the volume says so.
+//! environment), read-only when the mount or the volume says so; and its CRI devices, the block volumes
+//! its volumeDevices name (makeBlockVolumes).
 
 use std::path::{Component, Path, PathBuf};
 
@@ -66,6 +67,35 @@ impl Kubelet {
             });
         }
         Ok(mounts)
+    }
+
+    /// The CRI devices of a container (`kubelet_pods.go` makeBlockVolumes): each volumeDevice is the
+    /// pod's device symlink of its block volume, `mrw`, or `r` when the volume is read-only.
+    pub(super) fn container_devices(
+        &self,
+        uid: &str,
+        container: &Container,
+    ) -> Result<Vec<cri::Device>, String> {
+        let Some(devices) = container.volume_devices.as_ref().filter(|d| !d.is_empty()) else {
+            return Ok(Vec::new());
+        };
+        let volumes = self.volumes.mounted_volumes_for_pod(uid);
+        devices
+            .iter()
+            .map(|device| {
+                let volume = volumes.get(&device.name).ok_or_else(|| {
+                    format!(
+                        "cannot find volume {:?} to pass into container {:?}",
+                        device.name, container.name
+                    )
+                })?;
+                Ok(cri::Device {
+                    container_path: device.device_path.clone(),
+                    host_path: volume.path.display().to_string(),
+                    permissions: if volume.read_only { "r" } else { "mrw" }.into(),
+                })
+            })
+            .collect()
     }
 
     /// The bind of one volumeMount's subPath; a missing subPath is created first in a writable volume, as the

@@ -328,6 +328,9 @@ impl Kubelet {
         let mounts = self
             .container_mounts(&uid, container, &env)
             .map_err(&config_error)?;
+        let devices = self
+            .container_devices(&uid, container)
+            .map_err(&config_error)?;
         let config = cri::ContainerConfig {
             metadata: Some(cri::ContainerMetadata {
                 name: container.name.clone(),
@@ -345,6 +348,7 @@ impl Kubelet {
                 .map(|(key, value)| cri::KeyValue { key, value })
                 .collect(),
             mounts,
+            devices,
             // The pod's labels too, as `newContainerLabels` sets them: the relist finds a container's pod.
             labels: sandbox_config
                 .labels

@@ -102,3 +102,87 @@ fn tmpfs_size(w: &mut Sim, mount: String, pod: String, mib: u64) {
     let bytes = fs.blocks() * fs.block_size() as u64;
     assert_eq!(bytes, mib << 20, "{}", host.display());
 }
+
+/// A path below the kubelet root with `{uid}` standing for the pod's UID.
+fn under_root(w: &Sim, pod: &str, relative: &str) -> String {
+    relative.replace("{uid}", &w.uid(pod))
+}
+
+#[then(regex = r#"^the driver staged handle "([^"]+)" as Block at "([^"]+)"$"#)]
+fn staged_as_block(w: &mut Sim, handle: String, relative: String) {
+    let calls = w.report().csi_calls;
+    let stage = calls
+        .iter()
+        .find(|c| c.method == "NodeStageVolume" && c.volume_id == handle && c.code == "OK")
+        .unwrap_or_else(|| panic!("no NodeStageVolume of {handle}: {calls:#?}"));
+    assert_eq!(stage.access_type, "Block", "{stage:#?}");
+    assert!(stage.staging_path.ends_with(&relative), "{stage:#?}");
+}
+
+#[then(
+    regex = r#"^the driver published handle "([^"]+)" as Block for pod "([^"]+)" at "([^"]+)"$"#
+)]
+fn published_as_block(w: &mut Sim, handle: String, pod: String, relative: String) {
+    let relative = under_root(w, &pod, &relative);
+    let calls = w.report().csi_calls;
+    let publish = calls
+        .iter()
+        .find(|c| {
+            c.method == "NodePublishVolume"
+                && c.volume_id == handle
+                && c.target_path.ends_with(&relative)
+        })
+        .unwrap_or_else(|| panic!("no NodePublishVolume of {handle} at {relative}: {calls:#?}"));
+    assert_eq!(
+        (publish.code.as_str(), publish.access_type.as_str()),
+        ("OK", "Block"),
+        "{publish:#?}"
+    );
+}
+
+#[then(
+    regex = r#"^container "([^"]+)" of pod "([^"]+)" has the device "([^"]+)" from "([^"]+)", a link to "([^"]+)", with "(\w+)"$"#
+)]
+fn container_device(
+    w: &mut Sim,
+    container: String,
+    pod: String,
+    device_path: String,
+    relative: String,
+    target: String,
+    permissions: String,
+) {
+    let (relative, target) = (under_root(w, &pod, &relative), under_root(w, &pod, &target));
+    let runtime = w.sim().cri_fake.as_ref().expect("cri-fake runs in-process");
+    let uid = w.uid(&pod);
+    let found = runtime.containers_where(|c| {
+        c.status
+            .metadata
+            .as_ref()
+            .is_some_and(|m| m.name == container)
+            && c.status.labels.get("io.kubernetes.pod.uid") == Some(&uid)
+    });
+    let device = found
+        .iter()
+        .flat_map(|c| &c.devices)
+        .find(|d| d.container_path == device_path)
+        .unwrap_or_else(|| panic!("no device {device_path}: {found:#?}"));
+    assert!(device.host_path.ends_with(&relative), "{device:#?}");
+    assert_eq!(device.permissions, permissions);
+    let link = std::fs::read_link(&device.host_path).expect("the pod's device is a symlink");
+    assert!(link.to_string_lossy().ends_with(&target), "{link:?}");
+}
+
+/// The shared directories (`staging/`, `publish/`) stay, as upstream leaves them.
+#[then(regex = r#"^the kubelet dir of "([^"]+)" holds nothing of "([^"]+)" under "([^"]+)"$"#)]
+fn nothing_under(w: &mut Sim, node: String, name: String, relative: String) {
+    let dir = w.dir.path().join("root").join(&node).join(&relative);
+    let left: Vec<_> = walkdir::WalkDir::new(&dir)
+        .min_depth(1)
+        .into_iter()
+        .filter_map(Result::ok)
+        .map(|e| e.path().display().to_string())
+        .filter(|p| p.contains(&name))
+        .collect();
+    assert!(left.is_empty(), "left under {}: {left:#?}", dir.display());
+}

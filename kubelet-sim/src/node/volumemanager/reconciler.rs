@@ -372,7 +372,17 @@ impl VolumeManager {
 
     /// A failed mount operation as a FailedMount event: `GenerateError` of operation_executor.go names
     /// the volume spec (a claim's PV), not the pod's volume.
+    /// A block volume's operations are MapVolume's (`GenerateMapVolumeFunc`): SetUpDevice for the staging,
+    /// MapPodDevice for the publish, NewBlockVolumeMapper.
     fn failed(&self, volume: &PodVolume, operation: &str, e: &VolumeError) -> bool {
+        let operation = match inlet_volume::csi::source::is_block(&volume.spec) {
+            true => match operation {
+                "MountVolume.MountDevice" => "MapVolume.SetUpDevice",
+                "MountVolume.NewMounter" => "MapVolume.NewBlockVolumeMapper",
+                _ => "MapVolume.MapPodDevice",
+            },
+            false => operation,
+        };
         self.warn(
             &volume.pod,
             &format!(

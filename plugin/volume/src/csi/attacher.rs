@@ -201,14 +201,21 @@ impl CsiAttacher {
             false => Default::default(),
         };
         // The staging dir and its record exist even when the driver does not stage: UnmountDevice needs
-        // the record (csi_attacher.go keeps just volumeHandle and driverName there).
-        let parent = path.parent().unwrap_or(path);
-        std::fs::create_dir_all(path).map_err(|e| {
-            VolumeError::transient(log(format!(
-                "attacher.MountDevice failed to create dir {:?}:  {e}",
-                path.display()
-            )))
-        })?;
+        // the record (csi_attacher.go keeps just volumeHandle and driverName there). A block volume's
+        // record is the volume's own (`volumeDevices/<pv>/data`).
+        let record_dir = match source.block {
+            true => super::block::data_dir(host, spec.name()),
+            false => path.parent().unwrap_or(path).to_path_buf(),
+        };
+        let parent = record_dir.as_path();
+        std::fs::create_dir_all(path)
+            .and_then(|()| std::fs::create_dir_all(parent))
+            .map_err(|e| {
+                VolumeError::transient(log(format!(
+                    "attacher.MountDevice failed to create dir {:?}:  {e}",
+                    path.display()
+                )))
+            })?;
         VolData::save_staging(parent, &handle, &driver_name).map_err(|e| {
             VolumeError::final_(log(format!("failed to save volume info data: {e}")))
         })?;
@@ -251,7 +258,11 @@ impl CsiAttacher {
 impl DeviceUnmounter for CsiAttacher {
     async fn unmount_device(&self, path: &Path) -> Result<(), VolumeError> {
         let host = self.host.as_ref();
-        let Ok(data) = VolData::load(path.parent().unwrap_or(path)) else {
+        let record_dir = match super::block::staged_spec_name(host, path) {
+            Some(name) => super::block::data_dir(host, &name),
+            None => path.parent().unwrap_or(path).to_path_buf(),
+        };
+        let Ok(data) = VolData::load(&record_dir) else {
             // Never staged through the driver (no data file): only the directory may be left.
             remove_staging_dir(host, path);
             return Ok(());
@@ -284,8 +295,12 @@ impl DeviceUnmounter for CsiAttacher {
     }
 }
 
-/// Removes a staging dir (when no longer mounted), its data file and its parent.
+/// Removes a staging dir (when no longer mounted), its data file and its parent; a block volume's, with
+/// its record (`block::remove_staging`).
 fn remove_staging_dir(host: &dyn VolumeHost, path: &Path) {
+    if let Some(name) = super::block::staged_spec_name(host, path) {
+        return super::block::remove_staging(host, &name);
+    }
     if host.mounter().is_mount_point(path).unwrap_or(true) {
         return;
     }

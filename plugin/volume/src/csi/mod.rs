@@ -5,10 +5,13 @@
 //! - `driver.rs`: CSIDriver-driven policy (lifecycle modes, fsGroup, pod info, tokens), upstream texts.
 //! - `mounter.rs`: SetUpAt / TearDownAt (NodePublish / NodeUnpublish).
 //! - `attacher.rs`: attach and detach (VolumeAttachments), MountDevice / UnmountDevice (NodeStage / NodeUnstage).
+//! - `block.rs`: raw block volumes' paths (`csi_block.go`): staged and published with the Block access
+//!   type by the same device mounter and mounter, and given to the pod as a device symlink.
 //! - `client.rs`: the CSI client with the kubelet's timeout and a call observer; `handle.rs`: the names;
 //!   `vol_data.rs`: the data file beside each mount.
 
 pub mod attacher;
+mod block;
 mod client;
 pub mod driver;
 pub mod handle;
@@ -124,10 +127,20 @@ impl VolumePlugin for CsiPlugin {
         spec_name: &str,
         pod_uid: &str,
     ) -> Result<Box<dyn Unmounter>, VolumeError> {
+        // A block volume's map is known by what its MapPodDevice left: the pod's device symlink, or a
+        // publish path made before the symlink was.
+        let host = self.host.as_ref();
+        let block = block::pod_device_path(host, pod_uid, spec_name)
+            .symlink_metadata()
+            .is_ok()
+            || block::publish_path(host, spec_name, pod_uid)
+                .symlink_metadata()
+                .is_ok();
         Ok(Box::new(CsiUnmounter {
             host: Arc::clone(&self.host),
             spec_name: spec_name.to_string(),
             pod_uid: pod_uid.to_string(),
+            block,
         }))
     }
 
@@ -240,6 +253,9 @@ impl DeviceMountableVolumePlugin for CsiPlugin {
 
     async fn device_mount_path(&self, spec: &Spec, pod: &PodInfo) -> Result<PathBuf, VolumeError> {
         let source = resolve(self.host.as_ref(), spec, pod).await?;
+        if source.block {
+            return Ok(block::staging_path(self.host.as_ref(), spec.name()));
+        }
         Ok(device_path_for(
             self.host.as_ref(),
             &source.driver,

@@ -12,12 +12,13 @@ use inlet_host::mount::MountLayer;
 use inlet_proto::csi::v1::{self as csi, node_service_capability::rpc::Type as NodeCap};
 use inlet_proto::csi_call::rpc_error;
 
+use super::block;
 use super::driver::{
     check_lifecycle_mode, fs_group_policy, pod_info_attributes, service_account_tokens,
     supports_fs_group,
 };
 use super::handle::attachment_name;
-use super::source::{CsiSource, LifecycleMode, resolve};
+use super::source::{CsiSource, LifecycleMode, is_block, resolve};
 use super::vol_data::VolData;
 use super::{CsiPlugin, PLUGIN_NAME, device_path_for, log, spec_driver};
 use crate::ownership::set_volume_ownership;
@@ -33,7 +34,11 @@ pub struct CsiMounter {
 
 #[async_trait]
 impl Mounter for CsiMounter {
+    /// A filesystem's mount dir; for a block volume, the pod's device symlink (`GetPodDeviceMapPath`).
     fn path(&self) -> PathBuf {
+        if is_block(&self.spec) {
+            return block::pod_device_path(self.host.as_ref(), &self.pod.uid, self.spec.name());
+        }
         self.host
             .pod_volume_dir(&self.pod.uid, PLUGIN_NAME, self.spec.name())
             .join("mount")
@@ -92,6 +97,9 @@ impl CsiMounter {
             LifecycleMode::Ephemeral => (String::new(), HashMap::new()),
             LifecycleMode::Persistent => {
                 let staging = match caps.contains(&NodeCap::StageUnstageVolume) {
+                    true if source.block => block::staging_path(host, self.spec.name())
+                        .display()
+                        .to_string(),
                     true => device_path_for(host, &driver_name, &handle)
                         .display()
                         .to_string(),
@@ -106,14 +114,26 @@ impl CsiMounter {
             }
         };
 
-        // 8. The volume's parent dir (the driver creates `mount/` itself).
-        let parent = dir.parent().unwrap_or(dir);
-        std::fs::create_dir_all(parent).map_err(|e| {
-            VolumeError::transient(log(format!(
-                "mounter.SetUpAt failed to create dir {:?}:  {e}",
-                parent.display()
-            )))
-        })?;
+        // 8. The volume's parent dir (the driver creates `mount/` itself). A block volume is published
+        // to a device file the driver creates below the kubelet's publish dir (`MapPodDevice`), its
+        // record kept with the volume's (`volumeDevices/<pv>/data`).
+        let target = match source.block {
+            true => block::publish_path(host, self.spec.name(), &self.pod.uid),
+            false => dir.to_path_buf(),
+        };
+        let record_dir = match source.block {
+            true => block::data_dir(host, self.spec.name()),
+            false => dir.parent().unwrap_or(dir).to_path_buf(),
+        };
+        let parent = target.parent().unwrap_or(&target);
+        std::fs::create_dir_all(parent)
+            .and_then(|()| std::fs::create_dir_all(&record_dir))
+            .map_err(|e| {
+                VolumeError::transient(log(format!(
+                    "mounter.SetUpAt failed to create dir {:?}:  {e}",
+                    parent.display()
+                )))
+            })?;
 
         // 9. Secrets: only the referenced one, from the namespace the source resolved to.
         let mut secrets = read_secret(
@@ -157,7 +177,7 @@ impl CsiMounter {
 
         // 14. vol_data.json, so the volume can be unmounted (and reconstructed) without the pod.
         let data = vol_data(host, &self.spec, &driver_name, &handle, source.mode);
-        data.save(parent).map_err(|e| {
+        data.save(&record_dir).map_err(|e| {
             VolumeError::transient(log(format!(
                 "mounter.SetUpAt failed to save volume info data: {e}"
             )))
@@ -169,7 +189,7 @@ impl CsiMounter {
             volume_id: handle.clone(),
             publish_context,
             staging_target_path: staging_path,
-            target_path: dir.display().to_string(),
+            target_path: target.display().to_string(),
             volume_capability: Some(capability(
                 &source,
                 access_mode,
@@ -184,11 +204,19 @@ impl CsiMounter {
         if let Err(status) = client.node_publish(request).await {
             let err = VolumeError::from_csi(&status, rpc_error(&status));
             if err.class == crate::ErrorClass::Final {
-                remove_mount_dir(host, dir);
+                match source.block {
+                    true => block::remove_pod_map(host, self.spec.name(), &self.pod.uid),
+                    false => remove_mount_dir(host, dir),
+                }
             }
             return Err(err);
         }
         inlet_host::crash::point("setup.published");
+        if source.block {
+            // `MapBlockVolume`: the pod's device is a symlink to the published device file. Block
+            // volumes take no fsGroup.
+            return map_block_volume(dir, &target);
+        }
 
         // 17. fsGroup, unless the volume is read-only, the policy says no, or the driver applied it.
         if !mount_group
@@ -210,6 +238,24 @@ impl CsiMounter {
         }
         Ok(())
     }
+}
+
+/// Points the pod's device symlink `link` at the published device file, replacing a stale link.
+fn map_block_volume(link: &Path, device: &Path) -> Result<(), VolumeError> {
+    let fail = |e: std::io::Error| {
+        VolumeError::transient(log(format!(
+            "blockMapper.MapPodDevice failed to map the device {}: {e}",
+            link.display()
+        )))
+    };
+    if let Some(parent) = link.parent() {
+        std::fs::create_dir_all(parent).map_err(fail)?;
+    }
+    if std::fs::read_link(link).is_ok_and(|to| to == device) {
+        return Ok(());
+    }
+    let _ = std::fs::remove_file(link);
+    std::os::unix::fs::symlink(device, link).map_err(fail)
 }
 
 /// The publish context of a persistent volume: its VolumeAttachment's `attachmentMetadata`, when the driver
@@ -264,11 +310,16 @@ pub struct CsiUnmounter {
     pub(super) host: Arc<dyn VolumeHost>,
     pub(super) spec_name: String,
     pub(super) pod_uid: String,
+    /// A block volume's map (`UnmapPodDevice`), not a mount.
+    pub(super) block: bool,
 }
 
 #[async_trait]
 impl Unmounter for CsiUnmounter {
     fn path(&self) -> PathBuf {
+        if self.block {
+            return block::pod_device_path(self.host.as_ref(), &self.pod_uid, &self.spec_name);
+        }
         self.host
             .pod_volume_dir(&self.pod_uid, PLUGIN_NAME, &self.spec_name)
             .join("mount")
@@ -283,6 +334,9 @@ impl Unmounter for CsiUnmounter {
 
 impl CsiUnmounter {
     async fn tear_down(&self, dir: &Path) -> Result<(), VolumeError> {
+        if self.block {
+            return self.unmap_pod_device().await;
+        }
         let host = self.host.as_ref();
         let parent = dir.parent().unwrap_or(dir);
         let data = match VolData::load(parent) {
@@ -320,6 +374,35 @@ impl CsiUnmounter {
     }
 }
 
+impl CsiUnmounter {
+    /// `UnmapPodDevice`: NodeUnpublishVolume of the pod's device file, then its symlink and dirs. A map
+    /// whose record is gone was never published: only what the kubelet made is removed.
+    async fn unmap_pod_device(&self) -> Result<(), VolumeError> {
+        let host = self.host.as_ref();
+        let publish = block::publish_path(host, &self.spec_name, &self.pod_uid);
+        let Ok(data) = VolData::load(&block::data_dir(host, &self.spec_name)) else {
+            block::remove_pod_map(host, &self.spec_name, &self.pod_uid);
+            return Ok(());
+        };
+        let client = host.csi_client(&data.driver_name).await.map_err(|e| {
+            VolumeError::transient(format!(
+                "blockMapper.UnmapPodDevice failed to get CSI client: {e}"
+            ))
+        })?;
+        client
+            .node_unpublish(&data.volume_handle, &publish.display().to_string())
+            .await
+            .map_err(|s| {
+                VolumeError::from_csi(
+                    &s,
+                    format!("blockMapper.UnmapPodDevice failed: {}", rpc_error(&s)),
+                )
+            })?;
+        block::remove_pod_map(host, &self.spec_name, &self.pod_uid);
+        Ok(())
+    }
+}
+
 /// The CSI capability for a volume.
 pub(super) fn capability(
     source: &CsiSource,
@@ -327,8 +410,17 @@ pub(super) fn capability(
     mount_flags: Vec<String>,
     volume_mount_group: String,
 ) -> csi::VolumeCapability {
+    let access_mode = Some(csi::volume_capability::AccessMode { mode: mode as i32 });
+    if source.block {
+        return csi::VolumeCapability {
+            access_mode,
+            access_type: Some(csi::volume_capability::AccessType::Block(
+                csi::volume_capability::BlockVolume {},
+            )),
+        };
+    }
     csi::VolumeCapability {
-        access_mode: Some(csi::volume_capability::AccessMode { mode: mode as i32 }),
+        access_mode,
         access_type: Some(csi::volume_capability::AccessType::Mount(
             csi::volume_capability::MountVolume {
                 fs_type: source.fs_type.clone().unwrap_or_default(),

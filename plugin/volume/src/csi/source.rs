@@ -71,6 +71,8 @@ pub struct CsiSource {
     pub node_stage_secret: Option<SecretRef>,
     /// `controllerPublishSecretRef`, resolved.
     pub controller_publish_secret: Option<SecretRef>,
+    /// A PV of `volumeMode: Block`: a raw device for the pod (`csi_block.go`), not a filesystem.
+    pub block: bool,
 }
 
 impl CsiSource {
@@ -142,6 +144,7 @@ pub async fn resolve(
                 ),
                 node_stage_secret: in_pod_ns(&inline.node_stage_secret),
                 controller_publish_secret: in_pod_ns(&inline.controller_publish_secret),
+                block: false,
             })
         }
         Spec::Persistent { pv, read_only } => {
@@ -180,8 +183,19 @@ pub async fn resolve(
                     .controller_publish_secret_ref
                     .as_ref()
                     .and_then(SecretRef::from_pv),
+                block: is_block(spec),
             })
         }
+    }
+}
+
+/// True for a PV of `volumeMode: Block` (inline volumes are always filesystems).
+pub fn is_block(spec: &Spec) -> bool {
+    match spec {
+        Spec::Persistent { pv, .. } => {
+            pv.spec.as_ref().and_then(|s| s.volume_mode.as_deref()) == Some("Block")
+        }
+        Spec::Inline { .. } => false,
     }
 }
 
