@@ -100,6 +100,31 @@ Feature: A container's environment
     Then pod "bad-secret-key" has a Warning "Failed" event saying "Error: couldn't find key nope in Secret default/creds"
     And pod "bad-config-key" has a Warning "Failed" event saying "Error: configmap "gone" not found"
 
+  Scenario: References that would loop expand once, as upstream's expansion does
+    A `$(VAR)` is replaced by the value the variable had when it was defined, never expanded again
+    (`third_party/forked/golang/expansion`), so a variable that names itself, or two that name each other,
+    end as text rather than looping; `$$` escapes a reference.
+    Given the manifests:
+      """
+      apiVersion: v1
+      kind: Pod
+      metadata: {name: loops, annotations: {inlet.dev/expected-phase: Succeeded}}
+      spec:
+        restartPolicy: Never
+        containers:
+        - name: app
+          image: busybox
+          env:
+          - {name: SELF, value: "$(SELF)!"}
+          - {name: A, value: "$(B)a"}
+          - {name: B, value: "$(A)b"}
+          - {name: ESCAPED, value: "$$(A)"}
+          command: [echo, "$(SELF)", "$(A)", "$(B)", "$(ESCAPED)"]
+      """
+    When the simulation runs
+    Then pod "loops" ends Succeeded
+    And the log of container "app" of pod "loops" says "$(SELF)! $(B)a $(B)ab $(A)"
+
   Scenario: A subPathExpr is expanded with the container's variables, and refused when it steps out
     Given the manifests:
       """
