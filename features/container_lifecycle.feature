@@ -145,3 +145,36 @@ Feature: Containers run to completion
     And pod "held" has condition "PodReadyToStartContainers" "False"
     When the process lets go of its files
     Then nothing is left of pod "held" on "node-1"
+
+  @mounts
+  Scenario: A deleted pod's containers that never ran are ContainerStatusUnknown, and a crashed one shows its last run
+    TerminatePod (`status_manager.go`) ends the status of a pod that will run nothing again: once the pod
+    initialized, a container that never started is terminated with ContainerStatusUnknown and 137; one
+    waiting out a crash-loop back-off is not restarted, so it shows the run it ended with.
+    Given the manifests:
+      """
+      apiVersion: v1
+      kind: Pod
+      metadata: {name: mixed}
+      spec:
+        terminationGracePeriodSeconds: 1
+        containers:
+        - name: app
+          image: busybox
+          command: [sleep, "3600"]
+          volumeMounts: [{name: data, mountPath: /data}]
+        - {name: crashes, image: busybox, command: [sh, -c, "exit 2"]}
+        - {name: unpulled, image: example.inlet.dev/absent:v1, imagePullPolicy: Never}
+        volumes: [{name: data, csi: {driver: local.inlet.dev}}]
+      """
+    When the simulation runs
+    Then the API status of container "unpulled" of pod "mixed" waits with reason "ErrImageNeverPull"
+    And the API status of container "crashes" of pod "mixed" waits with reason "CrashLoopBackOff"
+    When a process holds "/data:busy.txt" open in pod "mixed"
+    And pod "mixed" is being deleted
+    Then pod "mixed" becomes Failed
+    And the API status of container "unpulled" of pod "mixed" is terminated with exit code 137 and reason "ContainerStatusUnknown" saying "The container could not be located when the pod was terminated"
+    And the API status of container "crashes" of pod "mixed" is terminated with exit code 2 and reason "Error"
+    And the API status of container "app" of pod "mixed" is terminated with exit code 137 and reason "Error"
+    When the process lets go of its files
+    Then nothing is left of pod "mixed" on "node-1"

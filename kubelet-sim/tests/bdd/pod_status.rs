@@ -202,6 +202,39 @@ async fn api_last_state(w: &mut Sim, name: String, pod: String, code: i32, reaso
 }
 
 #[then(
+    regex = r#"^the API status of container "([^"]+)" of pod "([^"]+)" is terminated with exit code (\d+) and reason "([^"]+)"(?: saying "(.*)")?$"#
+)]
+async fn api_terminated(
+    w: &mut Sim,
+    name: String,
+    pod: String,
+    code: i32,
+    reason: String,
+    message: String,
+) {
+    api_status(
+        w,
+        &pod,
+        &name,
+        &format!("is terminated with {reason}"),
+        |s| {
+            s.state
+                .as_ref()
+                .and_then(|st| st.terminated.as_ref())
+                .is_some_and(|t| {
+                    t.exit_code == code
+                        && t.reason.as_deref() == Some(&reason)
+                        && t.message
+                            .as_deref()
+                            .unwrap_or_default()
+                            .starts_with(&message)
+                })
+        },
+    )
+    .await;
+}
+
+#[then(
     regex = r#"^the API status of container "([^"]+)" of pod "([^"]+)" runs with a containerID starting "([^"]+)" and an imageID$"#
 )]
 async fn api_ids(w: &mut Sim, name: String, pod: String, prefix: String) {

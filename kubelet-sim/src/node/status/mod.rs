@@ -6,6 +6,7 @@
 //! - `mod.rs`: generating and writing the status; container statuses.
 //! - `phase.rs`: `getPhase`.
 //! - `conditions.rs`: the conditions of `status/generate.go`, and transition times.
+//! - `terminate.rs`: TerminatePod's last word on a pod that will run nothing again.
 
 use k8s_openapi::api::core::v1::{
     Container, ContainerState as ApiContainerState, ContainerStateRunning,
@@ -24,6 +25,7 @@ use phase::get_phase;
 
 mod conditions;
 mod phase;
+mod terminate;
 #[cfg(test)]
 mod tests;
 
@@ -98,7 +100,7 @@ impl Kubelet {
             .cloned()
             .collect();
         let sandbox = if sandbox_ready { "True" } else { "False" };
-        Generated {
+        let mut generated = Generated {
             phase,
             ready_to_start: condition("PodReadyToStartContainers", sandbox, "", String::new()),
             initialized: initialized_condition(spec, &all, phase),
@@ -106,7 +108,16 @@ impl Kubelet {
             containers_ready: containers_ready_condition(spec, &all, phase),
             statuses,
             init_statuses,
+        };
+        if terminal {
+            generated.phase = terminate::terminate_pod(
+                spec,
+                phase,
+                &mut generated.statuses,
+                &mut generated.init_statuses,
+            );
         }
+        generated
     }
 
     fn write_status(&self, pod: &Pod, status: Generated) {
