@@ -78,6 +78,16 @@ pub struct Kit {
 impl Kit {
     /// Brings the kit up on `runtime` (`containerd` or `crio`).
     pub fn up(dir: &Path, run: &Path, runtime: &str) -> Self {
+        Self::up_with(dir, run, runtime, &[])
+    }
+
+    /// Brings up only the runtime (`KIT_RUNTIME_ONLY=1`: no API server, no kubelet), for a kubelet-sim
+    /// that owns the runtime's pods (`--cri`).
+    pub fn up_runtime_only(dir: &Path, run: &Path, runtime: &str) -> Self {
+        Self::up_with(dir, run, runtime, &[("KIT_RUNTIME_ONLY", "1")])
+    }
+
+    fn up_with(dir: &Path, run: &Path, runtime: &str, options: &[(&str, &str)]) -> Self {
         // A test that panicked with the kit up has taken it down on drop: the lock is free to take.
         let turn = TURN.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let kit = Self {
@@ -86,7 +96,7 @@ impl Kit {
             children: Vec::new(),
             _turn: turn,
         };
-        let out = kit.script("up.sh", &[runtime]);
+        let out = kit.script_with("up.sh", &[runtime], options);
         assert!(
             out.status.success(),
             "up.sh {runtime} failed:\n{}",
@@ -96,8 +106,18 @@ impl Kit {
     }
 
     fn script(&self, name: &str, args: &[&str]) -> std::process::Output {
+        self.script_with(name, args, &[])
+    }
+
+    fn script_with(
+        &self,
+        name: &str,
+        args: &[&str],
+        options: &[(&str, &str)],
+    ) -> std::process::Output {
         Command::new(self.dir.join(name))
             .args(args)
+            .envs(options.iter().copied())
             .env("KIT_RUN", &self.run)
             .stdin(Stdio::null())
             .output()

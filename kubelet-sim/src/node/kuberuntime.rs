@@ -4,7 +4,6 @@
 //! `startContainer` (`kuberuntime_container.go`: its mounts from `container_mounts.rs`, create, start),
 //! and `adopt_sandboxes` takes over what a previous kubelet left running. Stopping a pod is `kill.rs`.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -14,6 +13,7 @@ use k8s_openapi::api::core::v1::{Container, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::Kubelet;
+use super::container_config::{container_annotations, container_labels, linux_config};
 use super::env::expand_words;
 use super::pod_worker::{PodRuntime, PodState};
 use super::status::is_sidecar;
@@ -244,64 +244,6 @@ impl Kubelet {
         }
     }
 
-    /// The pod's sandbox config (`kuberuntime_sandbox.go` generatePodSandboxConfig): metadata, labels,
-    /// hostname, log dir, network namespace.
-    pub(super) fn sandbox_config(&self, pod: &Pod) -> cri::PodSandboxConfig {
-        let meta = &pod.metadata;
-        let (name, namespace, uid) = (
-            meta.name.clone().unwrap_or_default(),
-            meta.namespace.clone().unwrap_or_default(),
-            meta.uid.clone().unwrap_or_default(),
-        );
-        let log_directory = self
-            .config
-            .root
-            .join("logs")
-            .join(format!("{namespace}_{name}_{uid}"));
-        let _ = std::fs::create_dir_all(&log_directory);
-        let host_network = pod
-            .spec
-            .as_ref()
-            .and_then(|s| s.host_network)
-            .unwrap_or(false);
-        cri::PodSandboxConfig {
-            metadata: Some(cri::PodSandboxMetadata {
-                name: name.clone(),
-                uid: uid.clone(),
-                namespace: namespace.clone(),
-                attempt: 0,
-            }),
-            // Host-network pods keep the node's hostname (`kuberuntime_sandbox.go` sets one only for pods
-            // with their own network; runc refuses a hostname without a private UTS namespace).
-            hostname: if host_network {
-                String::new()
-            } else {
-                name.clone()
-            },
-            log_directory: log_directory.display().to_string(),
-            labels: HashMap::from([
-                ("io.kubernetes.pod.name".to_string(), name),
-                ("io.kubernetes.pod.namespace".to_string(), namespace),
-                ("io.kubernetes.pod.uid".to_string(), uid),
-            ]),
-            linux: Some(cri::LinuxPodSandboxConfig {
-                security_context: Some(cri::LinuxSandboxSecurityContext {
-                    namespace_options: Some(cri::NamespaceOption {
-                        network: if host_network {
-                            cri::NamespaceMode::Node as i32
-                        } else {
-                            cri::NamespaceMode::Pod as i32
-                        },
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }
-    }
-
     /// Creates and starts one container (run `attempt`, 0 for the first), as kuberuntime's
     /// `startContainer` does.
     pub(super) async fn start_container(
@@ -331,6 +273,15 @@ impl Kubelet {
         let devices = self
             .container_devices(&uid, container)
             .map_err(&config_error)?;
+        // The container's log directory is the kubelet's to make (`BuildContainerLogsDirectory`): a
+        // runtime's monitor (conmon) writes the log below it and fails without it.
+        let log_dir = std::path::Path::new(&sandbox_config.log_directory).join(&container.name);
+        std::fs::create_dir_all(&log_dir).map_err(|e| {
+            config_error(format!(
+                "create container log directory for container {} failed: {e}",
+                container.name
+            ))
+        })?;
         let config = cri::ContainerConfig {
             metadata: Some(cri::ContainerMetadata {
                 name: container.name.clone(),
@@ -349,16 +300,12 @@ impl Kubelet {
                 .collect(),
             mounts,
             devices,
-            // The pod's labels too, as `newContainerLabels` sets them: the relist finds a container's pod.
-            labels: sandbox_config
-                .labels
-                .clone()
-                .into_iter()
-                .chain([(
-                    "io.kubernetes.container.name".to_string(),
-                    container.name.clone(),
-                )])
-                .collect(),
+            labels: container_labels(pod, container),
+            annotations: container_annotations(pod, container, attempt),
+            linux: Some(linux_config(pod, container)),
+            stdin: container.stdin.unwrap_or(false),
+            stdin_once: container.stdin_once.unwrap_or(false),
+            tty: container.tty.unwrap_or(false),
             log_path: format!("{}/{attempt}.log", container.name),
             ..Default::default()
         };

@@ -18,6 +18,7 @@
 //! - `host.rs`: the `VolumeHost` plugins get; `registry.rs`: registered CSI drivers and the CSI
 //!   registration handler; `plugin_watcher.rs`: `--plugins-registry`, drivers registering themselves.
 
+mod container_config;
 mod container_mounts;
 mod containers;
 mod env;
@@ -30,6 +31,7 @@ mod lifecycle;
 pub mod plugin_watcher;
 mod pod_worker;
 pub mod registry;
+mod sandbox_config;
 mod status;
 mod subpath;
 pub mod volumemanager;
