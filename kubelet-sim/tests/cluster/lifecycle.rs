@@ -1,9 +1,10 @@
 //! The lifecycle half of the differential test: the pods of `tests/differential/lifecycle.yaml` (init
 //! containers that succeed, fail under `Never` and are retried; a crash loop; a pod that completes and one
-//! that fails) through the kit's kubelet and through kubelet-sim, compared as a user sees them: phase,
-//! conditions (type, status, reason), container statuses (state and reason, exit code, restarted or not,
-//! lastState) and the kubelet's event reasons. Each pod is observed once it settled: ended, or crash-looping
-//! after its second restart. A difference is keyed pod-agnostically (`condition.Ready`, `container.state`)
+//! that fails; a variable from a Secret, and from one that is missing) through the kit's kubelet and
+//! through kubelet-sim, compared as a user sees them: phase, conditions (type, status, reason), container
+//! statuses (state and reason, exit code, restarted or not, lastState) and the kubelet's event reasons.
+//! Each pod is observed once it settled: ended, crash-looping after its second restart, or waiting with
+//! CreateContainerConfigError. A difference is keyed pod-agnostically (`condition.Ready`, `container.state`)
 //! and must be listed in `kep/upstream-differences.md`, as the CSI calls' differences are.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -32,7 +33,8 @@ const SETTLE: Duration = Duration::from_secs(180);
 pub type Observed = BTreeMap<String, String>;
 
 /// True once a pod shows what is compared: it ended (and, where the condition exists, lost its sandbox),
-/// or a container of it crash-loops after its second restart.
+/// a container of it crash-loops after its second restart, or one cannot be configured
+/// (CreateContainerConfigError: a Secret it reads is missing).
 fn settled(pod: &Pod) -> bool {
     let status = pod.status.clone().unwrap_or_default();
     let phase = status.phase.unwrap_or_default();
@@ -52,9 +54,15 @@ fn settled(pod: &Pod) -> bool {
                 .and_then(|st| st.waiting.as_ref())
                 .is_some_and(|w| w.reason.as_deref() == Some("CrashLoopBackOff"))
     };
+    let unconfigurable = |s: &ContainerStatus| {
+        s.state
+            .as_ref()
+            .and_then(|st| st.waiting.as_ref())
+            .is_some_and(|w| w.reason.as_deref() == Some("CreateContainerConfigError"))
+    };
     let all = status.container_statuses.iter().flatten();
     all.chain(status.init_container_statuses.iter().flatten())
-        .any(looping)
+        .any(|s| looping(s) || unconfigurable(s))
 }
 
 /// A pod's fields, with the reasons of the kubelet's events for it.

@@ -15,13 +15,15 @@ const BIN: &str = env!("CARGO_BIN_EXE_kubelet-sim");
 /// The kit's preloaded busybox, for the examples' `busybox:1.36`.
 const KIT_BUSYBOX: &str = "localhost/kit/busybox:1.35";
 /// Each lifecycle pod's phase once it settled, as the kit's kubelet shows it.
-const LIFECYCLE_PHASES: [(&str, &str); 6] = [
+const LIFECYCLE_PHASES: [(&str, &str); 8] = [
     ("init-ok", "Succeeded"),
     ("init-fails", "Failed"),
     ("init-retries", "Pending"),
     ("crash-loop", "Running"),
     ("completes", "Succeeded"),
     ("fails", "Failed"),
+    ("env-from-secret", "Succeeded"),
+    ("env-missing-secret", "Pending"),
 ];
 const EXAMPLES: [&str; 5] = [
     "00-drivers",
