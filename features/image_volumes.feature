@@ -234,3 +234,38 @@ Feature: Image volumes through CRI
     And pod "web" reads "{"org.example.purpose":"demo"}" at "/site:.image-metadata/annotations.json"
     When all pods are deleted
     Then nothing is left on the node
+
+  Scenario: A Block PV of the image driver, which serves no raw block, fails MapPodDevice with the driver's error
+    The driver does not stage, so the kubelet goes straight to MapPodDevice (`csi_block.go`); the driver's
+    INVALID_ARGUMENT reaches the pod as MapVolume's `FailedMapVolume` event, and nothing is left once the pod is gone.
+    Given the manifests:
+      """
+      apiVersion: v1
+      kind: PersistentVolume
+      metadata: {name: site-blk}
+      spec:
+        capacity: {storage: 1Gi}
+        accessModes: [ReadOnlyMany]
+        volumeMode: Block
+        csi: {driver: image.inlet.dev, volumeHandle: "example.inlet.dev/site:v1"}
+        claimRef: {namespace: default, name: site-blk}
+      ---
+      apiVersion: v1
+      kind: PersistentVolumeClaim
+      metadata: {name: site-blk}
+      spec: {accessModes: [ReadOnlyMany], volumeMode: Block, volumeName: site-blk, resources: {requests: {storage: 1Gi}}}
+      status: {phase: Bound}
+      ---
+      apiVersion: v1
+      kind: Pod
+      metadata: {name: raw, annotations: {inlet.dev/expected-phase: Pending}}
+      spec:
+        containers: [{name: app, image: busybox, volumeDevices: [{name: site, devicePath: /dev/site}]}]
+        volumes: [{name: site, persistentVolumeClaim: {claimName: site-blk, readOnly: true}}]
+      """
+    When the simulation runs
+    Then pod "raw" has a Warning "FailedMapVolume" event saying "MapVolume.MapPodDevice failed for volume "site-blk" : rpc error: code = InvalidArgument desc = volume_capability: unable to mount as a block device: image volumes are filesystems"
+    And pod "raw" is Pending
+    When all pods are deleted
+    Then nothing is left on the node
+    And the kubelet dir of "node-1" holds nothing of "site-blk" under "plugins/kubernetes.io/csi/volumeDevices"

@@ -220,11 +220,9 @@ impl VolumeManager {
             .filter(|p| p.metadata.uid.as_deref() == Some(&pod.uid))
     }
 
-    fn warn(&self, pod: &PodInfo, message: &str) {
+    fn warn_as(&self, pod: &PodInfo, reason: &str, message: &str) {
         match self.pod_object(pod) {
-            Some(object) => self
-                .api
-                .record_event(&object, "Warning", "FailedMount", message),
+            Some(object) => self.api.record_event(&object, "Warning", reason, message),
             None => tracing::warn!(node = %self.node, pod = %pod.name, "{message}"),
         }
     }
@@ -372,19 +370,21 @@ impl VolumeManager {
 
     /// A failed mount operation as a FailedMount event: `GenerateError` of operation_executor.go names
     /// the volume spec (a claim's PV), not the pod's volume.
-    /// A block volume's operations are MapVolume's (`GenerateMapVolumeFunc`): SetUpDevice for the staging,
-    /// MapPodDevice for the publish, NewBlockVolumeMapper.
+    /// A block volume's operations are MapVolume's, `FailedMapVolume` events (`GenerateMapVolumeFunc`):
+    /// SetUpDevice for the staging, MapPodDevice for the publish, NewBlockVolumeMapper.
     fn failed(&self, volume: &PodVolume, operation: &str, e: &VolumeError) -> bool {
-        let operation = match inlet_volume::csi::source::is_block(&volume.spec) {
-            true => match operation {
-                "MountVolume.MountDevice" => "MapVolume.SetUpDevice",
-                "MountVolume.NewMounter" => "MapVolume.NewBlockVolumeMapper",
-                _ => "MapVolume.MapPodDevice",
-            },
-            false => operation,
+        let block = inlet_volume::csi::source::is_block(&volume.spec);
+        let (reason, operation) = match (block, operation) {
+            (false, _) => ("FailedMount", operation),
+            (true, "MountVolume.MountDevice") => ("FailedMapVolume", "MapVolume.SetUpDevice"),
+            (true, "MountVolume.NewMounter") => {
+                ("FailedMapVolume", "MapVolume.NewBlockVolumeMapper")
+            }
+            (true, _) => ("FailedMapVolume", "MapVolume.MapPodDevice"),
         };
-        self.warn(
+        self.warn_as(
             &volume.pod,
+            reason,
             &format!(
                 "{operation} failed for volume {:?} : {}",
                 volume.spec.name(),
