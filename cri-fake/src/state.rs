@@ -400,14 +400,7 @@ impl FakeRuntime {
                 .containers
                 .get_mut(id)
                 .ok_or_else(|| Status::not_found(format!("container {id:?} not found")))?;
-            if c.status.state != cri::ContainerState::ContainerCreated as i32 {
-                let state = cri::ContainerState::try_from(c.status.state)
-                    .map(|s| s.as_str_name())
-                    .unwrap_or("UNKNOWN");
-                return Err(Status::failed_precondition(format!(
-                    "container {id:?} is in {state} state"
-                )));
-            }
+            require_state(id, &c.status, cri::ContainerState::ContainerCreated)?;
             c.status.state = cri::ContainerState::ContainerRunning as i32;
             c.status.started_at = now_nanos();
             if let Outcome::Exits { after, output, .. } = &c.outcome {
@@ -425,14 +418,7 @@ impl FakeRuntime {
     /// (containerd's texts).
     pub fn exec(&self, id: &str, cmd: &[String]) -> Result<Outcome, Status> {
         let c = self.container(id)?;
-        if c.status.state != cri::ContainerState::ContainerRunning as i32 {
-            let state = cri::ContainerState::try_from(c.status.state)
-                .map(|s| s.as_str_name())
-                .unwrap_or("UNKNOWN");
-            return Err(Status::failed_precondition(format!(
-                "container {id:?} is in {state} state"
-            )));
-        }
+        require_state(id, &c.status, cri::ContainerState::ContainerRunning)?;
         Ok(program::run(cmd, &[], &c.status.mounts, &c.envs))
     }
 
@@ -538,4 +524,21 @@ pub fn now_nanos() -> i64 {
         .duration_since(SystemTime::UNIX_EPOCH)
         .unwrap_or(Duration::ZERO)
         .as_nanos() as i64
+}
+
+/// FAILED_PRECONDITION, in containerd's words, unless the container is in `wanted`.
+fn require_state(
+    id: &str,
+    status: &cri::ContainerStatus,
+    wanted: cri::ContainerState,
+) -> Result<(), Status> {
+    if status.state == wanted as i32 {
+        return Ok(());
+    }
+    let state = cri::ContainerState::try_from(status.state)
+        .map(|s| s.as_str_name())
+        .unwrap_or("UNKNOWN");
+    Err(Status::failed_precondition(format!(
+        "container {id:?} is in {state} state"
+    )))
 }
