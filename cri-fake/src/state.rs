@@ -417,6 +417,9 @@ impl FakeRuntime {
     /// with its environment. NOT_FOUND for an unknown container, FAILED_PRECONDITION for one not running
     /// (containerd's texts).
     pub fn exec(&self, id: &str, cmd: &[String]) -> Result<Outcome, Status> {
+        if cmd.is_empty() {
+            return Err(Status::invalid_argument("cmd must not be empty"));
+        }
         let c = self.container(id)?;
         require_state(id, &c.status, cri::ContainerState::ContainerRunning)?;
         Ok(program::run(cmd, &[], &c.status.mounts, &c.envs))

@@ -5,6 +5,7 @@
 //! masked and read-only /proc paths, seccomp and AppArmor).
 
 use std::collections::HashMap;
+use std::path::Path;
 
 use inlet_proto::runtime::v1 as cri;
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
@@ -120,12 +121,16 @@ pub(super) fn container_annotations(
 }
 
 /// `generateLinuxContainerConfig`: resources and the security context.
-pub(super) fn linux_config(pod: &Pod, container: &Container) -> cri::LinuxContainerConfig {
+pub(super) fn linux_config(
+    pod: &Pod,
+    container: &Container,
+    root: &Path,
+) -> cri::LinuxContainerConfig {
     let no_spec = PodSpec::default();
     let spec = pod.spec.as_ref().unwrap_or(&no_spec);
     cri::LinuxContainerConfig {
         resources: Some(resources(spec, container)),
-        security_context: Some(security_context(spec, container)),
+        security_context: Some(security_context(spec, container, root)),
     }
 }
 
@@ -157,10 +162,13 @@ fn resources(spec: &PodSpec, container: &Container) -> cri::LinuxContainerResour
     let cpu_limit = quantity(container, true, "cpu");
     let cpu_request = quantity(container, false, "cpu").or(cpu_limit);
     let memory_limit = quantity(container, true, "memory");
-    let cpu_quota = cpu_limit.map(|milli| (milli * QUOTA_PERIOD / 1000).max(MIN_QUOTA));
+    // `MilliCPUToQuota`: none for 0, at least 1 ms; saturating, whatever the pod asks.
+    let cpu_quota = cpu_limit
+        .filter(|milli| *milli > 0)
+        .map(|milli| (milli.saturating_mul(QUOTA_PERIOD) / 1000).max(MIN_QUOTA));
     cri::LinuxContainerResources {
         cpu_shares: cpu_request
-            .map(|milli| (milli * SHARES_PER_CPU / 1000).max(MIN_SHARES))
+            .map(|milli| (milli.saturating_mul(SHARES_PER_CPU) / 1000).max(MIN_SHARES))
             .unwrap_or(MIN_SHARES),
         cpu_quota: cpu_quota.unwrap_or(0),
         cpu_period: if cpu_quota.is_some() { QUOTA_PERIOD } else { 0 },
@@ -199,7 +207,7 @@ fn oom_score_adj(spec: &PodSpec, container: &Container) -> i64 {
         return -997;
     }
     let request = quantity(container, false, "memory").unwrap_or(0);
-    let adjust = 1000 - (1000 * request) / NODE_MEMORY;
+    let adjust = 1000 - request.saturating_mul(1000) / NODE_MEMORY;
     adjust.clamp(2, 999)
 }
 
@@ -207,7 +215,11 @@ fn oom_score_adj(spec: &PodSpec, container: &Container) -> i64 {
 /// over the pod's, the pod's namespaces and supplemental groups (fsGroup among them), no_new_privs when
 /// privilege escalation is refused, the default masked and read-only paths unless `procMount: Unmasked`,
 /// the seccomp profile (Unconfined unless one is named) and the AppArmor profile when one is named.
-fn security_context(spec: &PodSpec, container: &Container) -> cri::LinuxContainerSecurityContext {
+fn security_context(
+    spec: &PodSpec,
+    container: &Container,
+    root: &Path,
+) -> cri::LinuxContainerSecurityContext {
     let pod = spec.security_context.as_ref();
     let own = container.security_context.as_ref();
     let run_as_user = own
@@ -264,7 +276,7 @@ fn security_context(spec: &PodSpec, container: &Container) -> cri::LinuxContaine
         no_new_privs: own.and_then(|s| s.allow_privilege_escalation) == Some(false),
         masked_paths: paths(&MASKED_PATHS),
         readonly_paths: paths(&READONLY_PATHS),
-        seccomp: Some(seccomp_profile(seccomp)),
+        seccomp: Some(seccomp_profile(seccomp, root)),
         apparmor,
         ..Default::default()
     }
@@ -312,7 +324,7 @@ mod tests {
     #[test]
     fn a_container_has_the_default_masked_paths_and_the_pods_namespaces() {
         let spec = PodSpec::default();
-        let sc = security_context(&spec, &Container::default());
+        let sc = security_context(&spec, &Container::default(), Path::new("/k"));
         assert_eq!(sc.masked_paths.len(), MASKED_PATHS.len());
         assert_eq!(sc.readonly_paths, READONLY_PATHS);
         assert_eq!(

@@ -120,9 +120,11 @@ impl Kubelet {
         let run = self.run_handler(pod, container, id, handler);
         match tokio::time::timeout(limit, run).await {
             Ok(Ok(())) => {}
-            Ok(Err(e)) => {
+            // Neither the log nor the event carries the hook's error: its command line and output may
+            // hold secrets.
+            Ok(Err(_)) => {
                 tracing::info!(pod = %pod.metadata.name.as_deref().unwrap_or_default(),
-                    container = %container.name, "PreStop hook failed: {e}");
+                    container = %container.name, "PreStop hook failed");
                 self.api.record_container_event(
                     pod,
                     &container.name,

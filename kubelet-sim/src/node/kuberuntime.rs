@@ -302,7 +302,7 @@ impl Kubelet {
             devices,
             labels: container_labels(pod, container),
             annotations: container_annotations(pod, container, attempt),
-            linux: Some(linux_config(pod, container)),
+            linux: Some(linux_config(pod, container, &self.config.root)),
             stdin: container.stdin.unwrap_or(false),
             stdin_once: container.stdin_once.unwrap_or(false),
             tty: container.tty.unwrap_or(false),

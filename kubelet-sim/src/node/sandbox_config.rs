@@ -4,6 +4,7 @@
 //! context with the namespaces the pod asks for. The container config reuses the namespaces.
 
 use std::collections::HashMap;
+use std::path::Path;
 
 use inlet_proto::runtime::v1 as cri;
 use k8s_openapi::api::core::v1::{Pod, PodSpec};
@@ -74,7 +75,7 @@ impl Kubelet {
                 .into_iter()
                 .collect(),
             linux: Some(cri::LinuxPodSandboxConfig {
-                security_context: Some(sandbox_security_context(spec)),
+                security_context: Some(sandbox_security_context(spec, &self.config.root)),
                 sysctls: spec
                     .security_context
                     .iter()
@@ -200,7 +201,7 @@ fn port_mappings(spec: &PodSpec) -> Vec<cri::PortMapping> {
 /// `determinePodSandboxSecurityContext` (`kuberuntime_sandbox_linux.go`): the namespaces, the pod's
 /// user, group and supplemental groups (fsGroup among them), privileged when any container is, and the
 /// pod's seccomp profile (Unconfined unless it names one).
-fn sandbox_security_context(spec: &PodSpec) -> cri::LinuxSandboxSecurityContext {
+fn sandbox_security_context(spec: &PodSpec, root: &Path) -> cri::LinuxSandboxSecurityContext {
     let pod = spec.security_context.as_ref();
     let mut groups: Vec<i64> = pod
         .and_then(|p| p.supplemental_groups.clone())
@@ -228,15 +229,18 @@ fn sandbox_security_context(spec: &PodSpec) -> cri::LinuxSandboxSecurityContext 
         privileged,
         seccomp: Some(seccomp_profile(
             pod.and_then(|p| p.seccomp_profile.as_ref()),
+            root,
         )),
         ..Default::default()
     }
 }
 
-/// A seccomp profile as the CRI takes it (`getSeccompProfile`): RuntimeDefault, Localhost, or Unconfined
-/// (also for none: the kubelet's `seccompDefault` is off by default).
+/// A seccomp profile as the CRI takes it (`getSeccompProfile`): RuntimeDefault, Localhost (a file below
+/// the kubelet's `<root>/seccomp`, `fieldSeccompProfile`), or Unconfined (also for none: the kubelet's
+/// `seccompDefault` is off by default).
 pub(super) fn seccomp_profile(
     profile: Option<&k8s_openapi::api::core::v1::SeccompProfile>,
+    root: &Path,
 ) -> cri::SecurityProfile {
     use cri::security_profile::ProfileType;
     let (profile_type, localhost_ref) = match profile.map(|p| p.type_.as_str()) {
@@ -244,7 +248,8 @@ pub(super) fn seccomp_profile(
         Some("Localhost") => (
             ProfileType::Localhost,
             profile
-                .and_then(|p| p.localhost_profile.clone())
+                .and_then(|p| p.localhost_profile.as_deref())
+                .map(|name| root.join("seccomp").join(name).display().to_string())
                 .unwrap_or_default(),
         ),
         _ => (ProfileType::Unconfined, String::new()),

@@ -110,6 +110,10 @@ pub fn write(
     for path in clean.keys() {
         let top = top_level(path);
         let visible = target.join(top);
+        // A plain file there (an older writer's) would hide every update: the link replaces it.
+        if std::fs::symlink_metadata(&visible).is_ok_and(|m| m.file_type().is_file()) {
+            let _ = std::fs::remove_file(&visible);
+        }
         if std::fs::symlink_metadata(&visible).is_err() {
             std::os::unix::fs::symlink(Path::new(DATA_DIR).join(top), &visible)
                 .map_err(io("creating a visible link"))?;
@@ -245,7 +249,8 @@ fn write_payload(
         if let Some(parent) = full.parent() {
             std::fs::create_dir_all(parent).map_err(io("creating a directory"))?;
         }
-        let mode = file.mode & 0o7777;
+        // Permission bits only: a payload never makes a setuid, setgid or sticky file.
+        let mode = file.mode & 0o777;
         let mut out = std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
@@ -352,6 +357,30 @@ mod tests {
             Vec::<String>::new(),
             "nothing was written"
         );
+    }
+
+    #[test]
+    fn an_older_plain_file_becomes_a_link_and_modes_keep_only_permission_bits() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("a"), "old").unwrap();
+        let mut files = payload(&[("a", "new")]);
+        files.get_mut("a").unwrap().mode = 0o4755;
+        write(dir.path(), &files, |_| Ok(())).unwrap();
+        assert!(
+            std::fs::symlink_metadata(dir.path().join("a"))
+                .unwrap()
+                .file_type()
+                .is_symlink()
+        );
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join("a")).unwrap(),
+            "new"
+        );
+        let mode = std::fs::metadata(dir.path().join("a"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o7777, 0o755, "no setuid bit");
     }
 
     #[test]

@@ -115,7 +115,7 @@ pub(crate) fn make_payload(
     let default_mode = default_mode.unwrap_or(DEFAULT_MODE);
     let file = |data: Vec<u8>, mode: i32| FileProjection {
         data,
-        mode: (mode as u32) & 0o7777,
+        mode: (mode as u32) & 0o777,
     };
     let Some(items) = items.filter(|i| !i.is_empty()) else {
         return Ok(data
