@@ -42,12 +42,22 @@ fn links_to(w: &mut Sim, path: String, pod: String, target: String) {
     assert_eq!(link.to_string_lossy(), target, "{}", host.display());
 }
 
+/// An update removes the old version just after the swap: the step waits for that.
 #[then(regex = r#"^"([^"]+)" of pod "([^"]+)" links to its one timestamped directory$"#)]
-fn links_to_timestamped(w: &mut Sim, path: String, pod: String) {
+async fn links_to_timestamped(w: &mut Sim, path: String, pod: String) {
     let (mount, file) = split_mount(&path);
     let dir = host_path(w, &pod, mount);
-    let link = std::fs::read_link(dir.join(file)).expect("a symlink");
-    let name = link.to_string_lossy().into_owned();
+    let current = || {
+        let link = std::fs::read_link(dir.join(file)).expect("a symlink");
+        link.to_string_lossy().into_owned()
+    };
+    for _ in 0..100 {
+        if timestamped(&dir) == [current()] {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let name = current();
     assert!(is_timestamped(&name), "{name}");
     assert_eq!(timestamped(&dir), [name], "one version, the current one");
 }
