@@ -354,20 +354,7 @@ impl CsiUnmounter {
                 )));
             }
         };
-        let client = host.csi_client(&data.driver_name).await.map_err(|e| {
-            VolumeError::transient(format!(
-                "Unmounter.TearDownAt failed to get CSI client: {e}"
-            ))
-        })?;
-        client
-            .node_unpublish(&data.volume_handle, &dir.display().to_string())
-            .await
-            .map_err(|s| {
-                VolumeError::from_csi(
-                    &s,
-                    format!("Unmounter.TearDownAt failed: {}", rpc_error(&s)),
-                )
-            })?;
+        unpublish(host, &data, dir, "Unmounter.TearDownAt").await?;
         inlet_host::crash::point("teardown.unpublished");
         remove_mount_dir(host, dir);
         Ok(())
@@ -384,23 +371,26 @@ impl CsiUnmounter {
             block::remove_pod_map(host, &self.spec_name, &self.pod_uid);
             return Ok(());
         };
-        let client = host.csi_client(&data.driver_name).await.map_err(|e| {
-            VolumeError::transient(format!(
-                "blockMapper.UnmapPodDevice failed to get CSI client: {e}"
-            ))
-        })?;
-        client
-            .node_unpublish(&data.volume_handle, &publish.display().to_string())
-            .await
-            .map_err(|s| {
-                VolumeError::from_csi(
-                    &s,
-                    format!("blockMapper.UnmapPodDevice failed: {}", rpc_error(&s)),
-                )
-            })?;
+        unpublish(host, &data, &publish, "blockMapper.UnmapPodDevice").await?;
         block::remove_pod_map(host, &self.spec_name, &self.pod_uid);
         Ok(())
     }
+}
+
+/// NodeUnpublishVolume of `target` for the volume `data` records; errors name `operation`.
+async fn unpublish(
+    host: &dyn VolumeHost,
+    data: &VolData,
+    target: &Path,
+    operation: &str,
+) -> Result<(), VolumeError> {
+    let client = host.csi_client(&data.driver_name).await.map_err(|e| {
+        VolumeError::transient(format!("{operation} failed to get CSI client: {e}"))
+    })?;
+    client
+        .node_unpublish(&data.volume_handle, &target.display().to_string())
+        .await
+        .map_err(|s| VolumeError::from_csi(&s, format!("{operation} failed: {}", rpc_error(&s))))
 }
 
 /// The CSI capability for a volume.
