@@ -258,6 +258,21 @@ pub fn wait(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
 /// Creates a volume of 16 MiB named `name` on the CSI driver at `socket` (CreateVolume, mount access,
 /// single-node writer), as an administrator does before writing a static PV for it.
 pub async fn create_volume(socket: &Path, name: &str) {
+    use inlet_proto::csi::v1::volume_capability::AccessType;
+    create(socket, name, AccessType::Mount(Default::default())).await
+}
+
+/// As [`create_volume`], with block access: the volume behind a `volumeMode: Block` PV.
+pub async fn create_block_volume(socket: &Path, name: &str) {
+    use inlet_proto::csi::v1::volume_capability::AccessType;
+    create(socket, name, AccessType::Block(Default::default())).await
+}
+
+async fn create(
+    socket: &Path,
+    name: &str,
+    access_type: inlet_proto::csi::v1::volume_capability::AccessType,
+) {
     use inlet_proto::csi::v1 as csi;
     let channel = inlet_proto::uds::connect(socket).await.expect("connect");
     let request = csi::CreateVolumeRequest {
@@ -270,7 +285,7 @@ pub async fn create_volume(socket: &Path, name: &str) {
             access_mode: Some(csi::volume_capability::AccessMode {
                 mode: csi::volume_capability::access_mode::Mode::SingleNodeWriter as i32,
             }),
-            access_type: Some(csi::volume_capability::AccessType::Mount(Default::default())),
+            access_type: Some(access_type),
         }],
         ..Default::default()
     };

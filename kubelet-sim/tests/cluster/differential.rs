@@ -1,11 +1,14 @@
 //! The differential test: the same manifests (`tests/differential/manifests.yaml`: an ephemeral inline
-//! volume with a publish secret, a read-only one, a claim of a static PV mounted read-only) through the kit's
+//! volume with a publish secret, a read-only one, a claim of a static PV mounted read-only, a claim of a
+//! `volumeMode: Block` PV given to a container as a device) through the kit's
 //! real kubelet (v1.20.2 on containerd, `../shared/kit`) and through kubelet-sim, each against inlet's local
 //! driver serving in this process and logging every Node call it receives (`--call-log`'s [`CallLog`]).
 //!
 //! The volume lifecycle calls (NodeStage/Publish/Unpublish/UnstageVolume) are normalised (paths relative to
 //! the kubelet's root, pod UIDs replaced by pod names) and compared volume by volume: methods in order,
-//! target and staging paths, volume context, secrets' key names, readonly, access mode. Every difference
+//! target and staging paths, volume context, secrets' key names, readonly, access mode and type. A block
+//! PV's calls are keyed by the PV, its publish path's pod UID left out (1.20 sends no pod info for them),
+//! and its differences named `block METHOD.field`. Every difference
 //! must be listed, with the release that explains it, in `kep/upstream-differences.md`: the test fails on a
 //! difference the document does not name, and prints them all.
 //!
@@ -47,6 +50,8 @@ const DIFFERENCES: &str = concat!(
 );
 /// The PV's handle, created on each driver before the manifests are applied, as an administrator would.
 const PV_HANDLE: &str = "diff-pv";
+/// The block PV's handle, created likewise with block access.
+const BLOCK_PV_HANDLE: &str = "diff-block-pv";
 /// The calls compared: what a kubelet does to a volume. Capability and stats probes are not compared.
 const LIFECYCLE: [&str; 4] = [
     "NodeStageVolume",
@@ -132,6 +137,7 @@ fn through_the_kit(
         &log,
     );
     runtime.block_on(kit::create_volume(&socket, PV_HANDLE));
+    runtime.block_on(kit::create_block_volume(&socket, BLOCK_PV_HANDLE));
     let registrar = register_with_the_sidecar(&mut kit, &socket);
     wait(
         "the kubelet to register the driver",
@@ -144,6 +150,7 @@ fn through_the_kit(
         "--for=condition=Ready",
         "pod/inline",
         "pod/claim",
+        "pod/block",
         "--timeout=180s",
     ]);
     kit.kubectl(&[
@@ -151,16 +158,23 @@ fn through_the_kit(
         "pod",
         "inline",
         "claim",
+        "block",
         "--wait=true",
         "--timeout=180s",
     ]);
-    // The PV's staging outlives its pod's object: wait for the unstage.
-    wait("NodeUnstageVolume", Duration::from_secs(120), || {
-        CallLog::read(&log)
-            .unwrap_or_default()
-            .iter()
-            .any(|c| c.method == "NodeUnstageVolume" && c.code == "OK")
-    });
+    // A PV's staging outlives its pod's object: wait for both PVs' unstage.
+    wait(
+        "NodeUnstageVolume of both PVs",
+        Duration::from_secs(180),
+        || {
+            CallLog::read(&log)
+                .unwrap_or_default()
+                .iter()
+                .filter(|c| c.method == "NodeUnstageVolume" && c.code == "OK")
+                .count()
+                >= 2
+        },
+    );
     let calls = CallLog::read(&log).expect("the kit's call log");
     kit.stop(registrar);
     registers_without_the_sidecar(&kit, runtime, &socket);
@@ -225,6 +239,7 @@ fn through_kubelet_sim(dir: &Path, runtime: &tokio::runtime::Runtime) -> Vec<Csi
     let log = dir.join("sim-calls.jsonl");
     serve_driver(runtime, &dir.join("sim-state"), &root, &socket, &log);
     runtime.block_on(kit::create_volume(&socket, PV_HANDLE));
+    runtime.block_on(kit::create_block_volume(&socket, BLOCK_PV_HANDLE));
     let out = Command::new(BIN)
         .args(["run", "--manifests", MANIFESTS, "--teardown", "--root"])
         .arg(&root)
@@ -283,6 +298,7 @@ fn normalise(calls: &[CsiCall]) -> Vec<Normalised> {
                 ("staging_path", clean(&c.staging_path)),
                 ("readonly", c.readonly.to_string()),
                 ("access_mode", c.access_mode.clone()),
+                ("access_type", c.access_type.clone()),
                 ("secret_keys", c.secret_keys.join(",")),
                 ("volume_mount_group", c.volume_mount_group.clone()),
             ]
@@ -305,10 +321,10 @@ fn differences(kubelet: &[Normalised], sim: &[Normalised]) -> Vec<(String, Strin
         let mut by_method: BTreeMap<(String, String), Vec<BTreeMap<String, String>>> =
             BTreeMap::new();
         for (volume, fields) in calls {
-            let key = if volume.starts_with("plugins/") {
-                "<staging>".to_string()
-            } else {
-                volume.clone()
+            let key = match block_pv(volume) {
+                Some(pv) => format!("<block {pv}>"),
+                None if volume.starts_with("plugins/") => "<staging>".to_string(),
+                None => volume.clone(),
             };
             by_method
                 .entry((key, fields["method"].clone()))
@@ -319,12 +335,20 @@ fn differences(kubelet: &[Normalised], sim: &[Normalised]) -> Vec<(String, Strin
     };
     let (a, b) = (group(kubelet), group(sim));
     let mut found = Vec::new();
+    let name = |(volume, method): &(String, String), what: &str| {
+        let block = if volume.starts_with("<block ") {
+            "block "
+        } else {
+            ""
+        };
+        format!("{block}{method}.{what}")
+    };
     for key in a.keys().chain(b.keys()).collect::<BTreeSet<_>>() {
         let (x, y) = (a.get(key), b.get(key));
         let (calls_a, calls_b) = (x.map_or(0, Vec::len), y.map_or(0, Vec::len));
         if calls_a != calls_b {
             found.push((
-                format!("{}.calls", key.1),
+                name(key, "calls"),
                 format!("{}: kubelet {calls_a} | kubelet-sim {calls_b}", key.0),
             ));
         }
@@ -332,26 +356,49 @@ fn differences(kubelet: &[Normalised], sim: &[Normalised]) -> Vec<(String, Strin
         else {
             continue;
         };
+        let paths = ["target_path", "staging_path"];
         for field in first_a
             .keys()
             .chain(first_b.keys())
             .collect::<BTreeSet<_>>()
         {
-            let (va, vb) = (first_a.get(field), first_b.get(field));
+            let (mut va, mut vb) = (first_a.get(field).cloned(), first_b.get(field).cloned());
+            if key.0.starts_with("<block ") && paths.contains(&field.as_str()) {
+                // A block publish path ends in the pod's UID, which 1.20 never names (no pod info).
+                (va, vb) = (va.map(without_pod_uid), vb.map(without_pod_uid));
+            }
             if va != vb {
                 found.push((
-                    format!("{}.{field}", key.1),
+                    name(key, field),
                     format!(
                         "{}: kubelet {:?} | kubelet-sim {:?}",
                         key.0,
-                        va.map(String::as_str).unwrap_or("<none>"),
-                        vb.map(String::as_str).unwrap_or("<none>")
+                        va.as_deref().unwrap_or("<none>"),
+                        vb.as_deref().unwrap_or("<none>")
                     ),
                 ));
             }
         }
     }
     found
+}
+
+/// The PV a block volume path is for: `plugins/kubernetes.io/csi/volumeDevices/{staging,publish}/<pv>[/<pod
+/// uid>]` (`csi_block.go`'s layout, the same in 1.20 and 1.35).
+fn block_pv(path: &str) -> Option<&str> {
+    let rest = path.strip_prefix("plugins/kubernetes.io/csi/volumeDevices/")?;
+    let rest = rest
+        .strip_prefix("staging/")
+        .or_else(|| rest.strip_prefix("publish/"))?;
+    rest.split('/').next()
+}
+
+/// A block publish path with its last part, the pod's UID, as `<pod uid>`.
+fn without_pod_uid(path: String) -> String {
+    match path.rsplit_once('/') {
+        Some((dir, _)) if path.contains("volumeDevices/publish/") => format!("{dir}/<pod uid>"),
+        _ => path,
+    }
 }
 
 #[test]
