@@ -64,6 +64,27 @@ Feature: Drivers registering themselves through the plugin watcher
       | only CSI 2.x            | x.inlet.dev   | CSIPlugin    | 2.0.0       | None of the versions specified ["2.0.0"] are supported. err=could not find a highest supported version from versions ([2.0.0]) reported by this driver: <nil>                                      |
       | only CSI 0.x            | x.inlet.dev   | CSIPlugin    | 0.3.0,0.2.0 | None of the versions specified ["0.3.0" "0.2.0"] are supported. err=highest supported version reported by driver is 0.3.0, must be v1.x                                                           |
 
+  Scenario Outline: A driver whose CSINode entry the API would refuse is refused: <why>
+    CSINode holds a node id of at most 192 characters and a driver name the API server takes
+    (`ValidateCSINode`); the kubelet's `updateCSINode` fails with the API's error, and the driver is
+    unregistered. A megabyte-long node id is not repeated whole in the reason.
+
+    When the simulation runs
+    And a CSI driver "<name>" whose node id is <length> characters long offers itself
+    Then the plugin "<name>" is refused with "<refusal>"
+    And node "node-1" does not list driver "<name>" in its CSINode
+
+    Examples:
+      | why                    | name          | length  | refusal                                                                                                                                   |
+      | a node id of 193       | id.inlet.dev  | 193     | error updating CSINode object with CSI driver node info: CSINode.storage.k8s.io "node-1" is invalid: spec.drivers[0].nodeID: Invalid value |
+      | a megabyte's node id   | id.inlet.dev  | 1048576 | (1048512 more bytes)": must be 192 characters or less                                                                                     |
+      | a name the API refuses | id_inlet.dev  | 10      | spec.drivers[0].name: Invalid value: "id_inlet.dev": a lowercase RFC 1123 subdomain                                                       |
+
+  Scenario: A driver whose node id is 192 characters long registers
+    When the simulation runs
+    And a CSI driver "id.inlet.dev" whose node id is 192 characters long offers itself
+    Then node "node-1" lists driver "id.inlet.dev" in its CSINode
+
   Scenario: A second driver of a registered name must support a higher CSI version
     Given the local driver "local.inlet.dev"
     When the simulation runs

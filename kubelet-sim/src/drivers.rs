@@ -54,8 +54,11 @@ impl std::str::FromStr for DriverArg {
                 "{text:?}: expected NAME=local, NAME=local:attach, NAME=image or NAME=unix:///PATH"
             )
         })?;
-        if name.is_empty() {
-            return Err(format!("{text:?}: the driver name is empty"));
+        // The name is a directory of the node's (`plugins/<name>/`, `plugins/kubernetes.io/csi/<name>/`):
+        // checked as the API server checks a CSIDriver's.
+        let errors = inlet_host::names::csi_driver_name_errors(name, "driver name");
+        if !errors.is_empty() {
+            return Err(format!("{text:?}: {}", errors.join("; ")));
         }
         let source = match source.split_once(':') {
             _ if source == "local" => DriverSource::Local {

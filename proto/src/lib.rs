@@ -10,6 +10,7 @@
 //!   rewriting that header in each connection's HTTP/2 frames.
 //! - [`csi_call`]: a CSI call as a record ([`csi_call::CsiCall`]), made from any request message: what the
 //!   kubelet side reports of the calls it makes and the drivers' call log of the calls they receive.
+//! - [`peer_text`]: text a peer controls, escaped and capped before it is printed or logged.
 //!
 //! The module tree mirrors the protobuf packages. The .proto sources live unmodified under `protos/`, with
 //! their licence and `PROVENANCE.md`; `build.rs` compiles them with protox, so no system `protoc` is needed.
@@ -24,4 +25,5 @@ pub use generated::{containerd, csi, pluginregistration, runtime};
 
 pub mod authority;
 pub mod csi_call;
+pub mod peer_text;
 pub mod uds;

@@ -9,9 +9,13 @@
 
 use std::collections::BTreeSet;
 
-use k8s_openapi::api::core::v1::{PersistentVolume, Pod, Secret, ServiceAccount, Volume};
+use k8s_openapi::api::core::v1::{
+    CSIPersistentVolumeSource, PersistentVolume, Pod, Secret, ServiceAccount, Volume,
+};
 use k8s_openapi::api::storage::v1::CSIDriver;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use inlet_host::names::{csi_driver_name_errors, dns1123_subdomain_errors};
 
 use super::{Api, now};
 
@@ -27,16 +31,9 @@ pub struct Admission {
     pub allowed_inline_drivers: Option<BTreeSet<String>>,
 }
 
-/// The API's names: DNS-1123 subdomains (lowercase alphanumerics, '-' and '.', at most 253).
+/// The API's names: DNS-1123 subdomains (`IsDNS1123Subdomain`).
 fn valid_subdomain(name: &str) -> bool {
-    let edge = |c: Option<char>| c.is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
-    !name.is_empty()
-        && name.len() <= 253
-        && name
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
-        && edge(name.chars().next())
-        && edge(name.chars().last())
+    dns1123_subdomain_errors(name).is_empty()
 }
 
 /// `IsDNS1123Label` of apimachinery's `util/validation`: the messages for a name that is not a DNS label
@@ -139,11 +136,12 @@ impl Admission {
                     )));
                 }
             }
+            // `validateCSIVolumeSource`: the driver's name becomes a path on the node.
             if let Some(csi) = &volume.csi {
-                if csi.driver.is_empty() {
-                    return Err(invalid(format!(
-                        "spec.volumes[{i}].csi.driver: Required value"
-                    )));
+                let errors =
+                    csi_driver_name_errors(&csi.driver, &format!("spec.volumes[{i}].csi.driver"));
+                if !errors.is_empty() {
+                    return Err(invalid(aggregate(&errors)));
                 }
             }
             // The image volume source's validation (`validateImageVolumeSource`).
@@ -221,6 +219,11 @@ impl Admission {
                 "CSIDriver.storage.k8s.io {name:?} is invalid: {detail}"
             ))
         };
+        // `ValidateCSIDriver` (`pkg/apis/storage/validation/validation.go`) checks the name first.
+        let errors = csi_driver_name_errors(&name, "name");
+        if !errors.is_empty() {
+            return Err(invalid(aggregate(&errors)));
+        }
         let spec = &mut driver.spec;
         spec.attach_required.get_or_insert(true);
         spec.pod_info_on_mount.get_or_insert(false);
@@ -271,34 +274,15 @@ impl Admission {
     /// controller-expand, node-publish and node-expand references, not node-stage).
     pub fn validate_persistent_volume(&self, pv: &PersistentVolume) -> Result<(), Rejected> {
         let name = pv.metadata.name.clone().unwrap_or_default();
-        let Some(csi) = pv.spec.as_ref().and_then(|s| s.csi.as_ref()) else {
-            return Ok(());
-        };
-        let mut errors = Vec::new();
-        for (field, reference) in [
-            (
-                "controllerPublishSecretRef",
-                &csi.controller_publish_secret_ref,
-            ),
-            (
-                "controllerExpandSecretRef",
-                &csi.controller_expand_secret_ref,
-            ),
-            ("nodePublishSecretRef", &csi.node_publish_secret_ref),
-            ("nodeExpandSecretRef", &csi.node_expand_secret_ref),
-        ] {
-            let Some(reference) = reference else { continue };
-            if reference.name.as_deref().unwrap_or_default().is_empty() {
-                errors.push(format!("spec.csi.{field}.name: Required value"));
-            }
-            if reference
-                .namespace
-                .as_deref()
-                .unwrap_or_default()
-                .is_empty()
-            {
-                errors.push(format!("spec.csi.{field}.namespace: Required value"));
-            }
+        // `ValidatePersistentVolumeName`: a block PV's name is a directory under `volumeDevices/`.
+        let mut errors: Vec<String> = dns1123_subdomain_errors(&name)
+            .into_iter()
+            .map(|e| format!("metadata.name: Invalid value: {name:?}: {e}"))
+            .collect();
+        // `validateCSIPersistentVolumeSource`: the driver's name first.
+        if let Some(csi) = pv.spec.as_ref().and_then(|s| s.csi.as_ref()) {
+            errors.extend(csi_driver_name_errors(&csi.driver, "spec.csi.driver"));
+            errors.extend(secret_reference_errors(csi));
         }
         match errors.is_empty() {
             true => Ok(()),
@@ -308,7 +292,40 @@ impl Admission {
             ))),
         }
     }
+}
 
+/// `validatePVSecretReference` for the secret references of a PV's CSI source.
+fn secret_reference_errors(csi: &CSIPersistentVolumeSource) -> Vec<String> {
+    let mut errors = Vec::new();
+    for (field, reference) in [
+        (
+            "controllerPublishSecretRef",
+            &csi.controller_publish_secret_ref,
+        ),
+        (
+            "controllerExpandSecretRef",
+            &csi.controller_expand_secret_ref,
+        ),
+        ("nodePublishSecretRef", &csi.node_publish_secret_ref),
+        ("nodeExpandSecretRef", &csi.node_expand_secret_ref),
+    ] {
+        let Some(reference) = reference else { continue };
+        if reference.name.as_deref().unwrap_or_default().is_empty() {
+            errors.push(format!("spec.csi.{field}.name: Required value"));
+        }
+        if reference
+            .namespace
+            .as_deref()
+            .unwrap_or_default()
+            .is_empty()
+        {
+            errors.push(format!("spec.csi.{field}.namespace: Required value"));
+        }
+    }
+    errors
+}
+
+impl Admission {
     /// Admits a secret: `stringData` merged into `data`, as the API server does on write.
     pub fn admit_secret(&self, mut secret: Secret) -> Result<Secret, Rejected> {
         secret
@@ -372,11 +389,29 @@ mod tests {
             api.peek::<ServiceAccount>("default", "default").is_some(),
             "the default service account exists"
         );
+        // `ValidateCSIDriverName`: an empty name is both required and not a subdomain.
         let err = open.admit_pod(&api, pod("", "data")).unwrap_err().0;
+        assert!(
+            err.starts_with("Pod \"web\" is invalid: [spec.volumes[0].csi.driver: Required value, spec.volumes[0].csi.driver: Invalid value: \"\": a lowercase RFC 1123 subdomain"),
+            "{err}"
+        );
+        // A driver name becomes a path on the node: one that would leave the root is refused.
+        for driver in ["../../../../../../../../../tmp/x", "/tmp/x", "a_b"] {
+            let err = open.admit_pod(&api, pod(driver, "data")).unwrap_err().0;
+            assert!(
+                err.starts_with(&format!("Pod \"web\" is invalid: spec.volumes[0].csi.driver: Invalid value: {driver:?}: a lowercase RFC 1123 subdomain")),
+                "{err}"
+            );
+        }
+        let err = open
+            .admit_pod(&api, pod(&"d".repeat(64), "data"))
+            .unwrap_err()
+            .0;
         assert_eq!(
             err,
-            "Pod \"web\" is invalid: spec.volumes[0].csi.driver: Required value"
+            "Pod \"web\" is invalid: spec.volumes[0].csi.driver: Too long: may not be more than 63 bytes"
         );
+        admitted_upper_case(&open, &api);
         let err = open.admit_pod(&api, pod("d", "other")).unwrap_err().0;
         assert!(
             err.ends_with("spec.containers[0].volumeMounts[0].name: Not found: \"other\""),
@@ -429,6 +464,66 @@ mod tests {
         assert_eq!(
             d.spec.fs_group_policy.as_deref(),
             Some("ReadWriteOnceWithFSType")
+        );
+    }
+
+    /// `ValidateCSIDriverName` lowercases before the subdomain check: upper case is a valid driver name.
+    fn admitted_upper_case(open: &Admission, api: &Api) {
+        open.admit_pod(api, pod("D.Example.COM", "data")).unwrap();
+    }
+
+    #[test]
+    fn csi_driver_and_pv_names_that_would_leave_the_root_are_refused() {
+        let open = Admission::default();
+        let driver = |name: &str| CSIDriver {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let err = open.admit_csi_driver(driver("/tmp/x")).unwrap_err().0;
+        assert!(
+            err.starts_with(
+                "CSIDriver.storage.k8s.io \"/tmp/x\" is invalid: name: Invalid value: \"/tmp/x\""
+            ),
+            "{err}"
+        );
+        open.admit_csi_driver(driver("local.inlet.dev")).unwrap();
+        let pv = |name: &str, driver: &str| PersistentVolume {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                ..Default::default()
+            },
+            spec: Some(k8s_openapi::api::core::v1::PersistentVolumeSpec {
+                csi: Some(CSIPersistentVolumeSource {
+                    driver: driver.into(),
+                    volume_handle: "h".into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        open.validate_persistent_volume(&pv("data", "local.inlet.dev"))
+            .unwrap();
+        let err = open
+            .validate_persistent_volume(&pv("data", "../../x"))
+            .unwrap_err()
+            .0;
+        assert!(
+            err.starts_with(
+                "PersistentVolume \"data\" is invalid: spec.csi.driver: Invalid value: \"../../x\""
+            ),
+            "{err}"
+        );
+        let err = open
+            .validate_persistent_volume(&pv("../pv", "local.inlet.dev"))
+            .unwrap_err()
+            .0;
+        assert!(
+            err.starts_with("PersistentVolume \"../pv\" is invalid: metadata.name: Invalid value"),
+            "{err}"
         );
     }
 }

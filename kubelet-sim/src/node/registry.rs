@@ -19,6 +19,9 @@ use parking_lot::RwLock;
 
 use crate::api::Api;
 
+/// The longest node id CSINode takes (`csiNodeIDMaxLength` in `pkg/apis/storage/validation`).
+pub const CSI_NODE_ID_MAX: usize = 192;
+
 /// One registered driver.
 #[derive(Debug, Clone)]
 pub struct Registered {
@@ -219,7 +222,13 @@ impl DriverRegistry {
                 // `nodeinfomanager.go` InstallCSIDriver.
                 return Err(RegistrationError::EmptyNodeId);
             }
-            Ok(info) => info,
+            Ok(info) => match self.csinode_errors(name, &info.node_id) {
+                Some(reason) => {
+                    self.deregister(name);
+                    return Err(reason);
+                }
+                None => info,
+            },
             Err(e) => {
                 self.deregister(name);
                 return Err(RegistrationError::NodeInfo(e));
@@ -234,6 +243,33 @@ impl DriverRegistry {
             .insert((self.node.clone(), name.to_string()), client);
         tracing::info!(node = %self.node, driver = name, "registered CSI driver");
         Ok(())
+    }
+
+    /// What the API server's CSINode validation (`ValidateCSINode`: `validateCSINodeDriverNodeID`,
+    /// `ValidateCSIDriverName`) would refuse of this driver's entry, as `updateCSINode` returns it: a
+    /// driver's name or node id is never written where the API would not take it. The value is escaped
+    /// and capped (a driver's megabyte node id is not logged whole).
+    fn csinode_errors(&self, name: &str, node_id: &str) -> Option<RegistrationError> {
+        let index = self.api.peek::<CSINode>("", &self.node).map_or(0, |n| {
+            n.spec.drivers.iter().filter(|d| d.name != name).count()
+        });
+        let field = format!("spec.drivers[{index}]");
+        let mut errors = inlet_host::names::csi_driver_name_errors(name, &format!("{field}.name"));
+        if node_id.len() > CSI_NODE_ID_MAX {
+            errors.push(format!(
+                "{field}.nodeID: Invalid value: {:?}: must be {CSI_NODE_ID_MAX} characters or less",
+                inlet_proto::peer_text::shown(node_id, 64)
+            ));
+        }
+        let errors = match errors.len() {
+            0 => return None,
+            1 => errors.remove(0),
+            _ => format!("[{}]", errors.join(", ")),
+        };
+        Some(RegistrationError::CsiNode {
+            node: self.node.clone(),
+            errors,
+        })
     }
 
     /// Removes a driver (its socket went away), and uninstalls it from CSINode.
@@ -341,6 +377,16 @@ pub enum RegistrationError {
     /// NodeGetInfo answered no node id (`InstallCSIDriver`).
     #[error("error adding CSI driver node info: driverNodeID must not be empty")]
     EmptyNodeId,
+    /// CSINode's validation refused the driver's entry (`InstallCSIDriver`'s `updateCSINode`).
+    #[error(
+        "error updating CSINode object with CSI driver node info: CSINode.storage.k8s.io {node:?} is invalid: {errors}"
+    )]
+    CsiNode {
+        /// The node (the CSINode's name).
+        node: String,
+        /// The field errors, joined as the API server joins them.
+        errors: String,
+    },
     /// NodeGetInfo failed.
     #[error("{}", rpc_error(.0))]
     NodeInfo(#[source] tonic::Status),

@@ -4,6 +4,8 @@
 use std::sync::Arc;
 
 use cucumber::{given, then, when};
+use inlet_proto::csi::v1::node_server::{Node, NodeServer};
+use inlet_proto::csi::v1::{NodeGetInfoRequest, NodeGetInfoResponse};
 use inlet_proto::pluginregistration::registration_server::{Registration, RegistrationServer};
 use inlet_proto::pluginregistration::{
     InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse,
@@ -68,6 +70,20 @@ async fn registers_itself(w: &mut Sim, name: String) {
 
 #[when(regex = r#"^a plugin "([^"]+)" of type "([^"]*)" with versions "([^"]*)" offers itself$"#)]
 async fn offers(w: &mut Sim, name: String, type_: String, versions: String) {
+    serve_offered(w, &name, &type_, &versions, None).await;
+}
+
+/// Serves a registration socket for `name` in the plugins registry, with a CSI Node service on the same
+/// socket when `node` is given (the registration socket is then the driver's endpoint too).
+async fn serve_offered(
+    w: &mut Sim,
+    name: &str,
+    type_: &str,
+    versions: &str,
+    node: Option<NodeIdOf>,
+) {
+    let name = name.to_string();
+    let type_ = type_.to_string();
     let dir = w.plugins_registry.clone().expect("a plugins registry");
     let plugin = OfferedPlugin {
         info: PluginInfo {
@@ -91,6 +107,7 @@ async fn offers(w: &mut Sim, name: String, type_: String, versions: String) {
     let task = tokio::spawn(async move {
         let _ = tonic::transport::Server::builder()
             .add_service(server)
+            .add_optional_service(node.map(NodeServer::new))
             .serve_with_incoming(incoming)
             .await;
     });
@@ -101,6 +118,28 @@ async fn offers(w: &mut Sim, name: String, type_: String, versions: String) {
             task,
         },
     );
+}
+
+/// A CSI driver's NodeGetInfo answering a node id of a given length, for the offered plugin's socket.
+#[derive(Clone)]
+struct NodeIdOf(usize);
+
+#[tonic::async_trait]
+impl Node for NodeIdOf {
+    async fn node_get_info(
+        &self,
+        _: Request<NodeGetInfoRequest>,
+    ) -> Result<Response<NodeGetInfoResponse>, Status> {
+        Ok(Response::new(NodeGetInfoResponse {
+            node_id: "n".repeat(self.0),
+            ..Default::default()
+        }))
+    }
+}
+
+#[when(regex = r#"^a CSI driver "([^"]+)" whose node id is (\d+) characters long offers itself$"#)]
+async fn offers_node_id(w: &mut Sim, name: String, length: usize) {
+    serve_offered(w, &name, "CSIPlugin", "1.0.0", Some(NodeIdOf(length))).await;
 }
 
 #[then(regex = r#"^the plugin "([^"]+)" is refused with "(.*)"$"#)]

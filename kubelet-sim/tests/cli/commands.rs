@@ -340,6 +340,76 @@ fn bad_flags_exit_2_and_name_the_flag() {
     }
 }
 
+/// A driver name is a directory under the root: names that would leave it are refused wherever they come
+/// from (`--driver`, a CSIDriver, a PV, an inline volume), as the API server refuses them.
+#[test]
+fn driver_names_that_would_leave_the_root_are_refused() {
+    let (code, _, stderr) = run(&[
+        "run",
+        "--manifests",
+        "x",
+        "--driver",
+        "../../../../tmp/x=local",
+    ]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains("--driver") && stderr.contains("a lowercase RFC 1123 subdomain"),
+        "{stderr}"
+    );
+    let (code, _, stderr) = run(&["run", "--manifests", "x", "--driver", "/tmp/x=local"]);
+    assert_eq!(code, 2, "{stderr}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let manifests = dir.path().join("manifests");
+    std::fs::create_dir(&manifests).unwrap();
+    let escape = "../../../../../../../../../../..".to_string()
+        + &dir.path().join("escaped").display().to_string();
+    for (file, yaml) in [
+        (
+            "driver.yaml",
+            format!(
+                "apiVersion: storage.k8s.io/v1\nkind: CSIDriver\nmetadata: {{name: {escape:?}}}\nspec: {{volumeLifecycleModes: [Ephemeral]}}\n"
+            ),
+        ),
+        (
+            "pod.yaml",
+            format!(
+                "apiVersion: v1\nkind: Pod\nmetadata: {{name: web}}\nspec:\n  containers: [{{name: c, image: busybox, command: [sleep, '3600'], volumeMounts: [{{name: v, mountPath: /v}}]}}]\n  volumes: [{{name: v, csi: {{driver: {escape:?}}}}}]\n"
+            ),
+        ),
+    ] {
+        std::fs::write(manifests.join(file), yaml).unwrap();
+    }
+    let root = dir.path().join("root");
+    let (code, stdout, _) = run(&[
+        "run",
+        "--manifests",
+        manifests.to_str().unwrap(),
+        "--driver",
+        "local.inlet.dev=local",
+        "--root",
+        root.to_str().unwrap(),
+        "--teardown",
+        "--timeout",
+        "10s",
+    ]);
+    assert_eq!(code, 1, "{stdout}");
+    assert!(
+        stdout.contains("is invalid: name: Invalid value"),
+        "{stdout}"
+    );
+    assert!(
+        !dir.path().join("escaped").exists(),
+        "nothing is written outside the root"
+    );
+    let mut names: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["manifests", "root"]);
+}
+
 #[test]
 fn a_policy_violation_fails_the_run_with_the_reason() {
     let dir = tempfile::tempdir().unwrap();

@@ -160,19 +160,14 @@ enum LogFormat {
     Json,
 }
 
-/// The CSI spec's rule for plugin names: at most 63 characters, alphanumerics, '-', '.' and '_', beginning
-/// and ending with an alphanumeric.
+/// The CSI spec's rule for plugin names (at most 63 characters, alphanumerics, '-', '.' and '_', beginning
+/// and ending with an alphanumeric) and the API server's for a CSIDriver's (`ValidateCSIDriverName`: a
+/// DNS-1123 subdomain once lowercased, so no '_'): the name is a directory on the node, and a driver the
+/// API cannot name cannot be used.
 fn parse_driver_name(name: &str) -> Result<String, String> {
-    let edge_ok = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());
-    let body_ok = name
-        .chars()
-        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_'));
-    if name.len() > 63 || !body_ok || !edge_ok(name.chars().next()) || !edge_ok(name.chars().last())
-    {
-        return Err(
-            "must be at most 63 characters of [a-z0-9.-_], beginning and ending with [a-z0-9]"
-                .into(),
-        );
+    let errors = inlet_host::names::csi_driver_name_errors(name, "--name");
+    if !errors.is_empty() {
+        return Err(errors.join("; "));
     }
     Ok(name.to_string())
 }

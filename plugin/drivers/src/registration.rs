@@ -9,6 +9,7 @@
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use inlet_proto::pluginregistration::registration_server::{Registration, RegistrationServer};
 use inlet_proto::pluginregistration::{
@@ -31,6 +32,38 @@ pub struct Registrar {
     name: String,
     endpoint: PathBuf,
     outcome: Arc<tokio::sync::watch::Sender<Option<Outcome>>>,
+    notices: Arc<parking_lot::Mutex<Notices>>,
+}
+
+/// Which notices are logged: a changed outcome, or the same one again after [`Notices::REPEAT`], and never
+/// more than one a second; what is left out is counted into the next line. A kubelet (or anything that
+/// reaches the socket) notifying in a loop writes a line a second at most, not one per call.
+#[derive(Debug, Default)]
+struct Notices {
+    last: Option<(Outcome, Instant)>,
+    suppressed: u64,
+}
+
+impl Notices {
+    const REPEAT: Duration = Duration::from_secs(60);
+    const MIN_GAP: Duration = Duration::from_secs(1);
+
+    /// Some(count of notices left out since the last line) when this one is to be logged.
+    fn admit(&mut self, outcome: &Outcome, now: Instant) -> Option<u64> {
+        let log = match &self.last {
+            None => true,
+            Some((last, at)) => {
+                let since = now.saturating_duration_since(*at);
+                since >= Self::MIN_GAP && (last != outcome || since >= Self::REPEAT)
+            }
+        };
+        if !log {
+            self.suppressed += 1;
+            return None;
+        }
+        self.last = Some((outcome.clone(), now));
+        Some(std::mem::take(&mut self.suppressed))
+    }
 }
 
 impl Registrar {
@@ -40,6 +73,7 @@ impl Registrar {
             name: name.to_string(),
             endpoint: endpoint.to_path_buf(),
             outcome: Arc::new(tokio::sync::watch::channel(None).0),
+            notices: Arc::default(),
         }
     }
 
@@ -88,14 +122,74 @@ impl Registration for Registrar {
         request: Request<RegistrationStatus>,
     ) -> Result<Response<RegistrationStatusResponse>, Status> {
         let status = request.into_inner();
-        let outcome = if status.plugin_registered {
-            tracing::info!(driver = %self.name, "registered with the kubelet");
-            Ok(())
-        } else {
-            tracing::error!(driver = %self.name, reason = %status.error, "the kubelet refused the registration");
-            Err(status.error)
+        // The reason is the peer's text: escaped and capped before it is kept or logged.
+        let outcome = match status.plugin_registered {
+            true => Ok(()),
+            false => Err(inlet_proto::peer_text::safe(&status.error)),
         };
+        if let Some(suppressed) = self.notices.lock().admit(&outcome, Instant::now()) {
+            match &outcome {
+                Ok(()) => {
+                    tracing::info!(driver = %self.name, suppressed, "registered with the kubelet")
+                }
+                Err(reason) => {
+                    tracing::error!(driver = %self.name, reason = %reason, suppressed, "the kubelet refused the registration")
+                }
+            }
+        }
         self.outcome.send_replace(Some(outcome));
         Ok(Response::new(RegistrationStatusResponse {}))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn repeated_notices_are_logged_once_a_second_at_most_and_counted() {
+        let mut notices = Notices::default();
+        let start = Instant::now();
+        let refused: Outcome = Err("no".into());
+        assert_eq!(notices.admit(&refused, start), Some(0));
+        // 16,000 notices in 4 s: the same outcome again within a minute is never logged.
+        for i in 0..16_000u64 {
+            let at = start + Duration::from_micros(250 * i);
+            assert_eq!(notices.admit(&refused, at), None);
+        }
+        // A change is logged (a second after the last line), with what was left out.
+        let at = start + Duration::from_secs(5);
+        assert_eq!(notices.admit(&Ok(()), at), Some(16_000));
+        // Changes in a burst: one line a second.
+        assert_eq!(
+            notices.admit(&refused, at + Duration::from_millis(10)),
+            None
+        );
+        assert_eq!(
+            notices.admit(&refused, at + Duration::from_secs(1)),
+            Some(1)
+        );
+        // The same outcome is logged again after a minute.
+        assert_eq!(
+            notices.admit(&refused, at + Duration::from_secs(62)),
+            Some(0)
+        );
+    }
+
+    #[tokio::test]
+    async fn a_refusal_reason_is_kept_escaped_and_capped() {
+        let registrar = Registrar::new("local.inlet.dev", Path::new("/csi.sock"));
+        let outcome = registrar.outcome();
+        let reason = format!("bad\n\x1b[2J{}", "x".repeat(3 << 20));
+        registrar
+            .notify_registration_status(Request::new(RegistrationStatus {
+                plugin_registered: false,
+                error: reason,
+            }))
+            .await
+            .unwrap();
+        let kept = outcome.borrow().clone().unwrap().unwrap_err();
+        assert!(kept.starts_with(r"bad\n\u{1b}[2J"), "{}", &kept[..20]);
+        assert!(kept.len() < 2048, "{}", kept.len());
     }
 }

@@ -86,6 +86,10 @@ fn bad_flags_exit_2_and_name_the_flag() {
     };
     for (args, needle) in [
         (with("--name", "-bad-"), "--name"),
+        // Names that would become paths outside the state dir, and one the API cannot name (no '_').
+        (with("--name", "../../../../tmp/x"), "RFC 1123 subdomain"),
+        (with("--name", "/tmp/x"), "RFC 1123 subdomain"),
+        (with("--name", "local_inlet.dev"), "RFC 1123 subdomain"),
         (with("--driver", "nfs"), "--driver"),
         (with("--mounter", "magic"), "--mounter"),
         (

@@ -112,6 +112,20 @@ pub fn create_dirs(root: &Path, relative: &Path, mode: u32) -> io::Result<()> {
     Ok(())
 }
 
+/// `base/name` for a name that came from outside (an API object, a peer): refused unless `name` is one plain
+/// path component, so no name (`..`, `/tmp/x`, `a/../../b`) builds a path outside `base`. The defence in
+/// depth behind the validation of such names.
+pub fn join_name(base: &Path, name: &str) -> io::Result<PathBuf> {
+    let mut components = Path::new(name).components();
+    match (components.next(), components.next()) {
+        (Some(Component::Normal(one)), None) if one == name => Ok(base.join(one)),
+        _ => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{name:?} is not a plain path component"),
+        )),
+    }
+}
+
 /// Opens the last component of `path` without following it, for a mount through `/proc/self/fd`.
 pub fn open_no_follow(path: &Path) -> io::Result<OwnedFd> {
     let fd = open(
@@ -191,6 +205,18 @@ mod tests {
             0,
             "nothing made outside"
         );
+    }
+
+    #[test]
+    fn join_name_takes_only_one_plain_component() {
+        let base = Path::new("/var/lib/kubelet/plugins");
+        assert_eq!(
+            join_name(base, "local.inlet.dev").unwrap(),
+            base.join("local.inlet.dev")
+        );
+        for bad in ["", ".", "..", "/tmp/x", "a/b", "../../x", "a/", "./a"] {
+            assert!(join_name(base, bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

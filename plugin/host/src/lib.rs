@@ -4,6 +4,7 @@
 //! - [`mount`]: the mount layer (bind, tmpfs, overlay, remount, unmount, loop devices): a real Linux
 //!   implementation and a recording fake, so mount logic is testable without root.
 //! - [`host_path`]: target and staging paths walked and created without following a symlink.
+//! - [`names`]: names that become paths (CSI driver names), checked as the API server checks them.
 //! - [`records`]: durable JSON records (write, fsync, rename), shared by the local driver and the image engine.
 //! - [`crash`]: named crash points (`INLET_CRASH_POINT`) for the kill-anywhere tests.
 //! - [`quantity`]: Kubernetes quantities (`64Mi`) as bytes.
@@ -13,6 +14,7 @@ pub mod crash;
 pub mod error;
 pub mod host_path;
 pub mod mount;
+pub mod names;
 pub mod quantity;
 pub mod records;
 

@@ -83,14 +83,19 @@ pub(crate) fn spec_driver(spec: &Spec) -> String {
     }
 }
 
-/// `plugins/kubernetes.io/csi/<driver>/<sha256(handle)>/globalmount` under the root dir.
-pub(crate) fn device_path_for(host: &dyn VolumeHost, driver: &str, handle: &str) -> PathBuf {
-    host.root_dir()
-        .join("plugins")
-        .join(PLUGIN_NAME)
-        .join(driver)
+/// `plugins/kubernetes.io/csi/<driver>/<sha256(handle)>/globalmount` under the root dir; a driver name that
+/// is not one path component is refused (it cannot leave the root, whatever admission let through).
+pub(crate) fn device_path_for(
+    host: &dyn VolumeHost,
+    driver: &str,
+    handle: &str,
+) -> Result<PathBuf, VolumeError> {
+    let csi_dir = host.root_dir().join("plugins").join(PLUGIN_NAME);
+    let driver_dir = inlet_host::host_path::join_name(&csi_dir, driver)
+        .map_err(|e| VolumeError::final_(format!("driver name {e}")))?;
+    Ok(driver_dir
         .join(handle::staging_dir_name(handle))
-        .join("globalmount")
+        .join("globalmount"))
 }
 
 #[async_trait]
@@ -256,11 +261,11 @@ impl DeviceMountableVolumePlugin for CsiPlugin {
         if source.block {
             return Ok(block::staging_path(self.host.as_ref(), spec.name()));
         }
-        Ok(device_path_for(
+        device_path_for(
             self.host.as_ref(),
             &source.driver,
             source.require_handle(spec.name())?,
-        ))
+        )
     }
 
     fn new_device_mounter(&self) -> Box<dyn DeviceMounter> {

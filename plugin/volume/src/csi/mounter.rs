@@ -100,7 +100,7 @@ impl CsiMounter {
                     true if source.block => block::staging_path(host, self.spec.name())
                         .display()
                         .to_string(),
-                    true => device_path_for(host, &driver_name, &handle)
+                    true => device_path_for(host, &driver_name, &handle)?
                         .display()
                         .to_string(),
                     false => String::new(),

@@ -109,6 +109,13 @@ pub async fn resolve(
     spec: &Spec,
     pod: &PodInfo,
 ) -> Result<CsiSource, VolumeError> {
+    // The driver's name becomes paths on the node: refused as the API server refuses it, whether the
+    // spec came through an API server or not.
+    let driver = super::spec_driver(spec);
+    let errors = inlet_host::names::csi_driver_name_errors(&driver, "driver");
+    if !errors.is_empty() {
+        return Err(VolumeError::final_(errors.join(", ")));
+    }
     match spec {
         Spec::Inline { volume, csi } => {
             let inline = csi.as_ref().ok_or_else(|| {
