@@ -2,6 +2,7 @@
 //!
 //! Endpoints are written as CSI and CRI write them, `unix:///run/csi.sock`; a bare absolute path is accepted too.
 
+use std::future::Future;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
@@ -107,16 +108,56 @@ pub fn socket_path(endpoint: &str) -> Result<PathBuf, EndpointError> {
 
 /// The connections a tonic server accepts on a unix socket, each wrapped in [`AuthorityFix`] so that
 /// clients sending the socket's path as `:authority` (kubelets before 1.26, grpcio, grpc-java) are served.
+///
+/// When the process is out of file descriptors (or the kernel of memory for sockets), accepting fails at
+/// once, again and again: tonic would retry in a loop at 100% of a core. Instead accepting pauses for
+/// [`ACCEPT_BACKOFF`] each time, with one warning when it starts and one line when it recovers.
 #[derive(Debug)]
-pub struct Incoming(UnixListenerStream);
+pub struct Incoming {
+    listener: UnixListenerStream,
+    backoff: Option<Pin<Box<tokio::time::Sleep>>>,
+    exhausted: bool,
+}
+
+/// How long accepting pauses after running out of descriptors.
+pub const ACCEPT_BACKOFF: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Errors that no retry can fix until something is released: EMFILE, ENFILE, ENOBUFS, ENOMEM.
+fn out_of_resources(e: &io::Error) -> bool {
+    use nix::errno::Errno;
+    e.raw_os_error().is_some_and(|code| {
+        [Errno::EMFILE, Errno::ENFILE, Errno::ENOBUFS, Errno::ENOMEM]
+            .contains(&Errno::from_raw(code))
+    })
+}
 
 impl Stream for Incoming {
     type Item = io::Result<AuthorityFix<UnixStream>>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        Pin::new(&mut self.0)
-            .poll_next(cx)
-            .map(|next| next.map(|accepted| accepted.map(AuthorityFix::new)))
+        loop {
+            if let Some(sleep) = self.backoff.as_mut() {
+                std::task::ready!(sleep.as_mut().poll(cx));
+                self.backoff = None;
+            }
+            match std::task::ready!(Pin::new(&mut self.listener).poll_next(cx)) {
+                None => return Poll::Ready(None),
+                Some(Ok(stream)) => {
+                    if std::mem::take(&mut self.exhausted) {
+                        tracing::info!("accepting connections again");
+                    }
+                    return Poll::Ready(Some(Ok(AuthorityFix::new(stream))));
+                }
+                Some(Err(e)) if out_of_resources(&e) => {
+                    if !self.exhausted {
+                        tracing::warn!(error = %e, backoff_ms = ACCEPT_BACKOFF.as_millis() as u64, "cannot accept connections: pausing until resources are released");
+                        self.exhausted = true;
+                    }
+                    self.backoff = Some(Box::pin(tokio::time::sleep(ACCEPT_BACKOFF)));
+                }
+                Some(Err(e)) => return Poll::Ready(Some(Err(e))),
+            }
+        }
     }
 }
 
@@ -140,7 +181,11 @@ pub async fn listen(path: &Path) -> Result<Incoming, EndpointError> {
     // Owner-only: whoever may connect may mount (a CSI socket) or run containers (a CRI socket).
     std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o600))
         .map_err(io_err)?;
-    Ok(Incoming(UnixListenerStream::new(listener)))
+    Ok(Incoming {
+        listener: UnixListenerStream::new(listener),
+        backoff: None,
+        exhausted: false,
+    })
 }
 
 /// Opens a gRPC channel to a server on a unix socket. The connection is made now, so a wrong path fails here.

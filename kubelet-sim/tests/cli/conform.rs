@@ -384,6 +384,6 @@ fn csi_driver_host_path_results_are_those_conform_md_records() {
     let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/conform.md")).unwrap();
     assert!(
         doc.contains("csi-driver-host-path v1.16.1")
-            && doc.contains("12 passed, 2 failed, 2 skipped")
+            && doc.contains("14 passed, 2 failed, 2 skipped")
     );
 }

@@ -31,6 +31,82 @@ pub(super) async fn lifecycle(env: &mut CheckEnv) -> Outcome {
     Ok(deletion_note(env))
 }
 
+pub(super) async fn symlinked_target(env: &mut CheckEnv) -> Outcome {
+    let publish = one_pod(env, "symlinked-target", InlineVolume::named("data")).await?;
+    let target = env.target("symlinked-target", "data");
+    let kind = std::fs::symlink_metadata(&target)
+        .map_err(|e| format!("the target path {}: {e}", target.display()))?
+        .file_type();
+    if kind.is_symlink() {
+        return Err(format!(
+            "the target path {} is a symlink the driver put in its place",
+            target.display()
+        ));
+    }
+    if !kind.is_dir() {
+        return Err(format!(
+            "the target path {} is not a directory",
+            target.display()
+        ));
+    }
+    if env.conf.mounter.1 && mounts_at(&target) == 0 {
+        return Err(format!(
+            "nothing is mounted at the target path {}",
+            target.display()
+        ));
+    }
+    env.nothing_left(&[publish.volume_id]).await?;
+    Ok(deletion_note(env))
+}
+
+pub(super) async fn outside_path(env: &mut CheckEnv) -> Outcome {
+    let before = mount_table();
+    let publish = one_pod(env, "outside-path", InlineVolume::named("data")).await?;
+    let root = env
+        .node_root()
+        .canonicalize()
+        .map_err(|e| format!("the kubelet dir: {e}"))?;
+    let target = env.target("outside-path", "data");
+    let resolved = target
+        .canonicalize()
+        .map_err(|e| format!("the target path {}: {e}", target.display()))?;
+    if !resolved.starts_with(&root) {
+        return Err(format!(
+            "the target path {} resolves to {}, outside the kubelet dir",
+            target.display(),
+            resolved.display()
+        ));
+    }
+    // The mounts made while the pod started that show the target's volume (the same filesystem and root):
+    // one outside the kubelet dir is the driver's. Other mounts of the host (other tests, other
+    // drivers) do not count: the mount table is the host's.
+    let after = mount_table();
+    let shown = target.display().to_string();
+    let volume: BTreeSet<(&String, &String)> = after
+        .iter()
+        .filter(|(_, _, point)| *point == shown)
+        .map(|(dev, fs_root, _)| (dev, fs_root))
+        .collect();
+    let outside: Vec<String> = after
+        .difference(&before)
+        .filter(|(dev, fs_root, point)| {
+            volume.contains(&(dev, fs_root)) && !Path::new(point).starts_with(&root)
+        })
+        .map(|(_, _, point)| point.clone())
+        .collect();
+    if !outside.is_empty() {
+        return Err(format!(
+            "the volume is also mounted outside the kubelet dir: {}",
+            outside.join(", ")
+        ));
+    }
+    env.nothing_left(&[publish.volume_id]).await?;
+    Ok(match env.conf.mounter.1 {
+        true => deletion_note(env),
+        false => "the mount table is not compared without real mounts (root)".into(),
+    })
+}
+
 pub(super) async fn pod_info(env: &mut CheckEnv) -> Outcome {
     let spec = &env.conf.info.csi_driver.spec;
     if spec.pod_info_on_mount != Some(true) {

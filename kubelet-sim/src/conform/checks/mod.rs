@@ -119,6 +119,25 @@ pub fn catalogue() -> Vec<Check> {
             run: |env| Box::pin(ephemeral::read_only(env)),
         },
         Check {
+            id: "ephemeral/symlinked-target",
+            expects: "the driver publishes at the target path it is given: after NodePublishVolume the target is \
+                      a directory (as root, a mount point), never a symlink put in its place, which would lead \
+                      the kubelet's fsGroup walk, the container's bind and the teardown out of the kubelet dir",
+            source: "CSI spec, NodePublishVolume (\"the SP SHALL place the mounted directory at target_path\"); \
+                     volume_linux.go SetVolumeOwnership (walks the target); RELIABILITY.md",
+            applies: ephemeral,
+            run: |env| Box::pin(ephemeral::symlinked_target(env)),
+        },
+        Check {
+            id: "ephemeral/outside-path",
+            expects: "nothing the driver mounts for an inline volume lies outside the kubelet dir: the target \
+                      resolves below it, and (as root) the volume mounted there is not also mounted outside it",
+            source: "CSI spec, NodePublishVolume (target_path is the CO's); kubelet's volume layout \
+                     (pods/<uid>/volumes/kubernetes.io~csi/<volume>/mount)",
+            applies: ephemeral,
+            run: |env| Box::pin(ephemeral::outside_path(env)),
+        },
+        Check {
             id: "ephemeral/fs-group-mount-group",
             expects: "a driver with VOLUME_MOUNT_GROUP gets the pod's fsGroup as volume_mount_group, and a \
                       file made in the volume belongs to that group (the kubelet chowns nothing)",
@@ -303,6 +322,22 @@ fn mounts_at(target: &Path) -> usize {
         .lines()
         .filter(|l| l.split(' ').nth(4) == Some(target.as_str()))
         .count()
+}
+
+/// The mounts of `/proc/self/mountinfo` as (filesystem `major:minor`, root within it, mount point).
+fn mount_table() -> BTreeSet<(String, String, String)> {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let fields: Vec<&str> = l.split(' ').collect();
+            Some((
+                fields.get(2)?.to_string(),
+                fields.get(3)?.to_string(),
+                fields.get(4)?.to_string(),
+            ))
+        })
+        .collect()
 }
 
 /// Writes and removes a file in `dir`: Ok when writes are allowed.

@@ -250,7 +250,7 @@ impl CsiAttacher {
             }
             return Err(err);
         }
-        Ok(())
+        super::check_driver_left_dir(host, "attacher.MountDevice", path).await
     }
 }
 

@@ -19,7 +19,7 @@ mod mounter;
 pub mod source;
 pub mod vol_data;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -96,6 +96,45 @@ pub(crate) fn device_path_for(
     Ok(driver_dir
         .join(handle::staging_dir_name(handle))
         .join("globalmount"))
+}
+
+/// Checks what a driver left at `path`, a target or staging path the kubelet gave it: below the kubelet
+/// dir, reached without a symlink, and a directory (when there is anything). A driver that put a symlink in
+/// its place would lead the fsGroup walk, the container's bind and the teardown out of the kubelet dir.
+/// Upstream trusts the driver here; this defence is inlet's (`kep/upstream-differences.md`). The volume is
+/// left uncertain, so it is unpublished (or unstaged) as any other.
+pub(crate) async fn check_driver_left_dir(
+    host: &dyn VolumeHost,
+    step: &str,
+    path: &Path,
+) -> Result<(), VolumeError> {
+    let (root, path) = (host.root_dir().to_path_buf(), path.to_path_buf());
+    let shown = path.display().to_string();
+    let check = move || -> Result<(), String> {
+        let (root, relative) = inlet_host::host_path::below(&root, &path)
+            .map_err(|e| e.to_string())?
+            .ok_or_else(|| "it is not below the kubelet dir".to_string())?;
+        let Some(fd) =
+            inlet_host::host_path::open_below(&root, &relative).map_err(|e| e.to_string())?
+        else {
+            return Ok(());
+        };
+        let stat = nix::sys::stat::fstat(&fd).map_err(|e| e.to_string())?;
+        match nix::sys::stat::SFlag::from_bits_truncate(stat.st_mode)
+            & nix::sys::stat::SFlag::S_IFMT
+        {
+            nix::sys::stat::SFlag::S_IFDIR => Ok(()),
+            _ => Err(format!("{} is not a directory", path.display())),
+        }
+    };
+    let checked = tokio::task::spawn_blocking(check)
+        .await
+        .unwrap_or_else(|e| Err(e.to_string()));
+    checked.map_err(|why| {
+        VolumeError::uncertain(log(format!(
+            "{step} refused the path the driver left at {shown}: {why}"
+        )))
+    })
 }
 
 #[async_trait]

@@ -217,6 +217,7 @@ impl CsiMounter {
             // volumes take no fsGroup.
             return map_block_volume(dir, &target);
         }
+        super::check_driver_left_dir(host, "mounter.SetUpAt", &target).await?;
 
         // 17. fsGroup, unless the volume is read-only, the policy says no, or the driver applied it.
         if !mount_group

@@ -1,0 +1,172 @@
+//! kubelet-sim and conform against a driver that lies (`inlet_testkit::hostile`): a symlink where its
+//! target should be, a publish that never answers, an error meant for a terminal. Each must be refused or
+//! survived, bounded, and shown safely.
+
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::Path;
+
+use inlet_testkit::hostile::{Misbehaviour, serve_hostile_driver};
+
+use crate::common::BIN;
+
+const DRIVER: &str = "hostile.inlet.dev";
+
+/// A CSIDriver for the hostile driver: ephemeral, fsGroup applied by the kubelet to any volume.
+const CSIDRIVER: &str = "apiVersion: storage.k8s.io/v1\nkind: CSIDriver\nmetadata: {name: hostile.inlet.dev}\n\
+    spec: {volumeLifecycleModes: [Ephemeral], fsGroupPolicy: File, attachRequired: false, podInfoOnMount: true}\n";
+
+async fn kubelet_sim(args: &[String]) -> (i32, String, String) {
+    let out = tokio::process::Command::new(BIN)
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .output()
+        .await
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
+
+fn driver_arg(socket: &Path) -> String {
+    format!("{DRIVER}=unix://{}", socket.display())
+}
+
+/// A driver that answers NodePublishVolume by putting a symlink to a host directory where its target
+/// should be: the kubelet refuses the target (FailedMount naming the symlink), gives nothing below it to
+/// the pod's fsGroup, and unpublishes it; the host file keeps its mode and group.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_symlinked_target_is_refused_and_fs_group_never_follows_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let host = dir.path().join("host");
+    std::fs::create_dir(&host).unwrap();
+    let secret = host.join("shadow");
+    std::fs::write(&secret, "root only").unwrap();
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let before = std::fs::metadata(&secret).unwrap();
+    let socket = serve_hostile_driver(
+        dir.path(),
+        DRIVER,
+        Misbehaviour::SymlinkTarget(host.clone()),
+    )
+    .await;
+
+    let manifests = dir.path().join("pod.yaml");
+    std::fs::write(
+        &manifests,
+        format!(
+            "{CSIDRIVER}---\napiVersion: v1\nkind: Pod\nmetadata: {{name: web}}\nspec:\n  securityContext: {{fsGroup: 4242}}\n  \
+             containers: [{{name: app, image: busybox, volumeMounts: [{{name: v, mountPath: /v}}]}}]\n  \
+             volumes: [{{name: v, csi: {{driver: {DRIVER}}}}}]\n"
+        ),
+    )
+    .unwrap();
+    let root = dir.path().join("root");
+    let report = dir.path().join("report.json");
+    let (code, stdout, stderr) = kubelet_sim(&[
+        "run".into(),
+        "--manifests".into(),
+        manifests.display().to_string(),
+        "--driver".into(),
+        driver_arg(&socket),
+        "--root".into(),
+        root.display().to_string(),
+        "--timeout".into(),
+        "5s".into(),
+        "--teardown".into(),
+        "--report".into(),
+        report.display().to_string(),
+    ])
+    .await;
+    assert_eq!(code, 1, "stdout:\n{stdout}\nstderr:\n{stderr}");
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    let pod = &report["pods"][0];
+    assert_ne!(pod["phase"], "Running", "{pod}");
+    let refused = pod["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["reason"] == "FailedMount")
+        .unwrap_or_else(|| panic!("no FailedMount: {pod}"));
+    let message = refused["message"].as_str().unwrap();
+    assert!(
+        message.contains("mounter.SetUpAt refused the path the driver left at")
+            && message.contains("is a symlink"),
+        "{message}"
+    );
+    let after = std::fs::metadata(&secret).unwrap();
+    assert_eq!(
+        (after.mode(), after.gid()),
+        (before.mode(), before.gid()),
+        "the host file's mode and group are unchanged"
+    );
+    assert!(secret.exists(), "nothing of the host dir was removed");
+    assert_eq!(
+        report["teardown"]["complete"], true,
+        "{}",
+        report["teardown"]
+    );
+    let unpublished = report["csi_calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|c| c["method"] == "NodeUnpublishVolume" && c["code"] == "OK");
+    assert!(unpublished, "the refused target is unpublished");
+}
+
+/// conform against the same driver: no check that runs a pod passes, and the symlinked-target check names
+/// the symlink.
+#[tokio::test(flavor = "multi_thread")]
+async fn conform_fails_every_check_of_a_driver_that_symlinks_its_target() {
+    let dir = tempfile::tempdir().unwrap();
+    let host = dir.path().join("host");
+    std::fs::create_dir(&host).unwrap();
+    let socket = serve_hostile_driver(
+        dir.path(),
+        DRIVER,
+        Misbehaviour::SymlinkTarget(host.clone()),
+    )
+    .await;
+    let csidriver = dir.path().join("csidriver.yaml");
+    std::fs::write(&csidriver, CSIDRIVER).unwrap();
+    let report = dir.path().join("conform.json");
+    let (code, stdout, stderr) = kubelet_sim(&[
+        "conform".into(),
+        "--driver".into(),
+        driver_arg(&socket),
+        "--csidriver".into(),
+        csidriver.display().to_string(),
+        "--only".into(),
+        "ephemeral/*".into(),
+        "--timeout".into(),
+        "4s".into(),
+        "--report".into(),
+        report.display().to_string(),
+        "--root".into(),
+        dir.path().join("root").display().to_string(),
+    ])
+    .await;
+    assert_eq!(code, 1, "stdout:\n{stdout}\nstderr:\n{stderr}");
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    let checks = json["checks"].as_array().unwrap();
+    let passed: Vec<&str> = checks
+        .iter()
+        .filter(|c| c["result"] == "pass")
+        .map(|c| c["id"].as_str().unwrap())
+        .collect();
+    assert!(passed.is_empty(), "passed: {passed:?}\n{stdout}");
+    for id in ["ephemeral/symlinked-target", "ephemeral/outside-path"] {
+        let check = checks.iter().find(|c| c["id"] == id).unwrap();
+        assert_eq!(check["result"], "fail", "{check}");
+        assert!(
+            check["reason"].as_str().unwrap().contains("is a symlink"),
+            "{check}"
+        );
+    }
+    assert!(
+        std::fs::read_dir(&host).unwrap().next().is_none(),
+        "nothing made in the host dir"
+    );
+}
