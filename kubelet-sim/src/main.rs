@@ -273,6 +273,7 @@ async fn run(args: RunArgs) -> Result<Outcome, String> {
         allowed_inline_drivers: allowed,
         backoff: BackoffPolicy::default(),
         volume_wait_timeout: Duration::from_secs(123),
+        csi_timeout: inlet_volume::csi::CSI_TIMEOUT,
         republish_period: Duration::from_secs(60),
         containers: Default::default(),
         mounter,

@@ -3,6 +3,7 @@
 use std::io::Write;
 
 use inlet_proto::csi_call::CsiCall;
+use inlet_proto::peer_text::safe;
 use serde::Serialize;
 
 use k8s_openapi::api::core::v1::Pod;
@@ -235,7 +236,8 @@ impl Report {
                     .iter()
                     .rev()
                     .find(|e| e.type_ == "Warning")
-                    .map(|e| format!("{}: {}", e.reason, e.message));
+                    // A driver's error text is in the message: shown escaped, never raw.
+                    .map(|e| safe(&format!("{}: {}", e.reason, e.message)));
                 let note = if p.as_expected() {
                     "-".to_string()
                 } else {
@@ -281,7 +283,12 @@ impl Report {
         }
         for r in &self.rejected {
             let expected = if r.expected { " (expected)" } else { "" };
-            writeln!(out, "rejected{expected} {}: {}", r.origin, r.message)?;
+            writeln!(
+                out,
+                "rejected{expected} {}: {}",
+                safe(&r.origin),
+                safe(&r.message)
+            )?;
         }
         let running = self.pods.iter().filter(|p| p.phase == "Running").count();
         let expected = self.pods.iter().filter(|p| p.as_expected()).count();

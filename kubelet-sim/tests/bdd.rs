@@ -252,6 +252,7 @@ async fn runs(w: &mut Sim) {
             max: Duration::from_millis(300),
         },
         volume_wait_timeout: w.volume_wait,
+        csi_timeout: inlet_volume::csi::CSI_TIMEOUT,
         republish_period: Duration::from_millis(300),
         containers: ContainerTiming {
             relist_period: Duration::from_millis(50),

@@ -108,6 +108,7 @@ pub async fn run(config: &PodsConfig) -> Result<PodsFigures, BenchError> {
         allowed_inline_drivers: None,
         backoff: BackoffPolicy::default(),
         volume_wait_timeout: Duration::from_secs(123),
+        csi_timeout: inlet_volume::csi::CSI_TIMEOUT,
         republish_period: Duration::from_secs(60),
         containers: Default::default(),
         mounter: Arc::clone(&config.mounter),

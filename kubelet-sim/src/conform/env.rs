@@ -115,6 +115,10 @@ impl CheckEnv {
                 max: Duration::from_millis(500),
             },
             volume_wait_timeout: conf.wait,
+            // A CSI call gets no more than a step of the check can wait: a driver that never answers
+            // fails the call (DEADLINE_EXCEEDED, a FailedMount event) within the check's --timeout,
+            // as upstream's 2 min CSI timeout falls within its 2 min 3 s volume wait.
+            csi_timeout: conf.wait * 4 / 5,
             republish_period: Duration::from_millis(300),
             containers: ContainerTiming {
                 relist_period: Duration::from_millis(100),
@@ -130,10 +134,11 @@ impl CheckEnv {
             node_name_prefix: "node".into(),
             cluster: None,
         };
+        let csi_timeout = config.csi_timeout;
         let mut sim = Simulation::start(config).await?;
         let node_root = root.join(NODE);
         let (driver_socket, driver) = conf.setup.start(NODE, &node_root, sim.cri_socket()).await?;
-        let proxy = FaultProxy::new(&driver_socket);
+        let proxy = FaultProxy::new(&driver_socket, csi_timeout);
         let proxy_socket = root.join("proxy.sock");
         let incoming = inlet_proto::uds::listen(&proxy_socket)
             .await
@@ -536,7 +541,14 @@ impl CheckEnv {
     pub async fn finish(self) {
         self.sim.shutdown().await;
         let _ = self.proxy_stop.send(());
-        let _ = self.proxy_task.await;
+        // The proxy stops gracefully, after its calls in flight: bounded, as a hung driver's call is.
+        let mut proxy_task = self.proxy_task;
+        if tokio::time::timeout(super::CLEANUP_WAIT, &mut proxy_task)
+            .await
+            .is_err()
+        {
+            proxy_task.abort();
+        }
         self.conf.setup.stop(self.driver).await;
         // Removing a dir with something mounted below would reach into the volumes: it is left to look at.
         if !self.conf.mounter.0.anything_mounted_under(&self.root) {

@@ -118,7 +118,7 @@ pub struct ConformReport {
 }
 
 /// How long a failed check's teardown is waited for.
-const CLEANUP_WAIT: Duration = Duration::from_secs(5);
+pub(crate) const CLEANUP_WAIT: Duration = Duration::from_secs(5);
 
 /// How long a whole check may take, whatever its steps' waits: a hung driver call cannot stall the run.
 fn check_deadline(wait: Duration) -> Duration {
@@ -239,6 +239,7 @@ async fn describe(
         allowed_inline_drivers: None,
         backoff: Default::default(),
         volume_wait_timeout: options.wait,
+        csi_timeout: inlet_volume::csi::CSI_TIMEOUT,
         republish_period: Duration::from_secs(60),
         containers: Default::default(),
         mounter: Arc::clone(&options.mounter.0),
@@ -312,7 +313,9 @@ async fn run_check(
             result.injected_deadlines =
                 env.proxy.injected().iter().map(|m| m.to_string()).collect();
             if outcome.is_err() {
+                // The calls that returned, then those still without an answer (a driver that hangs).
                 result.csi_calls = env.calls();
+                result.csi_calls.extend(env.sim.calls.in_flight());
                 // Best effort, and briefly: a driver that failed may never let its pods go.
                 let cleanup =
                     tokio::time::timeout(CLEANUP_WAIT.min(conf.wait), env.nothing_left(&[]));

@@ -4,6 +4,7 @@ use std::io::Write;
 use std::path::Path;
 use std::time::Duration;
 
+use inlet_proto::peer_text::safe;
 use quick_junit::{NonSuccessKind, Report, TestCase, TestCaseStatus, TestSuite};
 
 use super::ConformError;
@@ -19,7 +20,13 @@ pub fn write_header(out: &mut impl Write, info: &DriverInfo) -> std::io::Result<
             set.iter().cloned().collect::<Vec<_>>().join(", ")
         }
     };
-    writeln!(out, "driver      {} {}", info.name, info.vendor_version)?;
+    // The driver's name and version are its own words: escaped, as every text of the driver's here.
+    writeln!(
+        out,
+        "driver      {} {}",
+        safe(&info.name),
+        safe(&info.vendor_version)
+    )?;
     writeln!(out, "node        {}", list(&info.node_capabilities))?;
     writeln!(out, "controller  {}", list(&info.controller_capabilities))?;
     writeln!(
@@ -43,7 +50,9 @@ pub fn write_row(out: &mut impl Write, result: &CheckResult) -> std::io::Result<
     writeln!(
         out,
         "{verdict:<6} {:<46} {:>7.2}s  {}",
-        result.id, result.seconds, result.reason
+        result.id,
+        result.seconds,
+        safe(&result.reason)
     )?;
     out.flush()
 }
@@ -74,13 +83,14 @@ pub fn junit(report: &ConformReport) -> Result<String, ConformError> {
             Verdict::Pass => TestCaseStatus::success(),
             Verdict::Skip => {
                 let mut status = TestCaseStatus::skipped();
-                status.set_message(result.reason.clone());
+                status.set_message(safe(&result.reason));
                 status
             }
             Verdict::Fail => {
                 let mut status = TestCaseStatus::non_success(NonSuccessKind::Failure);
-                status.set_message(result.reason.clone());
+                status.set_message(safe(&result.reason));
                 let calls = serde_json::to_string_pretty(&result.csi_calls).unwrap_or_default();
+                // XML 1.0 cannot carry most control characters: the calls' JSON escapes them.
                 status.set_description(format!(
                     "expected: {}\nsource: {}\nCSI calls:\n{calls}",
                     result.expects, result.source

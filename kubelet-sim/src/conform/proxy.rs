@@ -8,13 +8,13 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use inlet_proto::csi::v1::{
     self as csi, controller_client::ControllerClient, controller_server::Controller,
     identity_client::IdentityClient, identity_server::Identity, node_client::NodeClient,
     node_server::Node,
 };
-use inlet_volume::csi::CSI_TIMEOUT;
 use parking_lot::Mutex;
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
@@ -38,15 +38,18 @@ pub struct FaultProxy {
     upstream: PathBuf,
     faults: Arc<Mutex<Vec<Fault>>>,
     injected: Arc<Mutex<Vec<&'static str>>>,
+    /// Each forwarded call's deadline: the kubelet's, so the proxy never holds a call the kubelet gave up.
+    timeout: Duration,
 }
 
 impl FaultProxy {
-    /// A proxy to the driver serving on `upstream`.
-    pub fn new(upstream: &Path) -> Self {
+    /// A proxy to the driver serving on `upstream`, each call forwarded with `timeout`.
+    pub fn new(upstream: &Path, timeout: Duration) -> Self {
         Self {
             upstream: upstream.to_path_buf(),
             faults: Arc::default(),
             injected: Arc::default(),
+            timeout,
         }
     }
 
@@ -61,14 +64,14 @@ impl FaultProxy {
     }
 
     async fn dial(&self) -> Result<Channel, Status> {
-        inlet_proto::uds::connect_with_timeout(&self.upstream, Some(CSI_TIMEOUT))
+        inlet_proto::uds::connect_with_timeout(&self.upstream, Some(self.timeout))
             .await
             .map_err(|e| Status::unavailable(format!("the driver is not reachable: {e}")))
     }
 
-    fn timed<T>(message: T) -> Request<T> {
+    fn timed<T>(&self, message: T) -> Request<T> {
         let mut request = Request::new(message);
-        request.set_timeout(CSI_TIMEOUT);
+        request.set_timeout(self.timeout);
         request
     }
 
@@ -102,7 +105,7 @@ macro_rules! forward {
             $(
                 async fn $rpc(&self, request: Request<$request>) -> Result<Response<$response>, Status> {
                     let channel = self.dial().await?;
-                    let reply = $client::new(channel).$rpc(Self::timed(request.into_inner())).await;
+                    let reply = $client::new(channel).$rpc(self.timed(request.into_inner())).await;
                     self.answer($name, reply)
                 }
             )*

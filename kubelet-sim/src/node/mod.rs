@@ -88,6 +88,8 @@ pub struct NodeConfig {
     /// How long a pod waits for its volumes before the kubelet logs "Unable to attach or mount volumes"
     /// (upstream: 2 min 3 s; no event since 1.28).
     pub volume_wait_timeout: Duration,
+    /// The deadline of one CSI call.
+    pub csi_timeout: Duration,
     /// How often volumes of drivers with `requiresRepublish` are published again.
     pub republish_period: Duration,
     /// How long one mount attempt of an image volume waits for its pull (the pull goes on after).
@@ -202,6 +204,7 @@ impl Kubelet {
             Arc::clone(&api),
             observer,
             directory,
+            config.csi_timeout,
         ));
         let host = Arc::new(NodeHost {
             node: config.name.clone(),

@@ -12,7 +12,7 @@ use inlet_proto::csi::v1::NodeGetInfoResponse;
 use inlet_proto::csi::v1::{GetPluginInfoRequest, identity_client::IdentityClient};
 use inlet_proto::csi_call::rpc_error;
 use inlet_proto::uds::EndpointError;
-use inlet_volume::csi::{CSI_TIMEOUT, CsiClient, CsiObserver};
+use inlet_volume::csi::{CsiClient, CsiObserver};
 use k8s_openapi::api::storage::v1::{CSINode, CSINodeDriver, CSINodeSpec, VolumeNodeResources};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use parking_lot::RwLock;
@@ -45,6 +45,8 @@ pub struct DriverRegistry {
     observer: Arc<dyn CsiObserver>,
     drivers: RwLock<HashMap<String, Registered>>,
     directory: Arc<DriverDirectory>,
+    /// Each CSI call's deadline.
+    csi_timeout: Duration,
 }
 
 /// Where every node's registered drivers answer, for the controllers that call them (the external
@@ -73,6 +75,7 @@ impl DriverRegistry {
         api: Arc<Api>,
         observer: Arc<dyn CsiObserver>,
         directory: Arc<DriverDirectory>,
+        csi_timeout: Duration,
     ) -> Self {
         Self {
             node: node.to_string(),
@@ -80,6 +83,7 @@ impl DriverRegistry {
             observer,
             drivers: RwLock::new(HashMap::new()),
             directory,
+            csi_timeout,
         }
     }
 
@@ -103,7 +107,7 @@ impl DriverRegistry {
     /// watcher does, the driver's GetPluginInfo (1 s) must report `name`, since here the user, not the
     /// driver, said which driver is there.
     pub async fn register(&self, name: &str, endpoint: &Path) -> Result<(), RegistrationError> {
-        let channel = connect(endpoint)
+        let channel = connect(endpoint, self.csi_timeout)
             .await
             .map_err(|source| RegistrationError::Dial {
                 endpoint: endpoint.to_path_buf(),
@@ -183,7 +187,7 @@ impl DriverRegistry {
         );
         let version = self.validate_versions("RegisterPlugin", name, versions)?;
         // grpc-go dials lazily, so upstream's failure to reach the driver shows at NodeGetInfo.
-        let channel = connect(endpoint)
+        let channel = connect(endpoint, self.csi_timeout)
             .await
             .map_err(RegistrationError::Unreachable)?;
         self.install(
@@ -205,7 +209,8 @@ impl DriverRegistry {
         version: CsiVersion,
         registration: Option<PathBuf>,
     ) -> Result<(), RegistrationError> {
-        let client = CsiClient::new(name, channel, Some(Arc::clone(&self.observer)));
+        let client = CsiClient::new(name, channel, Some(Arc::clone(&self.observer)))
+            .with_timeout(self.csi_timeout);
         let mut registered = Registered {
             endpoint: endpoint.to_path_buf(),
             node_id: String::new(),
@@ -321,8 +326,11 @@ impl DriverRegistry {
 
 /// Dials a driver with the kubelet's CSI timeout on every call: a driver that never answers (a hung NFS
 /// mount under NodePublishVolume) fails the call after it, and is retried.
-async fn connect(endpoint: &Path) -> Result<tonic::transport::Channel, EndpointError> {
-    inlet_proto::uds::connect_with_timeout(endpoint, Some(CSI_TIMEOUT)).await
+async fn connect(
+    endpoint: &Path,
+    timeout: Duration,
+) -> Result<tonic::transport::Channel, EndpointError> {
+    inlet_proto::uds::connect_with_timeout(endpoint, Some(timeout)).await
 }
 
 /// Why a driver was not registered, in upstream's words (`csi_plugin.go`, `nodeinfomanager.go`); each

@@ -59,6 +59,8 @@ pub struct SimConfig {
     pub backoff: BackoffPolicy,
     /// How long pods wait for volumes before the kubelet's timeout event.
     pub volume_wait_timeout: Duration,
+    /// The deadline of one CSI call (`csiTimeout`: [`inlet_volume::csi::CSI_TIMEOUT`], 2 min).
+    pub csi_timeout: Duration,
     /// How often `requiresRepublish` volumes are published again.
     pub republish_period: Duration,
     /// The mount layer (real when root).
@@ -76,20 +78,53 @@ pub struct SimConfig {
     pub cluster: Option<kube::Client>,
 }
 
-/// Collects every CSI call the nodes make, for the report.
+/// Collects every CSI call the nodes make, for the report: those that returned, and those still in flight.
 #[derive(Default)]
-pub struct ReportedCalls(Mutex<Vec<CsiCall>>);
+pub struct ReportedCalls {
+    returned: Mutex<Vec<CsiCall>>,
+    in_flight: Mutex<BTreeMap<u64, (CsiCall, std::time::Instant)>>,
+    next: std::sync::atomic::AtomicU64,
+}
+
+/// The `code` of a call reported while it has no answer yet.
+pub const IN_FLIGHT: &str = "InFlight";
 
 impl CsiObserver for ReportedCalls {
     fn observe(&self, call: CsiCall) {
-        self.0.lock().push(call);
+        self.returned.lock().push(call);
+    }
+
+    fn started(&self, call: CsiCall) -> u64 {
+        let token = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.in_flight
+            .lock()
+            .insert(token, (call, std::time::Instant::now()));
+        token
+    }
+
+    fn finished(&self, token: u64) {
+        self.in_flight.lock().remove(&token);
     }
 }
 
 impl ReportedCalls {
-    /// Every call so far.
+    /// Every call that returned so far.
     pub fn calls(&self) -> Vec<CsiCall> {
-        self.0.lock().clone()
+        self.returned.lock().clone()
+    }
+
+    /// The calls sent and not answered yet, in the order they were sent: code [`IN_FLIGHT`], and how long
+    /// each has waited.
+    pub fn in_flight(&self) -> Vec<CsiCall> {
+        self.in_flight
+            .lock()
+            .values()
+            .map(|(call, since)| CsiCall {
+                code: IN_FLIGHT.into(),
+                message: format!("no answer after {:.1}s", since.elapsed().as_secs_f64()),
+                ..call.clone()
+            })
+            .collect()
     }
 }
 
@@ -162,6 +197,7 @@ impl Simulation {
                 gates: config.gates.clone(),
                 backoff: config.backoff,
                 volume_wait_timeout: config.volume_wait_timeout,
+                csi_timeout: config.csi_timeout,
                 republish_period: config.republish_period,
                 image_pull_wait: config.images.pull_wait,
                 containers: config.containers,

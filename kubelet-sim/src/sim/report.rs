@@ -56,7 +56,7 @@ impl Simulation {
         pods.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
         Report {
             pods,
-            csi_calls: self.calls.calls(),
+            csi_calls: [self.calls.calls(), self.calls.in_flight()].concat(),
             api_reads: self.api.reads(),
             volume_attachments: self.attach_detach.report(),
             rejected: self.rejected.clone(),

@@ -170,3 +170,95 @@ async fn conform_fails_every_check_of_a_driver_that_symlinks_its_target() {
         "nothing made in the host dir"
     );
 }
+
+/// conform against a driver whose NodePublishVolume never answers: the check ends within its `--timeout`
+/// (the kubelet's CSI call carries the deadline conform can afford, not the kubelet's 2 minutes), and the
+/// report shows the call that hung.
+#[tokio::test(flavor = "multi_thread")]
+async fn conform_is_bounded_by_its_timeout_and_reports_the_hung_call() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = serve_hostile_driver(dir.path(), DRIVER, Misbehaviour::Hang).await;
+    let csidriver = dir.path().join("csidriver.yaml");
+    std::fs::write(&csidriver, CSIDRIVER).unwrap();
+    let report = dir.path().join("conform.json");
+    let started = std::time::Instant::now();
+    let (code, stdout, stderr) = kubelet_sim(&[
+        "conform".into(),
+        "--driver".into(),
+        driver_arg(&socket),
+        "--csidriver".into(),
+        csidriver.display().to_string(),
+        "--only".into(),
+        "ephemeral/lifecycle".into(),
+        "--timeout".into(),
+        "5s".into(),
+        "--report".into(),
+        report.display().to_string(),
+    ])
+    .await;
+    let took = started.elapsed();
+    assert_eq!(code, 1, "stdout:\n{stdout}\nstderr:\n{stderr}");
+    // The step's wait (5 s), the cleanup's (5 s at most), and starting: far from the kubelet's 120 s.
+    assert!(took < std::time::Duration::from_secs(30), "took {took:?}");
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    let check = &json["checks"][0];
+    assert!(
+        check["reason"]
+            .as_str()
+            .unwrap()
+            .contains("DeadlineExceeded"),
+        "{check}"
+    );
+    let publishes: Vec<&serde_json::Value> = check["csi_calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["method"] == "NodePublishVolume")
+        .collect();
+    assert!(
+        publishes
+            .iter()
+            .any(|c| c["code"] == "DeadlineExceeded" || c["code"] == "InFlight"),
+        "the hung call is in the report: {check}"
+    );
+}
+
+/// A driver's error text that would clear the terminal and forge a PASS line reaches conform's table
+/// escaped, on one line.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_drivers_error_text_is_printed_escaped() {
+    let dir = tempfile::tempdir().unwrap();
+    let hostile = "bad\n\x1b[2J\x1b[31mPASS\x07\r all checks passed\0";
+    let socket =
+        serve_hostile_driver(dir.path(), DRIVER, Misbehaviour::Error(hostile.into())).await;
+    let csidriver = dir.path().join("csidriver.yaml");
+    std::fs::write(&csidriver, CSIDRIVER).unwrap();
+    let (code, stdout, stderr) = kubelet_sim(&[
+        "conform".into(),
+        "--driver".into(),
+        driver_arg(&socket),
+        "--csidriver".into(),
+        csidriver.display().to_string(),
+        "--only".into(),
+        "ephemeral/lifecycle".into(),
+        "--timeout".into(),
+        "4s".into(),
+    ])
+    .await;
+    assert_eq!(code, 1, "stdout:\n{stdout}\nstderr:\n{stderr}");
+    for output in [&stdout, &stderr] {
+        assert!(
+            !output.chars().any(|c| c.is_control() && c != '\n'),
+            "a control character reached the terminal: {output:?}"
+        );
+    }
+    let row = stdout
+        .lines()
+        .find(|l| l.starts_with("FAIL   ephemeral/lifecycle"))
+        .unwrap_or_else(|| panic!("{stdout}"));
+    assert!(row.contains(r"bad\n\u{1b}[2J"), "{row}");
+    assert!(
+        !stdout.lines().any(|l| l.starts_with(" all checks passed")),
+        "{stdout}"
+    );
+}

@@ -185,6 +185,7 @@ pub fn in_kubelet_sim(dir: &Path, runtime: &tokio::runtime::Runtime) -> BTreeMap
             max: Duration::from_millis(300),
         },
         volume_wait_timeout: Duration::from_secs(60),
+        csi_timeout: inlet_volume::csi::CSI_TIMEOUT,
         republish_period: Duration::from_secs(60),
         // The kubelet's timing but a shorter back-off: the comparison is of states, not of waits.
         containers: ContainerTiming {

@@ -19,6 +19,26 @@ pub const CSI_TIMEOUT: Duration = Duration::from_secs(120);
 pub trait CsiObserver: Send + Sync {
     /// One call, after it returned.
     fn observe(&self, call: CsiCall);
+    /// A call was sent and has no answer yet: a token [`CsiObserver::finished`] gets once it has one (or
+    /// is given up). A report can then show the call that hung, not only those that returned.
+    fn started(&self, _call: CsiCall) -> u64 {
+        0
+    }
+    /// The call of `token` returned or was given up.
+    fn finished(&self, _token: u64) {}
+}
+
+/// A call in flight, known to the observer until dropped: when the call returns, or when the task that
+/// made it is dropped.
+struct InFlight {
+    observer: Arc<dyn CsiObserver>,
+    token: u64,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.observer.finished(self.token);
+    }
 }
 
 /// The client for one driver. Cheap to clone.
@@ -28,6 +48,7 @@ pub struct CsiClient {
     node: NodeClient<Channel>,
     controller: ControllerClient<Channel>,
     observer: Option<Arc<dyn CsiObserver>>,
+    timeout: Duration,
 }
 
 impl std::fmt::Debug for CsiClient {
@@ -46,6 +67,7 @@ impl CsiClient {
             node: NodeClient::new(channel.clone()),
             controller: ControllerClient::new(channel),
             observer,
+            timeout: CSI_TIMEOUT,
         }
     }
 
@@ -54,24 +76,38 @@ impl CsiClient {
         &self.driver
     }
 
+    fn in_flight<R: CallRequest>(&self, request: &R) -> Option<InFlight> {
+        let observer = Arc::clone(self.observer.as_ref()?);
+        let token = observer.started(CsiCall::of(&self.driver, request, None));
+        Some(InFlight { observer, token })
+    }
+
     fn report<R: CallRequest>(&self, request: &R, failure: Option<&Status>) {
         if let Some(observer) = &self.observer {
             observer.observe(CsiCall::of(&self.driver, request, failure));
         }
     }
 
-    fn timed<T>(message: T) -> Request<T> {
+    fn timed<T>(&self, message: T) -> Request<T> {
         let mut request = Request::new(message);
-        request.set_timeout(CSI_TIMEOUT);
+        request.set_timeout(self.timeout);
         request
+    }
+
+    /// The same client with another deadline per call than the kubelet's [`CSI_TIMEOUT`] (conform gives a
+    /// call no more than a check can wait). The channel's own timeout, which enforces it, must match.
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
     }
 
     /// NodePublishVolume.
     pub async fn node_publish(&self, req: csi::NodePublishVolumeRequest) -> Result<(), Status> {
+        let _in_flight = self.in_flight(&req);
         let result = self
             .node
             .clone()
-            .node_publish_volume(Self::timed(req.clone()))
+            .node_publish_volume(self.timed(req.clone()))
             .await;
         self.report(&req, result.as_ref().err());
         result.map(drop)
@@ -83,10 +119,11 @@ impl CsiClient {
             volume_id: volume_id.into(),
             target_path: target_path.into(),
         };
+        let _in_flight = self.in_flight(&req);
         let result = self
             .node
             .clone()
-            .node_unpublish_volume(Self::timed(req.clone()))
+            .node_unpublish_volume(self.timed(req.clone()))
             .await;
         self.report(&req, result.as_ref().err());
         result.map(drop)
@@ -94,10 +131,11 @@ impl CsiClient {
 
     /// NodeStageVolume.
     pub async fn node_stage(&self, req: csi::NodeStageVolumeRequest) -> Result<(), Status> {
+        let _in_flight = self.in_flight(&req);
         let result = self
             .node
             .clone()
-            .node_stage_volume(Self::timed(req.clone()))
+            .node_stage_volume(self.timed(req.clone()))
             .await;
         self.report(&req, result.as_ref().err());
         result.map(drop)
@@ -109,10 +147,11 @@ impl CsiClient {
             volume_id: volume_id.into(),
             staging_target_path: staging_path.into(),
         };
+        let _in_flight = self.in_flight(&req);
         let result = self
             .node
             .clone()
-            .node_unstage_volume(Self::timed(req.clone()))
+            .node_unstage_volume(self.timed(req.clone()))
             .await;
         self.report(&req, result.as_ref().err());
         result.map(drop)
@@ -123,10 +162,11 @@ impl CsiClient {
         &self,
     ) -> Result<Vec<csi::node_service_capability::rpc::Type>, Status> {
         let req = csi::NodeGetCapabilitiesRequest {};
+        let _in_flight = self.in_flight(&req);
         let result = self
             .node
             .clone()
-            .node_get_capabilities(Self::timed(req))
+            .node_get_capabilities(self.timed(req))
             .await;
         self.report(&req, result.as_ref().err());
         Ok(result?
@@ -145,7 +185,8 @@ impl CsiClient {
     /// NodeGetInfo.
     pub async fn node_info(&self) -> Result<csi::NodeGetInfoResponse, Status> {
         let req = csi::NodeGetInfoRequest {};
-        let result = self.node.clone().node_get_info(Self::timed(req)).await;
+        let _in_flight = self.in_flight(&req);
+        let result = self.node.clone().node_get_info(self.timed(req)).await;
         self.report(&req, result.as_ref().err());
         Ok(result?.into_inner())
     }
@@ -155,10 +196,11 @@ impl CsiClient {
         &self,
     ) -> Result<Vec<csi::controller_service_capability::rpc::Type>, Status> {
         let req = csi::ControllerGetCapabilitiesRequest {};
+        let _in_flight = self.in_flight(&req);
         let result = self
             .controller
             .clone()
-            .controller_get_capabilities(Self::timed(req))
+            .controller_get_capabilities(self.timed(req))
             .await;
         self.report(&req, result.as_ref().err());
         Ok(result?
@@ -179,10 +221,11 @@ impl CsiClient {
         &self,
         req: csi::ControllerPublishVolumeRequest,
     ) -> Result<HashMap<String, String>, Status> {
+        let _in_flight = self.in_flight(&req);
         let result = self
             .controller
             .clone()
-            .controller_publish_volume(Self::timed(req.clone()))
+            .controller_publish_volume(self.timed(req.clone()))
             .await
             .map(|r| r.into_inner().publish_context);
         if let Some(observer) = &self.observer {
@@ -203,10 +246,11 @@ impl CsiClient {
         &self,
         req: csi::ControllerUnpublishVolumeRequest,
     ) -> Result<(), Status> {
+        let _in_flight = self.in_flight(&req);
         let result = self
             .controller
             .clone()
-            .controller_unpublish_volume(Self::timed(req.clone()))
+            .controller_unpublish_volume(self.timed(req.clone()))
             .await;
         self.report(&req, result.as_ref().err());
         result.map(drop)
