@@ -173,6 +173,12 @@ impl Operations {
             .insert(key.clone(), (Instant::now() + next, next));
     }
 
+    /// Forgets `key`'s backoff, so its next operation may start at once: a deleted pod is stopped without
+    /// waiting out the back-off of its failed starts (upstream's pod worker moves it to terminating at once).
+    pub fn forget_backoff(&mut self, key: &OpKey) {
+        self.backoff.remove(key);
+    }
+
     /// When the earliest backoff expires (the reconciler should look again then).
     pub fn next_retry(&self) -> Option<Instant> {
         self.backoff

@@ -18,7 +18,7 @@ use super::Kubelet;
 use super::kuberuntime::{ContainerReport, ContainerState, all_containers, next_to_start};
 use super::pod_worker::PodState;
 use super::status::is_sidecar;
-use crate::operations::{BackoffEntry, BackoffPolicy, OpKey};
+use crate::operations::{BackoffEntry, BackoffPolicy};
 
 /// How many log lines the report keeps per container.
 const LOG_LINES: usize = 20;
@@ -127,10 +127,7 @@ impl Kubelet {
         let phase = self.set_status(pod, &containers, done_for_good(pod, &containers));
         if matches!(phase, "Succeeded" | "Failed") {
             // A pod that ended: stop its sandbox; its volumes go as a terminated pod's do.
-            self.set_state(uid, PodState::Killing);
-            let key = OpKey::Pod(uid.to_string());
-            let object = Arc::new(pod.clone());
-            self.spawn_pod_op(key, uid, PodState::Running, move |me| me.kill(object));
+            self.spawn_kill(uid, PodState::Running, Arc::new(pod.clone()));
         }
     }
 

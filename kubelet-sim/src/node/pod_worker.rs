@@ -69,9 +69,7 @@ impl Kubelet {
             if pod.metadata.deletion_timestamp.is_some() {
                 match state {
                     PodState::Waiting | PodState::Running => {
-                        self.set_state(&uid, PodState::Killing);
-                        let object = pod.clone();
-                        self.spawn_pod_op(key, &uid, state, move |me| me.kill(object));
+                        self.spawn_kill(&uid, state, pod.clone())
                     }
                     PodState::Terminated => self.finish_termination(&pod, &uid),
                     PodState::Starting | PodState::Killing => {}
@@ -123,12 +121,8 @@ impl Kubelet {
             .filter_map(|(uid, rt)| Some((uid.clone(), rt.pod.clone()?, rt.state)))
             .collect();
         for (uid, pod, state) in removed {
-            let key = OpKey::Pod(uid.clone());
             match state {
-                PodState::Waiting | PodState::Running => {
-                    self.set_state(&uid, PodState::Killing);
-                    self.spawn_pod_op(key, &uid, state, move |me| me.kill(pod));
-                }
+                PodState::Waiting | PodState::Running => self.spawn_kill(&uid, state, pod),
                 PodState::Terminated => self.finish_termination(&pod, &uid),
                 PodState::Starting | PodState::Killing => {}
             }
@@ -171,6 +165,16 @@ impl Kubelet {
         if let Some(rt) = self.pods.lock().get_mut(uid) {
             rt.state = state;
         }
+    }
+
+    /// Stops a pod (`kill`) now: the back-off of its failed starts is forgotten, as upstream's pod worker
+    /// moves a deleted pod to terminating at once (`pod_workers.go` UpdatePod); a start still running
+    /// keeps it out until it ends. On failure the pod goes back to `retry_state`.
+    pub(super) fn spawn_kill(self: &Arc<Self>, uid: &str, retry_state: PodState, pod: Arc<Pod>) {
+        let key = OpKey::Pod(uid.to_string());
+        self.pod_ops.lock().forget_backoff(&key);
+        self.set_state(uid, PodState::Killing);
+        self.spawn_pod_op(key, uid, retry_state, move |me| me.kill(pod));
     }
 
     /// Runs a pod operation; on failure the pod goes back to `retry_state` and is retried after backoff.

@@ -561,6 +561,54 @@ fn the_timeout_is_a_deadline_for_the_whole_settle_phase() {
     assert!(mounted_under(&dir.path().join("root")).is_empty());
 }
 
+/// A pod whose secret volume is refused (an item path or a subPath reaching out with `..`) is torn down
+/// at once when deleted: its failed set-up leaves no tmpfs behind (`secret.go` SetUpAt tears down on a
+/// failure), and the deletion does not wait out the start's back-off.
+#[test]
+fn a_pod_refused_for_a_secret_path_is_torn_down_without_waiting() {
+    let dir = tempfile::tempdir().unwrap();
+    let manifests = dir.path().join("pods.yaml");
+    std::fs::write(
+        &manifests,
+        "apiVersion: v1\nkind: Secret\nmetadata: {name: s}\nstringData: {k: v}\n---\n\
+         apiVersion: v1\nkind: Pod\nmetadata: {name: items, annotations: {inlet.dev/expected-phase: Pending}}\nspec:\n  \
+         containers: [{name: app, image: busybox, volumeMounts: [{name: s, mountPath: /s}]}]\n  \
+         volumes: [{name: s, secret: {secretName: s, items: [{key: k, path: ../../etc}]}}]\n---\n\
+         apiVersion: v1\nkind: Pod\nmetadata: {name: subpath, annotations: {inlet.dev/expected-phase: Running}}\nspec:\n  \
+         containers: [{name: app, image: busybox, volumeMounts: [{name: s, mountPath: /s, subPath: ../../etc}]}]\n  \
+         volumes: [{name: s, secret: {secretName: s}}]\n",
+    )
+    .unwrap();
+    let report = dir.path().join("report.json");
+    let root = dir.path().join("root");
+    let started = std::time::Instant::now();
+    let (_, stdout, stderr) = run(&[
+        "run",
+        "--timeout",
+        "8s",
+        "--teardown",
+        "--manifests",
+        manifests.to_str().unwrap(),
+        "--root",
+        root.to_str().unwrap(),
+        "--report",
+        report.to_str().unwrap(),
+    ]);
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    assert_eq!(json["teardown"]["complete"], true, "{stdout}\n{stderr}");
+    assert!(stdout.contains("teardown: every pod deleted"), "{stdout}");
+    assert!(
+        mounted_under(&root).is_empty(),
+        "{:?}",
+        mounted_under(&root)
+    );
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(30),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
 /// `kubelet-sim bench`: both workloads run small, print their table, and write JSON (the contract's field
 /// names) and an SVG chart. Figures are not judged: a slow machine fails nothing.
 #[test]

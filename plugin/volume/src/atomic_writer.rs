@@ -13,7 +13,7 @@ use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
 
 /// The symlink to the current timestamped directory.
-const DATA_DIR: &str = "..data";
+pub(crate) const DATA_DIR: &str = "..data";
 /// The symlink made beside it, then renamed over it.
 const NEW_DATA_DIR: &str = "..data_tmp";
 const MAX_FILE_NAME_LENGTH: usize = 255;

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::{ConfigMapVolumeSource, Volume};
 
-use super::empty_dir::{DirPlugin, DirVolume, set_up_dir};
-use super::secret::{make_payload, project};
+use super::empty_dir::{DirPlugin, DirVolume};
+use super::secret::{make_payload, set_up_projected};
 use super::{Mounter, MounterArgs, PodInfo, VolumeError, VolumeHost};
 
 /// `configMap`.
@@ -101,7 +101,6 @@ impl Mounter for ConfigMapMounter {
             optional,
             |key| format!("configmap references non-existent config key: {key}"),
         )?;
-        set_up_dir(self.host.as_ref(), dir, None)?;
-        project(self.host.as_ref(), dir, payload, args.fs_group).await
+        set_up_projected(&self.host, dir, None, payload, args.fs_group).await
     }
 }

@@ -215,6 +215,19 @@ pub(crate) fn set_up_dir(
         .map_err(|e| VolumeError::transient(format!("chmod {}: {e}", dir.display())))
 }
 
+/// Tears the directory volume at `dir` down, as its unmounter would.
+pub(crate) async fn tear_down_dir(
+    host: &Arc<dyn VolumeHost>,
+    dir: &Path,
+) -> Result<(), VolumeError> {
+    DirUnmounter {
+        host: Arc::clone(host),
+        path: dir.to_path_buf(),
+    }
+    .tear_down_at(dir)
+    .await
+}
+
 /// Tears a directory volume down: unmounts its tmpfs if it has one, then removes it and what it holds.
 struct DirUnmounter {
     host: Arc<dyn VolumeHost>,

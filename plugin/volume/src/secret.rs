@@ -12,7 +12,7 @@ use async_trait::async_trait;
 use k8s_openapi::api::core::v1::{KeyToPath, SecretVolumeSource, Volume};
 
 use super::atomic_writer::{self, FileProjection};
-use super::empty_dir::{DirPlugin, DirVolume, set_up_dir};
+use super::empty_dir::{DirPlugin, DirVolume, set_up_dir, tear_down_dir};
 use super::ownership::set_volume_ownership;
 use super::{Mounter, MounterArgs, PodInfo, VolumeError, VolumeHost};
 
@@ -97,8 +97,7 @@ impl Mounter for SecretMounter {
             optional,
             |key| format!("references non-existent secret key: {key}"),
         )?;
-        set_up_dir(self.host.as_ref(), dir, Some(0))?;
-        project(self.host.as_ref(), dir, payload, args.fs_group).await
+        set_up_projected(&self.host, dir, Some(0), payload, args.fs_group).await
     }
 }
 
@@ -135,6 +134,33 @@ pub(crate) fn make_payload(
         }
     }
     Ok(payload)
+}
+
+/// Sets up the directory volume at `dir` (a tmpfs when `memory` is given) and projects `payload` into it.
+/// A first set-up that fails is torn down again, as `secret.go` and `configmap.go` SetUpAt do with
+/// their `setupSuccess` defer: else a refused payload (an item path with `..`) would leave its tmpfs
+/// mounted and its dir behind, unknown to the volume manager, and the pod's teardown could never finish.
+/// An update of a volume a container already uses is not torn down on a failure (upstream's is: it would
+/// unmount what the running container sees).
+pub(crate) async fn set_up_projected(
+    host: &Arc<dyn VolumeHost>,
+    dir: &Path,
+    memory: Option<u64>,
+    payload: BTreeMap<String, FileProjection>,
+    fs_group: Option<i64>,
+) -> Result<(), VolumeError> {
+    let first = std::fs::symlink_metadata(dir.join(atomic_writer::DATA_DIR)).is_err();
+    let set_up = async {
+        set_up_dir(host.as_ref(), dir, memory)?;
+        project(host.as_ref(), dir, payload, fs_group).await
+    };
+    let result = set_up.await;
+    if result.is_err() && first {
+        if let Err(e) = tear_down_dir(host, dir).await {
+            tracing::warn!(dir = %dir.display(), error = %e, "cleaning up a volume whose set-up failed");
+        }
+    }
+    result
 }
 
 /// Writes `payload` into the volume at `dir` as `AtomicWriter` does, the whole volume given to the pod's
