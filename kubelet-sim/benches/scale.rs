@@ -29,6 +29,7 @@ fn main() {
         root: dir.path().join("root"),
         mounter: Arc::new(RecordingMounter::new()),
         limit: Duration::from_secs(env("LIMIT_SECS", 600) as u64),
+        interrupts: None,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

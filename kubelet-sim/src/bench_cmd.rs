@@ -1,10 +1,13 @@
 //! `kubelet-sim bench`: the CLI of [`kubelet_sim::bench`].
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
+use inlet_host::mount::MountLayer;
 use kubelet_sim::bench::{self, BenchError, Machine, Results, csi_ephemeral, image, pods};
 use kubelet_sim::drivers::DriverArg;
+use kubelet_sim::signals::Interrupts;
 
 use crate::MounterKind;
 
@@ -116,10 +119,17 @@ pub struct ImageArgs {
 
 /// Runs a workload, prints its figures, writes JSON and SVG as asked.
 pub async fn run(bench: Bench) -> Result<(), BenchError> {
+    // SIGINT/SIGTERM: the workload stops between two steps and undoes what it made (a second signal
+    // exits at once); the temp root is removed once nothing is mounted below it.
+    let interrupts = Interrupts::install(|signal| {
+        eprintln!("kubelet-sim bench: {signal} again: exiting without cleaning up")
+    })
+    .map_err(BenchError::io("signal handlers"))?;
+    let interrupts = Some(interrupts);
     match bench {
         Bench::CsiEphemeral(args) => {
-            let (root, _temp) = root(&args.output)?;
             let (mounter, real) = args.output.mounter.layer();
+            let (root, _temp) = root(&args.output, &mounter)?;
             let config = csi_ephemeral::EphemeralConfig {
                 drivers: args.drivers,
                 cycles: args.cycles,
@@ -127,6 +137,7 @@ pub async fn run(bench: Bench) -> Result<(), BenchError> {
                 published: args.published,
                 root,
                 mounter,
+                interrupts,
             };
             let figures = csi_ephemeral::run(&config).await?;
             bench::print_ephemeral(&mut std::io::stdout(), &figures)
@@ -143,8 +154,8 @@ pub async fn run(bench: Bench) -> Result<(), BenchError> {
             write(&args.output, real, figures, title, &series)
         }
         Bench::Pods(args) => {
-            let (root, _temp) = root(&args.output)?;
             let (mounter, real) = args.output.mounter.layer();
+            let (root, _temp) = root(&args.output, &mounter)?;
             let config = pods::PodsConfig {
                 pods: args.pods,
                 nodes: args.nodes,
@@ -153,6 +164,7 @@ pub async fn run(bench: Bench) -> Result<(), BenchError> {
                 root,
                 mounter,
                 limit: args.timeout,
+                interrupts,
             };
             let figures = pods::run(&config).await?;
             bench::print_pods(&mut std::io::stdout(), &figures)
@@ -162,8 +174,8 @@ pub async fn run(bench: Bench) -> Result<(), BenchError> {
             write(&args.output, real, figures, "Pod start latency", &series)
         }
         Bench::Image(args) => {
-            let (root, _temp) = root(&args.output)?;
             let (mounter, real) = args.output.mounter.layer();
+            let (root, _temp) = root(&args.output, &mounter)?;
             let cri = crate::cri_socket(args.cri.as_deref()).map_err(BenchError::Usage)?;
             let config = image::ImageConfig {
                 drivers: args.drivers,
@@ -176,6 +188,7 @@ pub async fn run(bench: Bench) -> Result<(), BenchError> {
                 copies: args.copies,
                 root,
                 mounter,
+                interrupts,
             };
             let figures = image::run(&config).await?;
             bench::print_image(&mut std::io::stdout(), &figures)
@@ -222,8 +235,11 @@ fn write<T: serde::Serialize>(
     Ok(())
 }
 
-/// The root to work in, and the temp dir that holds it when none was given (removed when dropped).
-fn root(output: &Output) -> Result<(PathBuf, Option<tempfile::TempDir>), BenchError> {
+/// The root to work in, and the temp dir that holds it when none was given.
+fn root(
+    output: &Output,
+    mounter: &Arc<dyn MountLayer>,
+) -> Result<(PathBuf, Option<TempRoot>), BenchError> {
     match &output.root {
         Some(root) => Ok((root.clone(), None)),
         None => {
@@ -231,7 +247,32 @@ fn root(output: &Output) -> Result<(PathBuf, Option<tempfile::TempDir>), BenchEr
                 .prefix("kubelet-sim-bench-")
                 .tempdir()
                 .map_err(BenchError::io("temp dir"))?;
-            Ok((temp.path().to_path_buf(), Some(temp)))
+            let root = temp.path().to_path_buf();
+            let temp = TempRoot {
+                dir: Some(temp),
+                mounter: Arc::clone(mounter),
+            };
+            Ok((root, Some(temp)))
+        }
+    }
+}
+
+/// A temp root, removed when dropped unless something is still mounted below it (removing it would reach
+/// into the mounts): then it is left, and named.
+struct TempRoot {
+    dir: Option<tempfile::TempDir>,
+    mounter: Arc<dyn MountLayer>,
+}
+
+impl Drop for TempRoot {
+    fn drop(&mut self) {
+        let Some(dir) = self.dir.take() else { return };
+        if self.mounter.anything_mounted_under(dir.path()) {
+            let kept = dir.keep();
+            eprintln!(
+                "kubelet-sim bench: something is still mounted under {}: left in place",
+                kept.display()
+            );
         }
     }
 }

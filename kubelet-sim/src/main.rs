@@ -198,6 +198,10 @@ fn main() -> ExitCode {
         Command::Bench(bench) => {
             return match runtime.block_on(bench_cmd::run(bench)) {
                 Ok(()) => ExitCode::SUCCESS,
+                Err(e @ kubelet_sim::bench::BenchError::Interrupted(signal)) => {
+                    eprintln!("kubelet-sim bench: {e}");
+                    ExitCode::from(signal.exit_status())
+                }
                 Err(e) => {
                     eprintln!("kubelet-sim bench: {e}");
                     ExitCode::FAILURE

@@ -173,6 +173,12 @@ impl Operations {
             .insert(key.clone(), (Instant::now() + next, next));
     }
 
+    /// Whether any operation runs on the volume `name` (for any pod, or node-wide).
+    pub fn volume_busy(&self, name: &str) -> bool {
+        self.pending
+            .contains_key(&Resource::Volume(name.to_string()))
+    }
+
     /// Forgets `key`'s backoff, so its next operation may start at once: a deleted pod is stopped without
     /// waiting out the back-off of its failed starts (upstream's pod worker moves it to terminating at once).
     pub fn forget_backoff(&mut self, key: &OpKey) {
@@ -203,6 +209,22 @@ mod tests {
             Some(pod) => OpKey::volume(volume, pod),
             None => OpKey::device(volume),
         }
+    }
+
+    #[test]
+    fn a_volume_is_busy_while_any_operation_runs_on_it_and_a_backoff_can_be_forgotten() {
+        let mut ops = Operations::new(BackoffPolicy::default());
+        assert!(!ops.volume_busy("v"));
+        assert!(ops.try_start(&key("v", Some("pod-a"))));
+        assert!(ops.volume_busy("v") && !ops.volume_busy("w"));
+        ops.finish(&key("v", Some("pod-a")), true);
+        assert!(!ops.volume_busy("v"));
+        let pod = OpKey::Pod("uid".into());
+        assert!(ops.try_start(&pod));
+        ops.finish(&pod, false);
+        assert!(!ops.try_start(&pod), "backing off");
+        ops.forget_backoff(&pod);
+        assert!(ops.try_start(&pod), "a deleted pod is stopped at once");
     }
 
     #[test]

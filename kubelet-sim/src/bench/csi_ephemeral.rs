@@ -13,10 +13,11 @@ use inlet_proto::csi::v1::{self as csi, node_client::NodeClient};
 use serde::Serialize;
 use tonic::transport::Channel;
 
-use super::BenchError;
 use super::stats::Summary;
+use super::{BenchError, stop_if_interrupted};
 use crate::drivers::{Driver, DriverArg, DriverHandle, DriverNode, DriverSource};
 use crate::images::SimImages;
+use crate::signals::Interrupts;
 
 /// Rounds each figure's cycles are split into, drivers taking turns.
 const ROUNDS: usize = 5;
@@ -35,6 +36,8 @@ pub struct EphemeralConfig {
     pub root: PathBuf,
     /// The mount layer of drivers started here.
     pub mounter: Arc<dyn MountLayer>,
+    /// SIGINT/SIGTERM: the bench stops, undoes what it made, and fails with the signal.
+    pub interrupts: Option<Interrupts>,
 }
 
 /// One figure: a driver at a concurrency with a number of other volumes published.
@@ -74,7 +77,7 @@ pub async fn run(config: &EphemeralConfig) -> Result<Vec<EphemeralFigure>, Bench
     let mut figures = Vec::new();
     let result = measure(config, &mut targets, &mut figures).await;
     for target in &mut targets {
-        let _ = set_background(target, 0).await;
+        let _ = set_background(target, 0, &None).await;
         if let Some(handle) = target.handle.take() {
             handle.stop().await;
         }
@@ -90,7 +93,7 @@ async fn measure(
     let mut next_id = 0u64;
     for &published in &config.published {
         for target in targets.iter_mut() {
-            set_background(target, published).await?;
+            set_background(target, published, &config.interrupts).await?;
         }
         for &concurrency in &config.concurrency {
             let mut samples: Vec<Vec<Duration>> = vec![Vec::new(); targets.len()];
@@ -98,8 +101,17 @@ async fn measure(
             let per_round = config.cycles.div_ceil(ROUNDS).max(concurrency);
             for _ in 0..ROUNDS {
                 for (i, target) in targets.iter().enumerate() {
+                    stop_if_interrupted(&config.interrupts)?;
                     let started = Instant::now();
-                    let batch = batch(target, concurrency, per_round, &mut next_id).await?;
+                    let batch = batch(
+                        target,
+                        concurrency,
+                        per_round,
+                        &mut next_id,
+                        &config.interrupts,
+                    )
+                    .await?;
+                    stop_if_interrupted(&config.interrupts)?;
                     walls[i] += started.elapsed();
                     samples[i].extend(batch);
                 }
@@ -154,12 +166,14 @@ async fn connect(driver: &DriverArg, config: &EphemeralConfig) -> Result<Target,
     })
 }
 
-/// `count` cycles, `concurrency` at a time; the round trip of each.
+/// `count` cycles, `concurrency` at a time; the round trip of each. A signal ends each worker after its
+/// cycle in flight (a publish is always followed by its unpublish).
 async fn batch(
     target: &Target,
     concurrency: usize,
     count: usize,
     next_id: &mut u64,
+    interrupts: &Option<Interrupts>,
 ) -> Result<Vec<Duration>, BenchError> {
     let mut workers = tokio::task::JoinSet::new();
     for worker in 0..concurrency {
@@ -171,6 +185,7 @@ async fn batch(
         let dir = target.kubelet_dir.join(format!(
             "pods/bench-{worker}/volumes/kubernetes.io~csi/data"
         ));
+        let interrupts = interrupts.clone();
         workers.spawn(async move {
             // The kubelet makes the target's parent before NodePublishVolume (csi_mounter.go SetUpAt):
             // not part of the driver's round trip.
@@ -178,6 +193,9 @@ async fn batch(
             let target = dir.join("mount").display().to_string();
             let mut samples = Vec::with_capacity(cycles);
             for n in first..first + cycles as u64 {
+                if stop_if_interrupted(&interrupts).is_err() {
+                    break;
+                }
                 let started = Instant::now();
                 let id = format!("csi-{n:064x}");
                 publish(&mut node, &id, &target, &format!("bench-{worker}"))
@@ -198,15 +216,24 @@ async fn batch(
     Ok(all)
 }
 
-/// Publishes or unpublishes background volumes until `count` are published, 16 at a time.
-async fn set_background(target: &mut Target, count: usize) -> Result<(), BenchError> {
-    let range: Vec<usize> = if count > target.background {
+/// Publishes or unpublishes background volumes until `count` are published, 16 at a time, the newest
+/// unpublished first, so that those published are always `0..target.background`: a signal between two
+/// chunks (checked while publishing) leaves nothing the cleanup does not know of.
+async fn set_background(
+    target: &mut Target,
+    count: usize,
+    interrupts: &Option<Interrupts>,
+) -> Result<(), BenchError> {
+    let publishing = count > target.background;
+    let range: Vec<usize> = if publishing {
         (target.background..count).collect()
     } else {
-        (count..target.background).collect()
+        (count..target.background).rev().collect()
     };
-    let publishing = count > target.background;
     for chunk in range.chunks(16) {
+        if publishing {
+            stop_if_interrupted(interrupts)?;
+        }
         let mut calls = tokio::task::JoinSet::new();
         for &i in chunk {
             let mut node = target.node.clone();
@@ -225,6 +252,12 @@ async fn set_background(target: &mut Target, count: usize) -> Result<(), BenchEr
                 }
             });
         }
+        // Counted before the answers are read: a volume whose publish failed is unpublished anyway
+        // (idempotent), never left behind.
+        target.background = match publishing {
+            true => chunk[chunk.len() - 1] + 1,
+            false => chunk[chunk.len() - 1],
+        };
         while let Some(done) = calls.join_next().await {
             done.map_err(|e| BenchError::Output(e.to_string()))??;
         }

@@ -4,6 +4,7 @@
 use inlet_proto::csi_call::rpc_error;
 
 use crate::drivers::DriverError;
+use crate::signals::{Interrupts, Signal};
 use crate::sim::SimError;
 
 /// A bench that failed.
@@ -48,6 +49,18 @@ pub enum BenchError {
     /// The image could not be built, pushed, or the figures written or charted.
     #[error("{0}")]
     Output(String),
+    /// SIGINT or SIGTERM stopped the bench; what it had published or mounted is undone.
+    #[error("{0}: stopped; what the bench published and mounted is undone")]
+    Interrupted(Signal),
+}
+
+/// Fails with [`BenchError::Interrupted`] once a signal came: a workload calls it between steps, and its
+/// error path undoes what it made.
+pub(crate) fn stop_if_interrupted(interrupts: &Option<Interrupts>) -> Result<(), BenchError> {
+    match interrupts.as_ref().and_then(Interrupts::received) {
+        Some(signal) => Err(BenchError::Interrupted(signal)),
+        None => Ok(()),
+    }
 }
 
 impl From<SimError> for BenchError {

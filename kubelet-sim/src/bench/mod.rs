@@ -24,6 +24,7 @@ use serde::Serialize;
 
 pub use chart::cdf_svg;
 pub use error::BenchError;
+pub(crate) use error::stop_if_interrupted;
 pub use stats::{Summary, peak_rss_mib};
 
 /// Where figures were taken.

@@ -11,11 +11,12 @@ use inlet_host::mount::MountLayer;
 use k8s_openapi::api::core::v1::Pod;
 use serde::Serialize;
 
-use super::BenchError;
 use super::stats::{Summary, peak_rss_mib};
+use super::{BenchError, stop_if_interrupted};
 use crate::api::manifest;
 use crate::drivers::DriverArg;
 use crate::node::BackoffPolicy;
+use crate::signals::Interrupts;
 use crate::sim::{SimConfig, Simulation};
 
 /// What to run.
@@ -34,6 +35,8 @@ pub struct PodsConfig {
     pub mounter: Arc<dyn MountLayer>,
     /// The longest the pods may take to settle, and then to be torn down.
     pub limit: Duration,
+    /// SIGINT/SIGTERM: the bench stops, tears down what it made, and fails with the signal.
+    pub interrupts: Option<Interrupts>,
 }
 
 /// The figures of one run.
@@ -120,10 +123,20 @@ pub async fn run(config: &PodsConfig) -> Result<PodsFigures, BenchError> {
     let mut sim = Simulation::start(sim_config).await?;
     let applied_at = SystemTime::now();
     let started = Instant::now();
-    sim.apply(manifests).await;
-    let settled = sim
-        .wait_for(config.limit, Simulation::pods_as_expected)
-        .await;
+    // A signal ends the settle phase; the teardown below runs all the same (a second signal exits).
+    let mut interrupts = config.interrupts.clone();
+    let settled = tokio::select! {
+        settled = async {
+            sim.apply(manifests).await;
+            sim.wait_for(config.limit, Simulation::pods_as_expected).await
+        } => settled,
+        _ = async {
+            match interrupts.as_mut() {
+                Some(interrupts) => interrupts.wait().await,
+                None => std::future::pending().await,
+            }
+        } => false,
+    };
     let settle = started.elapsed();
     let mut samples: Vec<Duration> = sim
         .api
@@ -137,6 +150,7 @@ pub async fn run(config: &PodsConfig) -> Result<PodsFigures, BenchError> {
     let teardown_seconds = started.elapsed().as_secs_f64();
     let csi_calls = sim.calls.calls().len();
     sim.shutdown().await;
+    stop_if_interrupted(&config.interrupts)?;
     Ok(PodsFigures {
         driver: config.driver.name.clone(),
         pods: config.pods,

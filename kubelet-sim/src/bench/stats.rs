@@ -27,7 +27,8 @@ impl Summary {
         samples.sort_unstable();
         let us = |d: Duration| d.as_secs_f64() * 1e6;
         let at = |p: f64| {
-            let index = ((samples.len() as f64 * p).ceil() as usize).clamp(1, samples.len()) - 1;
+            // No samples (no pod became ready) gives zeros, never a panic.
+            let index = ((samples.len() as f64 * p).ceil() as usize).max(1) - 1;
             samples.get(index).copied().map(us).unwrap_or(0.0)
         };
         Self {
@@ -68,5 +69,8 @@ mod tests {
         assert_eq!(s.per_second, 100.0);
         let one = Summary::of(&mut [Duration::from_micros(7)], Duration::from_secs(1));
         assert_eq!((one.p50_us, one.max_us), (7.0, 7.0));
+        // No samples (no pod became ready before a signal) give zeros, never a panic.
+        let none = Summary::of(&mut [], Duration::from_secs(1));
+        assert_eq!((none.samples, none.p50_us, none.max_us), (0, 0.0, 0.0));
     }
 }

@@ -2,11 +2,11 @@
 //! on their own sockets (served from this test process; kubelet-sim is a separate process), the JSON
 //! report's contract, and clear errors with Unix exit codes.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Arc;
 
-use crate::common::{BIN, mounter, run, run_logging, serve_local_driver};
+use crate::common::{BIN, mounted_under, run, run_logging, serve_local_driver, walk};
 
 fn examples() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/examples")
@@ -431,17 +431,6 @@ fn a_policy_violation_fails_the_run_with_the_reason() {
     assert!(stdout.contains("is forbidden: spec.volumes[0].csi.driver: Forbidden: inline CSI driver \"local.inlet.dev\""), "{stdout}");
 }
 
-fn walk(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        out.push(entry.path());
-        if entry.file_type().is_ok_and(|t| t.is_dir()) {
-            out.extend(walk(&entry.path()));
-        }
-    }
-    out
-}
-
 /// One pod that runs (an ephemeral local volume) and one that never can (its driver is not there).
 const HALF_SETTLING: &str = "apiVersion: storage.k8s.io/v1
 kind: CSIDriver
@@ -462,13 +451,6 @@ spec:
   containers: [{name: app, image: busybox, volumeMounts: [{name: data, mountPath: /data}]}]
   volumes: [{name: data, csi: {driver: absent.example.com}}]
 ";
-
-fn mounted_under(root: &Path) -> Vec<PathBuf> {
-    walk(root)
-        .into_iter()
-        .filter(|d| mounter().is_mount_point(d).unwrap_or(false))
-        .collect()
-}
 
 #[test]
 fn sigterm_writes_the_report_tears_down_and_exits_143() {

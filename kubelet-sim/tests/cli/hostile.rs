@@ -262,3 +262,48 @@ async fn a_drivers_error_text_is_printed_escaped() {
         "{stdout}"
     );
 }
+
+/// conform stops on SIGTERM while a driver hangs: at once, with 143, and nothing left mounted.
+#[test]
+fn conform_stops_on_sigterm_while_a_driver_hangs() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let socket = runtime.block_on(serve_hostile_driver(dir.path(), DRIVER, Misbehaviour::Hang));
+    let csidriver = dir.path().join("csidriver.yaml");
+    std::fs::write(&csidriver, CSIDRIVER).unwrap();
+    let root = dir.path().join("root");
+    let child = std::process::Command::new(BIN)
+        .args(["conform", "--driver", &driver_arg(&socket), "--csidriver"])
+        .arg(&csidriver)
+        .args(["--only", "ephemeral/*", "--timeout", "60s", "--root"])
+        .arg(&root)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The kubelet's NodePublishVolume is in flight once the pod's volume dir is there.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !crate::common::walk(&root)
+        .iter()
+        .any(|p| p.ends_with("kubernetes.io~csi/data"))
+    {
+        assert!(std::time::Instant::now() < deadline, "no check started");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let signalled = std::time::Instant::now();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(143), "{stderr}");
+    assert!(
+        signalled.elapsed() < std::time::Duration::from_secs(20),
+        "{:?}",
+        signalled.elapsed()
+    );
+    assert!(crate::common::mounted_under(&root).is_empty());
+}

@@ -1,9 +1,10 @@
 //! kubelet-sim's process-level tests, in one test binary (one link, not three, on 2 cores): the binary
 //! run as a user runs it (`commands.rs`), `kubelet-sim conform` as a driver author runs it
-//! (`conform.rs`), kill-anywhere crash points (`crash_points.rs`), and drivers that lie (`hostile.rs`).
+//! (`conform.rs`), kill-anywhere crash points (`crash_points.rs`), drivers that lie (`hostile.rs`), and signals mid-run (`signals.rs`).
 
 mod commands;
 mod common;
 mod conform;
 mod crash_points;
 mod hostile;
+mod signals;

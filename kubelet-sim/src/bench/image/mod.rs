@@ -33,6 +33,7 @@ use super::error::BenchError;
 use super::stats::Summary;
 use crate::cri::Cri;
 use crate::drivers::DriverArg;
+use crate::signals::Interrupts;
 use runtime::{
     build_and_push, filesystems, image_status, pull, remove_image, start_runtime, stop_runtime,
 };
@@ -70,6 +71,8 @@ pub struct ImageConfig {
     pub root: PathBuf,
     /// The mount layer of drivers started here.
     pub mounter: Arc<dyn MountLayer>,
+    /// SIGINT/SIGTERM: the bench stops, undoes what it made, and fails with the signal.
+    pub interrupts: Option<Interrupts>,
 }
 
 /// Every figure of a run.
@@ -180,6 +183,7 @@ pub async fn run(config: &ImageConfig) -> Result<ImageFigures, BenchError> {
     let registry = LocalRegistry::start(&config.root.join("registry"), None)
         .map_err(BenchError::io("registry"))?;
     let (image, built, files) = build_and_push(config, &registry.address).await?;
+    super::stop_if_interrupted(&config.interrupts)?;
     let (runtime, socket) = start_runtime(config, &registry.address).await?;
     let result = match Cri::connect(&socket, RUNTIME_TIMEOUT).await {
         Ok(mut cri) => {
@@ -240,6 +244,7 @@ async fn measure(
     );
     let compressed_bytes: u64 = built.layers.iter().map(|l| l.len() as u64).sum();
     let cold = pull(&mut cri.image, image, compressed_bytes).await?;
+    super::stop_if_interrupted(&config.interrupts)?;
     let image_status = image_status(&mut cri.image, image).await?;
     let filesystems = filesystems(config, &mut cri.image).await;
 

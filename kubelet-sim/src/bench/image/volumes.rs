@@ -12,6 +12,7 @@ use super::runtime::{Noise, used_bytes};
 use super::{CopyFigures, DiskByCount, DriverFigures, ImageConfig, WRITTEN};
 use crate::bench::error::BenchError;
 use crate::bench::stats::Summary;
+use crate::bench::stop_if_interrupted;
 use crate::drivers::{Driver, DriverArg, DriverHandle, DriverNode, DriverSource};
 use crate::images::SimImages;
 
@@ -92,6 +93,7 @@ pub(super) async fn measure_drivers(
         let mut disk = DiskByCount::default();
         let mut first = Duration::ZERO;
         for (count, volume) in (1..).zip(volumes) {
+            stop_if_interrupted(&config.interrupts)?;
             let took = publish(target, volume, image, true).await?;
             match count {
                 1 => (first, disk.first) = (took, used_bytes(filesystems) - before),
@@ -116,6 +118,7 @@ pub(super) async fn measure_drivers(
     let n = targets.len();
     let (mut publishes, mut walls) = (vec![Vec::new(); n], vec![Duration::ZERO; n]);
     for _ in 0..config.volumes {
+        stop_if_interrupted(&config.interrupts)?;
         for (i, target) in targets.iter_mut().enumerate() {
             let took = publish_next(target, image, true).await?;
             publishes[i].push(took);
@@ -133,6 +136,7 @@ pub(super) async fn measure_drivers(
     eprintln!("writable volumes: {} cycles per driver", config.cycles);
     let (mut rw_publish, mut rw_unpublish) = (vec![Vec::new(); n], vec![Vec::new(); n]);
     for _ in 0..config.cycles {
+        stop_if_interrupted(&config.interrupts)?;
         for (i, target) in targets.iter_mut().enumerate() {
             rw_publish[i].push(publish_next(target, image, false).await?);
             let (id, path) = target.published.pop().expect("published above");

@@ -94,17 +94,26 @@ impl ActualState {
         }
     }
 
-    /// Forgets a volume.
-    pub fn remove(&mut self, unique: &str) {
-        for uid in self
+    /// Forgets a volume that no pod has mounted and that is not staged.
+    pub fn remove_if_unused(&mut self, unique: &str) {
+        if self
             .volumes
-            .remove(unique)
-            .map(|v| v.pods)
-            .unwrap_or_default()
-            .keys()
+            .get(unique)
+            .is_some_and(|v| v.pods.is_empty() && v.device.is_none())
         {
-            self.forget_mount(uid);
+            self.volumes.remove(unique);
         }
+    }
+
+    /// A SetUp of one of the pod's volumes starts: until it ends the pod counts as having mounts (what it
+    /// publishes may be mounted before it is recorded), so its directory is not removed under it.
+    pub fn begin_set_up(&mut self, uid: &str) {
+        *self.mounts_by_pod.entry(uid.to_string()).or_default() += 1;
+    }
+
+    /// The SetUp [`Self::begin_set_up`] counted ended (its mount, if any, is recorded by now).
+    pub fn end_set_up(&mut self, uid: &str) {
+        self.forget_mount(uid);
     }
 
     fn forget_mount(&mut self, uid: &str) {
@@ -136,6 +145,7 @@ impl ActualState {
     }
 
     /// True when any volume is (possibly) mounted for the pod.
+    /// Whether the pod has a volume mounted, or one being set up.
     pub fn pod_has_mounts(&self, uid: &str) -> bool {
         self.mounts_by_pod.contains_key(uid)
     }

@@ -60,7 +60,15 @@ impl VolumeManager {
     pub async fn reconcile(self: &Arc<Self>) {
         for action in self.plan() {
             match action {
-                Action::Forget { unique } => self.asw.lock().remove(&unique),
+                // Not while an operation runs on the volume (upstream's reconciler asks
+                // `IsOperationPending` first, `reconciler_common.go`), and only if it is still unused
+                // now: a SetUp that ended since the plan was made has recorded a mount, which must be
+                // torn down, not forgotten with the volume.
+                Action::Forget { unique } => {
+                    if !self.ops.lock().volume_busy(&unique) {
+                        self.asw.lock().remove_if_unused(&unique);
+                    }
+                }
                 Action::MarkAttached { unique, volume } => {
                     self.asw.lock().mark_attached(&unique, &volume.spec);
                     // Staging and SetUp of this volume are planned on the next pass: ask for it now.
@@ -227,7 +235,17 @@ impl VolumeManager {
         }
     }
 
+    /// SetUp of one pod's volume, counted as a possible mount of the pod while it runs: a pod deleted
+    /// meanwhile keeps its directory (and the record the driver's mount needs) until it ends.
     async fn set_up(self: Arc<Self>, unique: String, volume: Arc<PodVolume>) -> bool {
+        let uid = volume.pod.uid.clone();
+        self.asw.lock().begin_set_up(&uid);
+        let ok = Arc::clone(&self).set_up_counted(unique, volume).await;
+        self.asw.lock().end_set_up(&uid);
+        ok
+    }
+
+    async fn set_up_counted(self: Arc<Self>, unique: String, volume: Arc<PodVolume>) -> bool {
         if self.read_write_once_pod_conflict(&unique, &volume) {
             let e = VolumeError::transient(
                 "volume uses the ReadWriteOncePod access mode and is already in use by another pod",
