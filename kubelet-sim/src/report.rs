@@ -124,6 +124,11 @@ pub struct TeardownReport {
     /// Image volume state left: records, shared image mounts' dirs, writable layers (of the kubelet-side
     /// plugin and of in-process image drivers).
     pub leftover_image_state: Vec<String>,
+    /// Pods of the run still in the API at the deadline (`namespace/name`): what an incomplete teardown
+    /// was waiting for.
+    pub leftover_pods: Vec<String>,
+    /// Container log directories left under the roots (`logs/<namespace>_<name>_<uid>`).
+    pub leftover_log_dirs: Vec<String>,
 }
 
 impl TeardownReport {
@@ -134,6 +139,8 @@ impl TeardownReport {
             && self.leftover_pod_dirs.is_empty()
             && self.leftover_attachments.is_empty()
             && self.leftover_image_state.is_empty()
+            && self.leftover_pods.is_empty()
+            && self.leftover_log_dirs.is_empty()
     }
 }
 
@@ -302,13 +309,19 @@ impl Report {
             match t.clean() {
                 true => writeln!(
                     out,
-                    "teardown: every pod deleted; no mount, pod directory, attachment or image volume state left"
+                    "teardown: every pod deleted; no mount, pod directory, log directory, attachment or image volume state left"
                 )?,
                 false => writeln!(
                     out,
-                    "teardown: INCOMPLETE: {} mounts, {} pod dirs, {} attachments, {} image volume state entries left",
+                    "teardown: INCOMPLETE: {} pods not deleted{}, {} mounts, {} pod dirs, {} log dirs, {} attachments, {} image volume state entries left",
+                    t.leftover_pods.len(),
+                    match t.leftover_pods.first() {
+                        Some(first) => format!(" (first {})", safe(first)),
+                        None => String::new(),
+                    },
                     t.leftover_mounts.len(),
                     t.leftover_pod_dirs.len(),
+                    t.leftover_log_dirs.len(),
                     t.leftover_attachments.len(),
                     t.leftover_image_state.len()
                 )?,

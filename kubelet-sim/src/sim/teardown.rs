@@ -64,7 +64,18 @@ impl Simulation {
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         }
-        self.leftovers(complete).await
+        let left: Vec<String> = deleted
+            .iter()
+            .filter(|(namespace, name, uid)| {
+                self.api
+                    .peek::<Pod>(namespace, name)
+                    .is_some_and(|p| p.metadata.uid.as_deref() == Some(uid))
+            })
+            .map(|(namespace, name, _)| format!("{namespace}/{name}"))
+            .collect();
+        let mut report = self.leftovers(complete).await;
+        report.leftover_pods = left;
+        report
     }
 
     /// What is left under the nodes' roots after a teardown that did (or did not) `complete`. The scan
@@ -103,6 +114,10 @@ impl Simulation {
                 report
                     .leftover_pod_dirs
                     .extend(pods.flatten().map(|e| shown(&e.path())));
+                let logs = std::fs::read_dir(root.join("logs")).into_iter().flatten();
+                report
+                    .leftover_log_dirs
+                    .extend(logs.flatten().map(|e| shown(&e.path())));
                 // A running local driver's own mount of its content dir is not a leftover.
                 let mounts = mounter.mounts_under(root).unwrap_or_default();
                 report.leftover_mounts.extend(

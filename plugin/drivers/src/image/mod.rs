@@ -127,9 +127,9 @@ impl ImageService {
                 format!("{image:?} is not an image reference: {e}"),
             )
         })?;
-        let policy = match attributes.get(PULL_ALWAYS_ATTRIBUTE) {
-            Some(v) if v.eq_ignore_ascii_case("true") => PullPolicy::Always,
-            _ => PullPolicy::parse(
+        let policy = match pull_always(attributes)? {
+            true => PullPolicy::Always,
+            false => PullPolicy::parse(
                 attributes
                     .get(PULL_POLICY_ATTRIBUTE)
                     .map_or("", String::as_str),
@@ -238,6 +238,20 @@ fn known_attributes(attributes: &std::collections::HashMap<String, String>) -> R
 }
 
 /// A `"true"` / `"false"` attribute; absent is false.
+/// warm-metal's `pullAlways`: `"true"` or `"false"` in any case; anything else is refused, not read as
+/// false (a `"sometimes"` would otherwise silently keep a stale image).
+fn pull_always(attributes: &std::collections::HashMap<String, String>) -> Result<bool> {
+    match attributes.get(PULL_ALWAYS_ATTRIBUTE) {
+        None => Ok(false),
+        Some(v) if v.eq_ignore_ascii_case("true") => Ok(true),
+        Some(v) if v.eq_ignore_ascii_case("false") => Ok(false),
+        Some(other) => Err(Error::invalid(
+            format!("volume_context.{PULL_ALWAYS_ATTRIBUTE}"),
+            format!("{other:?} is not \"true\" or \"false\""),
+        )),
+    }
+}
+
 fn flag(attributes: &std::collections::HashMap<String, String>, key: &str) -> Result<bool> {
     match attributes.get(key).map(String::as_str) {
         None | Some("false") => Ok(false),
@@ -403,6 +417,23 @@ mod tests {
         assert_eq!(grpc_timeout(&metadata), Some(Duration::from_secs(120)));
         metadata.insert("grpc-timeout", "x".parse().unwrap());
         assert_eq!(grpc_timeout(&metadata), None);
+    }
+
+    #[test]
+    fn pull_always_is_true_or_false() {
+        let with = |v: &str| {
+            std::collections::HashMap::from([(PULL_ALWAYS_ATTRIBUTE.to_string(), v.to_string())])
+        };
+        assert!(pull_always(&with("TRUE")).unwrap());
+        assert!(!pull_always(&with("false")).unwrap());
+        assert!(!pull_always(&Default::default()).unwrap());
+        let refused = Status::from(pull_always(&with("sometimes")).unwrap_err());
+        assert_eq!(refused.code(), tonic::Code::InvalidArgument);
+        assert!(
+            refused.message().contains("volume_context.pullAlways"),
+            "{}",
+            refused.message()
+        );
     }
 
     #[test]
