@@ -1,5 +1,6 @@
 //! The kubelet's pod directories (`kubelet_volumes.go`): a pod's directory goes once the volume manager
-//! holds none of its volumes and nothing under it is mounted, never through a mount.
+//! holds none of its volumes and nothing under it is mounted, never through a mount; the log dirs of pods
+//! that are gone go too (`kuberuntime_gc.go`).
 
 use super::Kubelet;
 
@@ -25,6 +26,26 @@ impl Kubelet {
                 continue;
             }
             let _ = std::fs::remove_dir_all(&dir);
+        }
+        self.evict_pod_logs_dirs(&live);
+    }
+
+    /// `evictPodLogsDirectories` (`kuberuntime_gc.go`): the log dirs (`logs/<namespace>_<name>_<uid>`) of
+    /// pods that are gone, such as one force-deleted while this kubelet was down, whose pod worker never
+    /// ran to remove them.
+    fn evict_pod_logs_dirs(&self, live: &std::collections::HashSet<&str>) {
+        let Ok(entries) = std::fs::read_dir(self.config.root.join("logs")) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let Some((_, uid)) = name.rsplit_once('_') else {
+                continue;
+            };
+            if live.contains(uid) || self.pods.lock().contains_key(uid) {
+                continue;
+            }
+            let _ = std::fs::remove_dir_all(entry.path());
         }
     }
 }

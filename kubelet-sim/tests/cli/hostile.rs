@@ -33,6 +33,39 @@ fn driver_arg(socket: &Path) -> String {
     format!("{DRIVER}=unix://{}", socket.display())
 }
 
+/// `kubelet-sim conform` against the hostile driver misbehaving so, with the checks `only` names, each
+/// step waiting `timeout`; the JSON report goes to `dir/conform.json`.
+async fn conform_against(
+    dir: &Path,
+    misbehaviour: Misbehaviour,
+    only: &str,
+    timeout: &str,
+) -> (i32, String, String) {
+    let socket = serve_hostile_driver(dir, DRIVER, misbehaviour).await;
+    let csidriver = dir.join("csidriver.yaml");
+    std::fs::write(&csidriver, CSIDRIVER).unwrap();
+    kubelet_sim(&[
+        "conform".into(),
+        "--driver".into(),
+        driver_arg(&socket),
+        "--csidriver".into(),
+        csidriver.display().to_string(),
+        "--only".into(),
+        only.into(),
+        "--timeout".into(),
+        timeout.into(),
+        "--report".into(),
+        dir.join("conform.json").display().to_string(),
+        "--root".into(),
+        dir.join("root").display().to_string(),
+    ])
+    .await
+}
+
+fn conform_report(dir: &Path) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(dir.join("conform.json")).unwrap()).unwrap()
+}
+
 /// A driver that answers NodePublishVolume by putting a symlink to a host directory where its target
 /// should be: the kubelet refuses the target (FailedMount naming the symlink), gives nothing below it to
 /// the pod's fsGroup, and unpublishes it; the host file keeps its mode and group.
@@ -123,33 +156,10 @@ async fn conform_fails_every_check_of_a_driver_that_symlinks_its_target() {
     let dir = tempfile::tempdir().unwrap();
     let host = dir.path().join("host");
     std::fs::create_dir(&host).unwrap();
-    let socket = serve_hostile_driver(
-        dir.path(),
-        DRIVER,
-        Misbehaviour::SymlinkTarget(host.clone()),
-    )
-    .await;
-    let csidriver = dir.path().join("csidriver.yaml");
-    std::fs::write(&csidriver, CSIDRIVER).unwrap();
-    let report = dir.path().join("conform.json");
-    let (code, stdout, stderr) = kubelet_sim(&[
-        "conform".into(),
-        "--driver".into(),
-        driver_arg(&socket),
-        "--csidriver".into(),
-        csidriver.display().to_string(),
-        "--only".into(),
-        "ephemeral/*".into(),
-        "--timeout".into(),
-        "4s".into(),
-        "--report".into(),
-        report.display().to_string(),
-        "--root".into(),
-        dir.path().join("root").display().to_string(),
-    ])
-    .await;
+    let symlink = Misbehaviour::SymlinkTarget(host.clone());
+    let (code, stdout, stderr) = conform_against(dir.path(), symlink, "ephemeral/*", "4s").await;
     assert_eq!(code, 1, "stdout:\n{stdout}\nstderr:\n{stderr}");
-    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    let json = conform_report(dir.path());
     let checks = json["checks"].as_array().unwrap();
     let passed: Vec<&str> = checks
         .iter()
@@ -177,30 +187,14 @@ async fn conform_fails_every_check_of_a_driver_that_symlinks_its_target() {
 #[tokio::test(flavor = "multi_thread")]
 async fn conform_is_bounded_by_its_timeout_and_reports_the_hung_call() {
     let dir = tempfile::tempdir().unwrap();
-    let socket = serve_hostile_driver(dir.path(), DRIVER, Misbehaviour::Hang).await;
-    let csidriver = dir.path().join("csidriver.yaml");
-    std::fs::write(&csidriver, CSIDRIVER).unwrap();
-    let report = dir.path().join("conform.json");
     let started = std::time::Instant::now();
-    let (code, stdout, stderr) = kubelet_sim(&[
-        "conform".into(),
-        "--driver".into(),
-        driver_arg(&socket),
-        "--csidriver".into(),
-        csidriver.display().to_string(),
-        "--only".into(),
-        "ephemeral/lifecycle".into(),
-        "--timeout".into(),
-        "5s".into(),
-        "--report".into(),
-        report.display().to_string(),
-    ])
-    .await;
+    let (code, stdout, stderr) =
+        conform_against(dir.path(), Misbehaviour::Hang, "ephemeral/lifecycle", "5s").await;
     let took = started.elapsed();
     assert_eq!(code, 1, "stdout:\n{stdout}\nstderr:\n{stderr}");
     // The step's wait (5 s), the cleanup's (5 s at most), and starting: far from the kubelet's 120 s.
     assert!(took < std::time::Duration::from_secs(30), "took {took:?}");
-    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    let json = conform_report(dir.path());
     let check = &json["checks"][0];
     assert!(
         check["reason"]
@@ -229,22 +223,9 @@ async fn conform_is_bounded_by_its_timeout_and_reports_the_hung_call() {
 async fn a_drivers_error_text_is_printed_escaped() {
     let dir = tempfile::tempdir().unwrap();
     let hostile = "bad\n\x1b[2J\x1b[31mPASS\x07\r all checks passed\0";
-    let socket =
-        serve_hostile_driver(dir.path(), DRIVER, Misbehaviour::Error(hostile.into())).await;
-    let csidriver = dir.path().join("csidriver.yaml");
-    std::fs::write(&csidriver, CSIDRIVER).unwrap();
-    let (code, stdout, stderr) = kubelet_sim(&[
-        "conform".into(),
-        "--driver".into(),
-        driver_arg(&socket),
-        "--csidriver".into(),
-        csidriver.display().to_string(),
-        "--only".into(),
-        "ephemeral/lifecycle".into(),
-        "--timeout".into(),
-        "4s".into(),
-    ])
-    .await;
+    let error = Misbehaviour::Error(hostile.into());
+    let (code, stdout, stderr) =
+        conform_against(dir.path(), error, "ephemeral/lifecycle", "4s").await;
     assert_eq!(code, 1, "stdout:\n{stdout}\nstderr:\n{stderr}");
     for output in [&stdout, &stderr] {
         assert!(

@@ -360,3 +360,64 @@ fn probe_fails_without_a_driver_answering() {
     assert_eq!(code, 1, "{stderr}");
     assert!(started.elapsed() < Duration::from_secs(10), "{stderr}");
 }
+
+/// Out of file descriptors (`ulimit -n 64`, 200 idle connections), `serve` pauses accepting with one
+/// warning, instead of spinning at 100% of a core without a word, and still stops on SIGTERM.
+#[test]
+fn out_of_descriptors_backs_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let socket = dir.path().join("csi.sock");
+    let args: Vec<String> = serve_args(d, &format!("unix://{}", socket.display()));
+    let child = Command::new("sh")
+        .arg("-c")
+        .arg("ulimit -n 64 && exec \"$0\" \"$@\"")
+        .arg(BIN)
+        .args(&args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !socket.exists() {
+        assert!(Instant::now() < deadline, "the driver did not serve");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    let idle: Vec<_> = (0..200)
+        .filter_map(|_| std::os::unix::net::UnixStream::connect(&socket).ok())
+        .collect();
+    assert!(
+        idle.len() > 64,
+        "the backlog took {} connections",
+        idle.len()
+    );
+    let cpu = |pid: u32| -> f64 {
+        // utime and stime, the 14th and 15th fields of /proc/PID/stat, in clock ticks (100 a second).
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        let after_name = &stat[stat.rfind(')').unwrap() + 2..];
+        let fields: Vec<&str> = after_name.split(' ').collect();
+        (fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap()) / 100.0
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    let before = cpu(child.id());
+    std::thread::sleep(Duration::from_secs(2));
+    let used = cpu(child.id()) - before;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    drop(idle);
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        used < 0.5,
+        "{used} s of CPU in 2 s while out of descriptors"
+    );
+    let warnings = stderr.matches("cannot accept connections").count();
+    assert!(
+        (1..=3).contains(&warnings),
+        "{warnings} warnings:\n{stderr}"
+    );
+}
