@@ -1,6 +1,7 @@
 //! Every long-running command stops in order on SIGINT or SIGTERM, mid-run: `bench pods`, `bench
-//! csi-ephemeral` and `conform` here (`run` in `commands.rs`, `inlet-plugin serve` in its own tests). Each
-//! exits with 128 + the signal's number and leaves nothing mounted under its root.
+//! csi-ephemeral` and `bench image` here; `conform` in `hostile.rs`, `run` in `commands.rs`, `inlet-plugin
+//! serve` in its own tests. Each exits with 128 + the signal's number and leaves nothing mounted under its
+//! root.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -118,4 +119,52 @@ fn bench_csi_ephemeral_stops_on_sigterm_and_leaves_nothing() {
         published.is_empty(),
         "volumes left with content: {published:?}"
     );
+}
+
+#[test]
+fn bench_image_stops_on_sigint_and_leaves_nothing() {
+    if !cri_fake::registry::LocalRegistry::available() {
+        eprintln!(
+            "SKIPPED bench_image_stops_on_sigint_and_leaves_nothing: docker-registry is not installed"
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    let (code, stdout, stderr, _) = signal_mid_run(
+        &[
+            "bench",
+            "image",
+            "--size",
+            "2Mi",
+            "--layers",
+            "2",
+            "--volumes",
+            "100000",
+            "--cycles",
+            "1",
+            "--copies",
+            "0",
+            "--root",
+            root.to_str().unwrap(),
+        ],
+        &root,
+        |root| walk(root).iter().any(|p| p.ends_with("mount")),
+        Signal::SIGINT,
+    );
+    assert_eq!(code, Some(130), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    assert!(stderr.contains("SIGINT: stopped"), "{stderr}");
+    assert!(
+        mounted_under(&root).is_empty(),
+        "left mounted: {:?}",
+        mounted_under(&root)
+    );
+    // What the bench made under the root (registry, runtime, drivers' state) is removed.
+    let left: Vec<_> = std::fs::read_dir(&root)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert!(left.is_empty(), "left under the root: {left:?}");
 }
