@@ -8,7 +8,7 @@ use std::fmt::Write;
 pub const MAX_SHOWN: usize = 1024;
 
 /// `text` as it may be shown: control characters (C0, DEL, C1, and the bidirectional overrides that reorder
-/// a line) escaped as Rust's `escape_debug` writes them, everything else kept, and at most `max` bytes of
+/// a line) escaped as Rust's `escape_default` writes them, everything else kept, and at most `max` bytes of
 /// the original shown, followed by how many were left out.
 pub fn shown(text: &str, max: usize) -> String {
     let mut out = String::with_capacity(text.len().min(max) + 16);

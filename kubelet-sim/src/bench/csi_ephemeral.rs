@@ -252,14 +252,24 @@ async fn set_background(
                 }
             });
         }
-        // Counted before the answers are read: a volume whose publish failed is unpublished anyway
-        // (idempotent), never left behind.
-        target.background = match publishing {
-            true => chunk[chunk.len() - 1] + 1,
-            false => chunk[chunk.len() - 1],
-        };
+        // A publish is counted before its answer (one that failed is unpublished anyway, idempotent), an
+        // unpublish after: what the cleanup unpublishes always covers what may be published. Every call
+        // of the chunk is awaited before an error is returned.
+        if publishing {
+            target.background = chunk[chunk.len() - 1] + 1;
+        }
+        let mut failed = None;
         while let Some(done) = calls.join_next().await {
-            done.map_err(|e| BenchError::Output(e.to_string()))??;
+            let result = done
+                .map_err(|e| BenchError::Output(e.to_string()))
+                .and_then(|r| r);
+            failed = failed.or(result.err());
+        }
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        if !publishing {
+            target.background = chunk[chunk.len() - 1];
         }
     }
     target.background = count;

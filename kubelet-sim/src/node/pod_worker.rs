@@ -43,6 +43,8 @@ pub struct PodRuntime {
     pub containers: Vec<ContainerReport>,
     /// The pod object as last seen, to stop it if it leaves the API without a graceful deletion.
     pub pod: Option<Arc<Pod>>,
+    /// A stop was asked for: its start back-off is forgotten once, a failed stop still backs off.
+    pub kill_requested: bool,
 }
 
 impl PodRuntime {
@@ -167,12 +169,20 @@ impl Kubelet {
         }
     }
 
-    /// Stops a pod (`kill`) now: the back-off of its failed starts is forgotten, as upstream's pod worker
-    /// moves a deleted pod to terminating at once (`pod_workers.go` UpdatePod); a start still running
-    /// keeps it out until it ends. On failure the pod goes back to `retry_state`.
+    /// Stops a pod (`kill`) now: the back-off of its failed starts is forgotten (the first time only: a
+    /// failed stop backs off as any operation), as upstream's pod worker moves a deleted pod to terminating
+    /// at once (`pod_workers.go` UpdatePod); a start still running keeps it out until it ends. On failure
+    /// the pod goes back to `retry_state`.
     pub(super) fn spawn_kill(self: &Arc<Self>, uid: &str, retry_state: PodState, pod: Arc<Pod>) {
         let key = OpKey::Pod(uid.to_string());
-        self.pod_ops.lock().forget_backoff(&key);
+        let first = self
+            .pods
+            .lock()
+            .get_mut(uid)
+            .is_some_and(|rt| !std::mem::replace(&mut rt.kill_requested, true));
+        if first {
+            self.pod_ops.lock().forget_backoff(&key);
+        }
         self.set_state(uid, PodState::Killing);
         self.spawn_pod_op(key, uid, retry_state, move |me| me.kill(pod));
     }

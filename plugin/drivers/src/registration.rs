@@ -35,9 +35,10 @@ pub struct Registrar {
     notices: Arc<parking_lot::Mutex<Notices>>,
 }
 
-/// Which notices are logged: a changed outcome, or the same one again after [`Notices::REPEAT`], and never
-/// more than one a second; what is left out is counted into the next line. A kubelet (or anything that
-/// reaches the socket) notifying in a loop writes a line a second at most, not one per call.
+/// Which notices are logged: a change between registered and refused always; another refusal reason, or
+/// the same outcome again, at most once a second and the same one only after [`Notices::REPEAT`]; what is
+/// left out is counted into the next line. A kubelet (or anything that reaches the socket) notifying in a
+/// loop writes a line a second at most, and the last change of state is never left out.
 #[derive(Debug, Default)]
 struct Notices {
     last: Option<(Outcome, Instant)>,
@@ -54,7 +55,8 @@ impl Notices {
             None => true,
             Some((last, at)) => {
                 let since = now.saturating_duration_since(*at);
-                since >= Self::MIN_GAP && (last != outcome || since >= Self::REPEAT)
+                last.is_ok() != outcome.is_ok()
+                    || (since >= Self::MIN_GAP && (last != outcome || since >= Self::REPEAT))
             }
         };
         if !log {
@@ -160,20 +162,19 @@ mod tests {
         // A change is logged (a second after the last line), with what was left out.
         let at = start + Duration::from_secs(5);
         assert_eq!(notices.admit(&Ok(()), at), Some(16_000));
-        // Changes in a burst: one line a second.
+        // A change of state is always logged; other reasons in a burst, one line a second.
         assert_eq!(
             notices.admit(&refused, at + Duration::from_millis(10)),
-            None
+            Some(0)
         );
+        let other: Outcome = Err("other".into());
+        assert_eq!(notices.admit(&other, at + Duration::from_millis(20)), None);
         assert_eq!(
-            notices.admit(&refused, at + Duration::from_secs(1)),
+            notices.admit(&other, at + Duration::from_millis(1020)),
             Some(1)
         );
         // The same outcome is logged again after a minute.
-        assert_eq!(
-            notices.admit(&refused, at + Duration::from_secs(62)),
-            Some(0)
-        );
+        assert_eq!(notices.admit(&other, at + Duration::from_secs(62)), Some(0));
     }
 
     #[tokio::test]

@@ -361,7 +361,7 @@ fn probe_fails_without_a_driver_answering() {
     assert!(started.elapsed() < Duration::from_secs(10), "{stderr}");
 }
 
-/// Out of file descriptors (`ulimit -n 64`, 200 idle connections), `serve` pauses accepting with one
+/// Out of file descriptors (`ulimit -n 64`, 150 idle connections), `serve` pauses accepting with one
 /// warning, instead of spinning at 100% of a core without a word, and still stops on SIGTERM.
 #[test]
 fn out_of_descriptors_backs_off() {
@@ -384,7 +384,8 @@ fn out_of_descriptors_backs_off() {
         std::thread::sleep(Duration::from_millis(20));
     }
     std::thread::sleep(Duration::from_millis(200));
-    let idle: Vec<_> = (0..200)
+    // Fewer than the listen backlog (128 on older kernels) beyond what is accepted: no connect blocks.
+    let idle: Vec<_> = (0..150)
         .filter_map(|_| std::os::unix::net::UnixStream::connect(&socket).ok())
         .collect();
     assert!(

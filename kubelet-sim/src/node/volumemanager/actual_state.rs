@@ -50,7 +50,8 @@ pub struct ActualVolume {
 #[derive(Debug, Default)]
 pub struct ActualState {
     volumes: BTreeMap<String, ActualVolume>,
-    /// How many volumes are (possibly) mounted for each pod, so asking costs nothing per volume.
+    /// How many volumes are (possibly) mounted for each pod, SetUps in flight included, so asking costs
+    /// nothing per volume.
     mounts_by_pod: HashMap<String, usize>,
 }
 
@@ -144,8 +145,7 @@ impl ActualState {
             .filter(|m| m.state == MountState::Mounted)
     }
 
-    /// True when any volume is (possibly) mounted for the pod.
-    /// Whether the pod has a volume mounted, or one being set up.
+    /// Whether the pod has a volume (possibly) mounted, or one being set up.
     pub fn pod_has_mounts(&self, uid: &str) -> bool {
         self.mounts_by_pod.contains_key(uid)
     }

@@ -235,14 +235,26 @@ impl VolumeManager {
         }
     }
 
-    /// SetUp of one pod's volume, counted as a possible mount of the pod while it runs: a pod deleted
-    /// meanwhile keeps its directory (and the record the driver's mount needs) until it ends.
-    async fn set_up(self: Arc<Self>, unique: String, volume: Arc<PodVolume>) -> bool {
-        let uid = volume.pod.uid.clone();
-        self.asw.lock().begin_set_up(&uid);
-        let ok = Arc::clone(&self).set_up_counted(unique, volume).await;
-        self.asw.lock().end_set_up(&uid);
-        ok
+    /// SetUp of one pod's volume, counted as a possible mount of the pod from the moment it is started
+    /// until it ends (or its task is dropped): a pod deleted meanwhile keeps its directory, and the record
+    /// the driver's mount needs.
+    fn set_up(
+        self: Arc<Self>,
+        unique: String,
+        volume: Arc<PodVolume>,
+    ) -> impl Future<Output = bool> + Send + 'static {
+        struct Counted(Arc<VolumeManager>, String);
+        impl Drop for Counted {
+            fn drop(&mut self) {
+                self.0.asw.lock().end_set_up(&self.1);
+            }
+        }
+        self.asw.lock().begin_set_up(&volume.pod.uid);
+        let counted = Counted(Arc::clone(&self), volume.pod.uid.clone());
+        async move {
+            let _counted = counted;
+            self.set_up_counted(unique, volume).await
+        }
     }
 
     async fn set_up_counted(self: Arc<Self>, unique: String, volume: Arc<PodVolume>) -> bool {

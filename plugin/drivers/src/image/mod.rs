@@ -237,7 +237,6 @@ fn known_attributes(attributes: &std::collections::HashMap<String, String>) -> R
     ))
 }
 
-/// A `"true"` / `"false"` attribute; absent is false.
 /// warm-metal's `pullAlways`: `"true"` or `"false"` in any case; anything else is refused, not read as
 /// false (a `"sometimes"` would otherwise silently keep a stale image).
 fn pull_always(attributes: &std::collections::HashMap<String, String>) -> Result<bool> {
@@ -252,6 +251,7 @@ fn pull_always(attributes: &std::collections::HashMap<String, String>) -> Result
     }
 }
 
+/// A `"true"` / `"false"` attribute; absent is false.
 fn flag(attributes: &std::collections::HashMap<String, String>, key: &str) -> Result<bool> {
     match attributes.get(key).map(String::as_str) {
         None | Some("false") => Ok(false),

@@ -28,8 +28,8 @@ pub trait CsiObserver: Send + Sync {
     fn finished(&self, _token: u64) {}
 }
 
-/// A call in flight, known to the observer until dropped: when the call returns, or when the task that
-/// made it is dropped.
+/// A call in flight, known to the observer until dropped: before the call's record is reported (so no
+/// report shows it twice), or when the task that made it is dropped.
 struct InFlight {
     observer: Arc<dyn CsiObserver>,
     token: u64,
@@ -103,12 +103,13 @@ impl CsiClient {
 
     /// NodePublishVolume.
     pub async fn node_publish(&self, req: csi::NodePublishVolumeRequest) -> Result<(), Status> {
-        let _in_flight = self.in_flight(&req);
+        let in_flight = self.in_flight(&req);
         let result = self
             .node
             .clone()
             .node_publish_volume(self.timed(req.clone()))
             .await;
+        drop(in_flight);
         self.report(&req, result.as_ref().err());
         result.map(drop)
     }
@@ -119,24 +120,26 @@ impl CsiClient {
             volume_id: volume_id.into(),
             target_path: target_path.into(),
         };
-        let _in_flight = self.in_flight(&req);
+        let in_flight = self.in_flight(&req);
         let result = self
             .node
             .clone()
             .node_unpublish_volume(self.timed(req.clone()))
             .await;
+        drop(in_flight);
         self.report(&req, result.as_ref().err());
         result.map(drop)
     }
 
     /// NodeStageVolume.
     pub async fn node_stage(&self, req: csi::NodeStageVolumeRequest) -> Result<(), Status> {
-        let _in_flight = self.in_flight(&req);
+        let in_flight = self.in_flight(&req);
         let result = self
             .node
             .clone()
             .node_stage_volume(self.timed(req.clone()))
             .await;
+        drop(in_flight);
         self.report(&req, result.as_ref().err());
         result.map(drop)
     }
@@ -147,12 +150,13 @@ impl CsiClient {
             volume_id: volume_id.into(),
             staging_target_path: staging_path.into(),
         };
-        let _in_flight = self.in_flight(&req);
+        let in_flight = self.in_flight(&req);
         let result = self
             .node
             .clone()
             .node_unstage_volume(self.timed(req.clone()))
             .await;
+        drop(in_flight);
         self.report(&req, result.as_ref().err());
         result.map(drop)
     }
@@ -162,12 +166,13 @@ impl CsiClient {
         &self,
     ) -> Result<Vec<csi::node_service_capability::rpc::Type>, Status> {
         let req = csi::NodeGetCapabilitiesRequest {};
-        let _in_flight = self.in_flight(&req);
+        let in_flight = self.in_flight(&req);
         let result = self
             .node
             .clone()
             .node_get_capabilities(self.timed(req))
             .await;
+        drop(in_flight);
         self.report(&req, result.as_ref().err());
         Ok(result?
             .into_inner()
@@ -185,8 +190,9 @@ impl CsiClient {
     /// NodeGetInfo.
     pub async fn node_info(&self) -> Result<csi::NodeGetInfoResponse, Status> {
         let req = csi::NodeGetInfoRequest {};
-        let _in_flight = self.in_flight(&req);
+        let in_flight = self.in_flight(&req);
         let result = self.node.clone().node_get_info(self.timed(req)).await;
+        drop(in_flight);
         self.report(&req, result.as_ref().err());
         Ok(result?.into_inner())
     }
@@ -196,12 +202,13 @@ impl CsiClient {
         &self,
     ) -> Result<Vec<csi::controller_service_capability::rpc::Type>, Status> {
         let req = csi::ControllerGetCapabilitiesRequest {};
-        let _in_flight = self.in_flight(&req);
+        let in_flight = self.in_flight(&req);
         let result = self
             .controller
             .clone()
             .controller_get_capabilities(self.timed(req))
             .await;
+        drop(in_flight);
         self.report(&req, result.as_ref().err());
         Ok(result?
             .into_inner()
@@ -221,13 +228,14 @@ impl CsiClient {
         &self,
         req: csi::ControllerPublishVolumeRequest,
     ) -> Result<HashMap<String, String>, Status> {
-        let _in_flight = self.in_flight(&req);
+        let in_flight = self.in_flight(&req);
         let result = self
             .controller
             .clone()
             .controller_publish_volume(self.timed(req.clone()))
             .await
             .map(|r| r.into_inner().publish_context);
+        drop(in_flight);
         if let Some(observer) = &self.observer {
             let mut call = CsiCall::of(&self.driver, &req, result.as_ref().err());
             if let Ok(context) = &result {
@@ -246,12 +254,13 @@ impl CsiClient {
         &self,
         req: csi::ControllerUnpublishVolumeRequest,
     ) -> Result<(), Status> {
-        let _in_flight = self.in_flight(&req);
+        let in_flight = self.in_flight(&req);
         let result = self
             .controller
             .clone()
             .controller_unpublish_volume(self.timed(req.clone()))
             .await;
+        drop(in_flight);
         self.report(&req, result.as_ref().err());
         result.map(drop)
     }
