@@ -232,12 +232,7 @@ impl Kubelet {
 
     /// The last lines of a container run's CRI log, without the CRI's time and stream prefix.
     fn log_tail(&self, pod: &Pod, container: &str, attempt: u32) -> Vec<String> {
-        let dir = self.config.root.join("logs").join(format!(
-            "{}_{}_{}",
-            pod.metadata.namespace.as_deref().unwrap_or_default(),
-            pod.metadata.name.as_deref().unwrap_or_default(),
-            pod.metadata.uid.as_deref().unwrap_or_default()
-        ));
+        let dir = self.pod_log_dir(pod);
         let Ok(text) = std::fs::read_to_string(dir.join(container).join(format!("{attempt}.log")))
         else {
             return Vec::new();

@@ -30,7 +30,19 @@ impl Kubelet {
         self.evict_pod_logs_dirs(&live);
     }
 
-    /// `evictPodLogsDirectories` (`kuberuntime_gc.go`): the log dirs (`logs/<namespace>_<name>_<uid>`) of
+    /// A pod's container log dir, `<root>/logs/<namespace>_<name>_<uid>` (upstream's
+    /// `/var/log/pods/<namespace>_<name>_<uid>`, `BuildPodLogsDirectory`).
+    pub(super) fn pod_log_dir(&self, pod: &k8s_openapi::api::core::v1::Pod) -> std::path::PathBuf {
+        let meta = &pod.metadata;
+        self.config.root.join("logs").join(format!(
+            "{}_{}_{}",
+            meta.namespace.as_deref().unwrap_or_default(),
+            meta.name.as_deref().unwrap_or_default(),
+            meta.uid.as_deref().unwrap_or_default()
+        ))
+    }
+
+    /// `evictPodLogsDirectories` (`kuberuntime_gc.go`): the log dirs ([`Self::pod_log_dir`]) of
     /// pods that are gone, such as one force-deleted while this kubelet was down, whose pod worker never
     /// ran to remove them.
     fn evict_pod_logs_dirs(&self, live: &std::collections::HashSet<&str>) {

@@ -232,12 +232,7 @@ impl Kubelet {
         }
         let _ = std::fs::remove_dir_all(&dir);
         let meta = &pod.metadata;
-        let log_dir = self.config.root.join("logs").join(format!(
-            "{}_{}_{uid}",
-            meta.namespace.as_deref().unwrap_or_default(),
-            meta.name.as_deref().unwrap_or_default()
-        ));
-        let _ = std::fs::remove_dir_all(log_dir);
+        let _ = std::fs::remove_dir_all(self.pod_log_dir(pod));
         self.api.remove_finished_pod(
             meta.namespace.as_deref().unwrap_or_default(),
             meta.name.as_deref().unwrap_or_default(),

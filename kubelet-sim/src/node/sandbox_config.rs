@@ -29,11 +29,7 @@ impl Kubelet {
             meta.namespace.clone().unwrap_or_default(),
             meta.uid.clone().unwrap_or_default(),
         );
-        let log_directory = self
-            .config
-            .root
-            .join("logs")
-            .join(format!("{namespace}_{name}_{uid}"));
+        let log_directory = self.pod_log_dir(pod);
         let _ = std::fs::create_dir_all(&log_directory);
         let no_spec = PodSpec::default();
         let spec = pod.spec.as_ref().unwrap_or(&no_spec);
