@@ -8,6 +8,8 @@
 //!   names the request field at fault.
 //! - [`server`]: serving a driver's CSI services on a unix socket; [`call_log`]: a record of the Node
 //!   calls a driver receives (`--call-log`), in the kubelet-side report's form (`inlet_proto::csi_call`).
+//! - [`metrics`]: `--metrics-address`: `csi_operations_seconds` timed around the services, the published
+//!   volumes by mode.
 //! - [`registration`]: the kubelet plugin-watcher registration (`--registration-dir`), no sidecar needed.
 //!
 //! Host effects (mounts, confined paths, records, crash points) come from `inlet-host`; nothing here
@@ -18,6 +20,7 @@ pub mod call_log;
 pub mod image;
 pub mod keys;
 pub mod local;
+pub mod metrics;
 pub mod registration;
 pub mod server;
 pub mod validate;

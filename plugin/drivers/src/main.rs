@@ -12,8 +12,12 @@ use inlet_plugin::call_log::CallLog;
 use inlet_plugin::image::{ImageDriverConfig, ImageService};
 use inlet_plugin::local::content_mount::ContentMount;
 use inlet_plugin::local::{LocalConfig, LocalDriver, LocalService};
+use inlet_plugin::metrics::{CsiMetrics, PublishedVolumes, register_published};
 use inlet_plugin::registration::Registrar;
-use inlet_plugin::server::serve_csi_on;
+use inlet_plugin::server::{ServeOptions, serve_csi_with};
+use prometheus_client::registry::Registry;
+mod startup;
+
 use inlet_proto::csi::v1::{
     ProbeRequest, controller_server::Controller, identity_client::IdentityClient,
     identity_server::Identity, node_server::Node,
@@ -137,6 +141,10 @@ struct ServeArgs {
     /// may be fetched from over plain HTTP (HOST:PORT). Repeatable.
     #[arg(long = "artifact-insecure-registry")]
     artifact_insecure_registries: Vec<String>,
+    /// Serve Prometheus metrics at http://HOST:PORT/metrics (`:PORT` for every interface):
+    /// `csi_operations_seconds`, the published volumes by mode, the image driver's pulls, `process_*`.
+    #[arg(long, value_name = "HOST:PORT")]
+    metrics_address: Option<String>,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -183,7 +191,7 @@ fn main() -> ExitCode {
         }
     };
     let done = match cli.command {
-        Command::Serve(args) => runtime.block_on(serve(*args)),
+        Command::Serve(args) => check_paths(&args).and_then(|()| runtime.block_on(serve(*args))),
         Command::Probe(args) => runtime.block_on(probe(args)),
     };
     match done {
@@ -193,6 +201,41 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The host paths the driver is given, checked before it starts (see [`startup`]).
+fn check_paths(args: &ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
+    use startup::{Expect, check};
+    check(
+        "--kubelet-dir",
+        &args.kubelet_dir,
+        Expect::Directory,
+        "the kubelet's root dir, mounted at its host path",
+    )?;
+    if let Some(dir) = &args.registration_dir {
+        check(
+            "--registration-dir",
+            dir,
+            Expect::Directory,
+            "the kubelet's plugins_registry dir (<kubelet root>/plugins_registry)",
+        )?;
+    }
+    check(
+        "--state-dir",
+        &args.state_dir,
+        Expect::CreatedDirectory,
+        "a writable directory for the driver's records",
+    )?;
+    if let Some(endpoint) = &args.runtime_endpoint {
+        let socket = inlet_proto::uds::socket_path(endpoint)?;
+        check(
+            "--runtime-endpoint",
+            &socket,
+            Expect::Socket,
+            "the container runtime's CRI socket (mount its directory into the driver)",
+        )?;
+    }
+    Ok(())
 }
 
 async fn probe(args: ProbeArgs) -> Result<(), Box<dyn std::error::Error>> {
@@ -221,6 +264,11 @@ async fn probe(args: ProbeArgs) -> Result<(), Box<dyn std::error::Error>> {
 
 async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
     let socket = inlet_proto::uds::socket_path(&args.endpoint)?;
+    // Bound before anything is mounted or served, so a port in use stops the start cleanly.
+    let metrics = match &args.metrics_address {
+        Some(address) => Some(inlet_host::metrics::bind(address).await?),
+        None => None,
+    };
     let mounter: Arc<dyn MountLayer> = match (args.mounter, can_mount()) {
         (MounterKind::Linux, _) | (MounterKind::Auto, true) => Arc::new(LinuxMounter),
         (MounterKind::Recording, _) => Arc::new(RecordingMounter::new()),
@@ -250,6 +298,8 @@ async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
             .map(|dir| (dir, Registrar::new(&args.name, &socket))),
         stopping,
         call_log,
+        metrics,
+        driver_name: args.name.clone(),
     };
     if let DriverKind::Image = args.driver {
         return serve_image(args, &socket, mounter, serving).await;
@@ -271,7 +321,9 @@ async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
     let driver = LocalDriver::open(config, Arc::clone(&mounter))?;
     // Held while serving; undone at exit.
     let _content = ContentMount::bind(&state_dir, mounter)?;
-    serving.serve(&socket, LocalService::new(driver)).await
+    serving
+        .serve(&socket, LocalService::new(driver), |_| {})
+        .await
 }
 
 async fn serve_image(
@@ -300,45 +352,59 @@ async fn serve_image(
         state_dir: args.state_dir,
         pull_wait: args.pull_wait,
     };
+    let image_metrics = engine.puller.metrics().clone();
+    let service = ImageService::new(config, engine);
     serving
-        .serve(socket, ImageService::new(config, engine))
+        .serve(socket, service, |registry| image_metrics.register(registry))
         .await
 }
 
-/// How a driver is served: its registration with the kubelet (if asked), the stop signal, the call log.
+/// How a driver is served: its registration with the kubelet (if asked), the stop signal, the call log,
+/// the metrics endpoint (bound, not yet serving).
 struct Serving {
     registration: Option<(PathBuf, Registrar)>,
     stopping: tokio::sync::watch::Receiver<bool>,
     call_log: Option<Arc<CallLog>>,
+    metrics: Option<inlet_host::metrics::MetricsListener>,
+    driver_name: String,
 }
 
 impl Serving {
     /// Listens on the CSI socket, registers once it accepts (the kubelet calls NodeGetInfo at once), and
-    /// serves until stopped; then both sockets are removed.
+    /// serves until stopped; then both sockets are removed. The metrics endpoint serves the driver's
+    /// families, the process's, and those `more` registers.
     async fn serve<S>(
         self,
         socket: &std::path::Path,
         service: S,
+        more: impl FnOnce(&mut Registry),
     ) -> Result<(), Box<dyn std::error::Error>>
     where
-        S: Identity + Controller + Node + Clone,
+        S: Identity + Controller + Node + PublishedVolumes + Clone,
     {
         let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
             let _ = rx.wait_for(|stop| *stop).await;
         };
+        let csi_metrics = CsiMetrics::new(&self.driver_name);
+        let endpoint = self.metrics.map(|listener| {
+            let mut registry = Registry::default();
+            inlet_host::metrics::process::register(&mut registry);
+            csi_metrics.register(&mut registry);
+            register_published(&mut registry, &self.driver_name, service.clone());
+            more(&mut registry);
+            listener.serve(Arc::new(registry))
+        });
         let incoming = inlet_proto::uds::listen(socket).await?;
         let registration = self.registration.map(|(dir, registrar)| {
             let stop = stopped(self.stopping.clone());
             tokio::spawn(async move { registrar.serve(&dir, stop).await })
         });
-        let csi = serve_csi_on(
-            incoming,
-            socket,
-            service,
-            true,
-            self.call_log,
-            stopped(self.stopping),
-        );
+        let options = ServeOptions {
+            with_controller: true,
+            call_log: self.call_log,
+            metrics: endpoint.is_some().then_some(csi_metrics),
+        };
+        let csi = serve_csi_with(incoming, socket, service, options, stopped(self.stopping));
         csi.await?;
         if let Some(registration) = registration {
             registration.await??;

@@ -10,6 +10,7 @@ use inlet_proto::csi::v1::node_server::{Node, NodeServer};
 use inlet_proto::uds;
 
 use crate::call_log::{CallLog, LoggedNode};
+use crate::metrics::{CsiMetrics, CsiMetricsLayer};
 
 pub use uds::ServeError;
 
@@ -44,8 +45,44 @@ pub async fn serve_csi_on<S>(
 where
     S: Identity + Controller + Node + Clone,
 {
+    let options = ServeOptions {
+        with_controller,
+        call_log,
+        metrics: None,
+    };
+    serve_csi_with(incoming, socket, service, options, shutdown).await
+}
+
+/// What a driver is served with besides its services.
+#[derive(Debug, Default)]
+pub struct ServeOptions {
+    /// Serve the Controller service (node-only drivers answer UNIMPLEMENTED without it).
+    pub with_controller: bool,
+    /// Record every Node call here.
+    pub call_log: Option<Arc<CallLog>>,
+    /// Time every call into `csi_operations_seconds`.
+    pub metrics: Option<CsiMetrics>,
+}
+
+/// Serves on a bound socket with `options` until `shutdown` resolves, then removes the socket.
+pub async fn serve_csi_with<S>(
+    incoming: uds::Incoming,
+    socket: &Path,
+    service: S,
+    options: ServeOptions,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ServeError>
+where
+    S: Identity + Controller + Node + Clone,
+{
     tracing::info!(socket = %socket.display(), "serving CSI");
+    let ServeOptions {
+        with_controller,
+        call_log,
+        metrics,
+    } = options;
     let router = tonic::transport::Server::builder()
+        .layer(tower::util::option_layer(metrics.map(CsiMetricsLayer)))
         .add_service(IdentityServer::new(service.clone()))
         .add_optional_service(call_log.is_none().then(|| NodeServer::new(service.clone())))
         .add_optional_service(

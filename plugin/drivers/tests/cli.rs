@@ -22,6 +22,7 @@ fn run(args: &[&str]) -> (i32, String, String) {
 }
 
 fn serve_args<'a>(dir: &'a str, socket: &'a str) -> Vec<String> {
+    std::fs::create_dir_all(format!("{dir}/kubelet")).expect("kubelet dir");
     [
         "serve",
         "--driver",
@@ -66,6 +67,7 @@ fn help_explains_every_flag() {
         "--pull-wait",
         "--image-pull-credentials-verification-policy",
         "--artifact-insecure-registry",
+        "--metrics-address",
     ] {
         assert!(stdout.contains(flag), "--help does not mention {flag}");
     }
@@ -211,7 +213,9 @@ fn the_image_driver_needs_a_reachable_runtime() {
     let (code, _, stderr) = run(&args.iter().map(String::as_str).collect::<Vec<_>>());
     assert_eq!(code, 1, "{stderr}");
     assert!(
-        stderr.contains(&format!("container runtime at {d}/nothing.sock")),
+        stderr.contains(&format!(
+            "--runtime-endpoint {d}/nothing.sock: No such file or directory (os error 2); expected the container runtime's CRI socket"
+        )),
         "{stderr}"
     );
     assert!(
@@ -238,6 +242,7 @@ fn the_image_driver_serves_with_the_flags_it_documents() {
     });
     runtime.block_on(wait_for(&cri_socket));
     let socket = dir.path().join("csi.sock");
+    std::fs::create_dir_all(format!("{d}/kubelet")).unwrap();
     let child = Command::new(BIN)
         .args(["serve", "--driver", "image", "--name", "image.inlet.dev"])
         .arg("--endpoint")
@@ -292,6 +297,7 @@ fn registers_with_the_kubelets_plugin_watcher() {
     let d = dir.path().to_str().unwrap();
     let socket = dir.path().join("csi.sock");
     let registry = dir.path().join("plugins_registry");
+    std::fs::create_dir_all(&registry).unwrap();
     let mut args = serve_args(d, &format!("unix://{}", socket.display()));
     args.push("--registration-dir".into());
     args.push(registry.display().to_string());

@@ -36,6 +36,7 @@ struct Driver {
 
 impl Driver {
     fn start(dir: &Path, kind: Kind, crash_at: Option<&str>) -> Self {
+        std::fs::create_dir_all(dir.join("kubelet")).expect("kubelet dir");
         let mut command = Command::new(BIN);
         match kind {
             Kind::Local => {

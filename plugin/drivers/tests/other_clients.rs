@@ -61,6 +61,7 @@ fn pythons_grpcio_is_answered_on_a_unix_socket() {
     }
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("csi.sock");
+    std::fs::create_dir_all(dir.path().join("kubelet")).unwrap();
     let _driver = Driver(
         Command::new(BIN)
             .args([

@@ -8,11 +8,13 @@
 //! - [`records`]: durable JSON records (write, fsync, rename), shared by the local driver and the image engine.
 //! - [`crash`]: named crash points (`INLET_CRASH_POINT`) for the kill-anywhere tests.
 //! - [`quantity`]: Kubernetes quantities (`64Mi`) as bytes.
+//! - [`metrics`]: Prometheus metrics: the `/metrics` endpoint, the process collector, upstream's buckets.
 //! - [`error`]: the one error type of the drivers and the image engine, and its mapping to gRPC codes.
 
 pub mod crash;
 pub mod error;
 pub mod host_path;
+pub mod metrics;
 pub mod mount;
 pub mod names;
 pub mod quantity;

@@ -8,6 +8,7 @@
 //! - [`auth`]: registry credentials from pull secrets and CSI secrets, matched to an image's registry.
 //! - [`pull`]: [`Puller`]: CRI pulls with pull policies, background pulls past a caller's deadline, and the
 //!   check that a cached private image goes only to callers with credentials for it.
+//! - [`metrics`]: pulls by result (count, bytes, seconds) and the pull record's decisions, for Prometheus.
 //! - [`store`]: where the runtime keeps images: containerd's snapshots or containers/storage's layers.
 //! - `locks`: one async lock per target or store key, so volumes of other images never wait on each other.
 //! - [`volumes`]: [`ImageVolumes`]: shared read-only views, writable copy-on-write volumes, records, recovery.
@@ -16,6 +17,7 @@
 pub mod artifact;
 pub mod auth;
 mod locks;
+pub mod metrics;
 pub mod pull;
 pub mod pull_records;
 pub mod store;

@@ -24,6 +24,7 @@ use tonic::Code;
 use tonic::transport::Channel;
 
 use super::auth::Credentials;
+use super::metrics::ImageMetrics;
 use super::pull_records::PullRecords;
 use super::store::ImageStore;
 use inlet_host::Error;
@@ -236,6 +237,7 @@ pub struct Puller {
     running: Mutex<HashMap<String, Running>>,
     verification: VerificationPolicy,
     progress: Option<Arc<dyn ImageStore>>,
+    metrics: ImageMetrics,
 }
 
 /// How long the result of a finished pull waits for its caller.
@@ -257,6 +259,7 @@ impl Puller {
             running: Mutex::default(),
             verification,
             progress,
+            metrics: ImageMetrics::default(),
         })
     }
 
@@ -269,7 +272,13 @@ impl Puller {
             running: Mutex::default(),
             verification,
             progress: None,
+            metrics: ImageMetrics::default(),
         }
+    }
+
+    /// The puller's metrics, to expose them.
+    pub fn metrics(&self) -> &ImageMetrics {
+        &self.metrics
     }
 
     /// Announces a pull of `image` before it starts (upstream's pull intent): until its record is
@@ -327,6 +336,13 @@ impl Puller {
     /// absent), must pull it, or may not have it: the one place a cached image is judged, for container
     /// images and image volumes alike.
     pub fn decide(&self, request: &PullRequest, present: Option<&str>) -> Decision {
+        let decision = self.judge(request, present);
+        let always = request.policy == PullPolicy::Always;
+        self.metrics.decided(&decision, present.is_some(), always);
+        decision
+    }
+
+    fn judge(&self, request: &PullRequest, present: Option<&str>) -> Decision {
         match (request.policy, present) {
             (PullPolicy::Always, _) => Decision::Pull,
             (PullPolicy::Never, None) => {
@@ -453,8 +469,15 @@ impl Puller {
                 let cri = self.cri.clone();
                 let request = request.clone();
                 let progress = self.progress.clone();
+                let metrics = self.metrics.clone();
                 tokio::spawn(async move {
-                    let outcome = pull_with(cri, &request, &fingerprints, progress).await;
+                    let started = Instant::now();
+                    let outcome = pull_with(cri.clone(), &request, &fingerprints, progress).await;
+                    let size = match &outcome {
+                        Ok((id, _)) => Ok(image_size(cri, id).await),
+                        Err(e) => Err(e),
+                    };
+                    metrics.pulled(size, started.elapsed().as_secs_f64());
                     let _ = tx.send(Some(outcome));
                 });
                 Running {
@@ -550,6 +573,18 @@ async fn pull_with(
         }
     }
     Err(last.unwrap_or_else(|| unreachable_outcome(&request.image).unwrap_err()))
+}
+
+/// The runtime's size of the image `id` (0 when it cannot tell), for the pulled-bytes metric.
+async fn image_size(mut cri: ImageServiceClient<Channel>, id: &str) -> u64 {
+    let request = cri::ImageStatusRequest {
+        image: Some(image_spec(id)),
+        verbose: false,
+    };
+    match cri.image_status(request).await {
+        Ok(reply) => reply.into_inner().image.map_or(0, |i| i.size),
+        Err(_) => 0,
+    }
 }
 
 async fn describe_progress(started: Instant, store: Option<&dyn ImageStore>) -> String {

@@ -400,6 +400,26 @@ impl Node for ImageService {
     }
 }
 
+impl crate::metrics::PublishedVolumes for ImageService {
+    /// An inline volume's id is the kubelet's ephemeral handle (`csi-` and a SHA-256 in hex,
+    /// `makeVolumeHandle` in `pkg/volume/csi/csi_plugin.go`); a PV's is the image reference it names.
+    fn published_modes(&self) -> Vec<&'static str> {
+        let ephemeral = |id: &str| {
+            id.strip_prefix("csi-")
+                .is_some_and(|hash| hash.len() == 64 && hash.bytes().all(|b| b.is_ascii_hexdigit()))
+        };
+        let engine = &self.engine;
+        [&engine.volumes, &engine.artifact_volumes]
+            .iter()
+            .flat_map(|volumes| volumes.published())
+            .map(|volume| match ephemeral(&volume.volume_id) {
+                true => "ephemeral",
+                false => "persistent",
+            })
+            .collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -482,3 +502,4 @@ mod tests {
         assert!(known_attributes(&provisioned).is_ok());
     }
 }
+

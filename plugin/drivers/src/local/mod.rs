@@ -125,6 +125,11 @@ impl LocalDriver {
         &self.config
     }
 
+    /// Every volume the driver owns, by id.
+    pub fn volumes(&self) -> &std::collections::BTreeMap<String, store::VolumeRecord> {
+        self.store.volumes()
+    }
+
     /// Bytes allocated to all volumes, ephemeral ones included.
     fn allocated_bytes(&self) -> u64 {
         self.store.allocated_bytes()

@@ -312,3 +312,21 @@ impl Node for LocalService {
         self.run("NodeGetInfo", |d| Ok(d.node_info())).await
     }
 }
+
+impl crate::metrics::PublishedVolumes for LocalService {
+    fn published_modes(&self) -> Vec<&'static str> {
+        let driver = self.driver.lock();
+        driver
+            .volumes()
+            .values()
+            .flat_map(|volume| {
+                let mode = if volume.ephemeral {
+                    "ephemeral"
+                } else {
+                    "persistent"
+                };
+                std::iter::repeat_n(mode, volume.published.len())
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,173 @@
+//! `GET /metrics` over HTTP/1 on a TCP address: the registry in OpenMetrics text, which Prometheus
+//! scrapes. Nothing else is served (404), and nothing is read from the request but its method and path.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use http_body_util::Full;
+use hyper::body::{Bytes, Incoming};
+use hyper::header::HeaderValue;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
+
+/// The content type of OpenMetrics text, which `prometheus_client` writes.
+const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Why the endpoint could not start: the flag's value and what is wrong with it.
+#[derive(Debug, thiserror::Error)]
+pub enum MetricsError {
+    /// Not HOST:PORT.
+    #[error("--metrics-address {address:?}: not HOST:PORT ({reason})")]
+    Address {
+        /// The flag's value.
+        address: String,
+        /// Why it is not an address.
+        reason: String,
+    },
+    /// The port is in use, or the address is not this host's.
+    #[error("--metrics-address {address}: cannot listen: {source}")]
+    Bind {
+        /// The address.
+        address: String,
+        /// The bind error (`Address already in use`).
+        source: std::io::Error,
+    },
+}
+
+/// A running endpoint; it stops serving when dropped.
+#[derive(Debug)]
+pub struct MetricsEndpoint {
+    address: SocketAddr,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl MetricsEndpoint {
+    /// Where it listens (the port the system chose for `:0`).
+    pub fn address(&self) -> SocketAddr {
+        self.address
+    }
+}
+
+impl Drop for MetricsEndpoint {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Binds `address` and serves `registry` at `/metrics` until the returned endpoint is dropped
+/// ([`bind`], then [`MetricsListener::serve`]).
+pub async fn serve(
+    address: &str,
+    registry: Arc<Registry>,
+) -> Result<MetricsEndpoint, MetricsError> {
+    Ok(bind(address).await?.serve(registry))
+}
+
+/// A bound address, not yet serving: a program binds first, so a port in use fails its start before it
+/// changes anything, and serves once its metrics exist.
+#[derive(Debug)]
+pub struct MetricsListener(TcpListener);
+
+/// Binds `address`: HOST:PORT, or `:PORT` for every interface (as Go's listeners read it).
+pub async fn bind(address: &str) -> Result<MetricsListener, MetricsError> {
+    let full = match address.strip_prefix(':') {
+        Some(port) => format!("0.0.0.0:{port}"),
+        None => address.to_string(),
+    };
+    let addrs: Vec<SocketAddr> = tokio::net::lookup_host(&full)
+        .await
+        .map_err(|e| MetricsError::Address {
+            address: address.to_string(),
+            reason: e.to_string(),
+        })?
+        .collect();
+    TcpListener::bind(addrs.as_slice())
+        .await
+        .map(MetricsListener)
+        .map_err(|source| MetricsError::Bind {
+            address: address.to_string(),
+            source,
+        })
+}
+
+impl MetricsListener {
+    /// Serves `registry` at `/metrics` until the returned endpoint is dropped.
+    pub fn serve(self, registry: Arc<Registry>) -> MetricsEndpoint {
+        let listener = self.0;
+        let address = listener
+            .local_addr()
+            .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
+        tracing::info!(%address, "serving metrics at /metrics");
+        let task = tokio::spawn(accept(listener, registry));
+        MetricsEndpoint { address, task }
+    }
+}
+
+async fn accept(listener: TcpListener, registry: Arc<Registry>) {
+    loop {
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                // Out of descriptors and the like: wait rather than spin (as uds::Incoming does).
+                tracing::warn!("metrics: accept: {e}");
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let registry = Arc::clone(&registry);
+        tokio::spawn(async move {
+            let service =
+                hyper::service::service_fn(move |request| respond(request, Arc::clone(&registry)));
+            let connection = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service);
+            if let Err(e) = connection.await {
+                tracing::debug!("metrics: connection: {e}");
+            }
+        });
+    }
+}
+
+async fn respond(
+    request: Request<Incoming>,
+    registry: Arc<Registry>,
+) -> Result<Response<Full<Bytes>>, std::convert::Infallible> {
+    let reply = |status: StatusCode, content_type: &'static str, body: String| {
+        let mut response = Response::new(Full::new(Bytes::from(body)));
+        *response.status_mut() = status;
+        response.headers_mut().insert(
+            hyper::header::CONTENT_TYPE,
+            HeaderValue::from_static(content_type),
+        );
+        Ok(response)
+    };
+    if request.uri().path() != "/metrics" {
+        return reply(
+            StatusCode::NOT_FOUND,
+            "text/plain",
+            "404 page not found\n".into(),
+        );
+    }
+    if request.method() != Method::GET && request.method() != Method::HEAD {
+        return reply(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "text/plain",
+            "only GET /metrics\n".into(),
+        );
+    }
+    // Collectors read /proc and the drivers' state: off the async workers.
+    let text = tokio::task::spawn_blocking(move || {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).map(|()| text)
+    })
+    .await;
+    match text {
+        Ok(Ok(text)) => reply(StatusCode::OK, OPENMETRICS, text),
+        _ => reply(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "text/plain",
+            "encoding the metrics failed\n".into(),
+        ),
+    }
+}
