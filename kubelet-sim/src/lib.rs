@@ -15,6 +15,7 @@
 //! - [`drivers`]: `--driver NAME=local|image|unix:///PATH`, started for a node by `DriverArg::start`;
 //!   [`images`]: where a simulation's images come from; [`cri`]: the CRI client and the in-process
 //!   cri-fake; [`specs`]: pod volume -> spec.
+//! - [`metrics`]: `--metrics-address`: the kubelet's storage metrics (upstream's names and labels).
 //! - [`sim`]: a whole simulated cluster; [`report`]: the JSON report and the summary table;
 //!   [`signals`]: SIGINT/SIGTERM for a run (tear down, then exit 128+N; a second signal exits at once).
 //! - `main.rs`: the `kubelet-sim run` CLI.
@@ -27,6 +28,7 @@ pub mod controllers;
 pub mod cri;
 pub mod drivers;
 pub mod images;
+pub mod metrics;
 pub mod node;
 pub mod operations;
 pub mod report;

@@ -122,6 +122,11 @@ struct RunArgs {
     /// the image drivers started here, which share one record per node of who pulled what.
     #[arg(long, value_enum, default_value_t = VerificationPolicy::NeverVerifyPreloadedImages)]
     image_pull_credentials_verification_policy: VerificationPolicy,
+    /// Serve the kubelet's storage metrics at http://HOST:PORT/metrics (`:PORT` for every interface) while
+    /// the run lasts: `storage_operation_duration_seconds`, `csi_operations_seconds`,
+    /// `volume_manager_total_volumes`, `process_*`, with upstream's names and labels.
+    #[arg(long, value_name = "HOST:PORT")]
+    metrics_address: Option<String>,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -261,6 +266,15 @@ async fn run(args: RunArgs) -> Result<Outcome, String> {
             .keep(),
     };
     let cri = cri_socket(args.cri.as_deref())?;
+    // Bound before anything starts, so a port in use ends the run before it changes anything.
+    let metrics = match &args.metrics_address {
+        Some(address) => Some(
+            inlet_host::metrics::bind(address)
+                .await
+                .map_err(|e| e.to_string())?,
+        ),
+        None => None,
+    };
     let allowed = args.allowed_inline_drivers.map(|list| {
         list.split(',')
             .map(str::trim)
@@ -300,6 +314,10 @@ async fn run(args: RunArgs) -> Result<Outcome, String> {
     })
     .map_err(|e| format!("listening for signals: {e}"))?;
     let mut sim = Simulation::start(config).await.map_err(|e| e.to_string())?;
+    let _metrics = metrics.map(|listener| {
+        let registry = kubelet_sim::metrics::registry(sim.nodes.clone());
+        listener.serve(Arc::new(registry))
+    });
     // `--timeout` bounds the whole settle phase: at the deadline (or a signal) the operations still running
     // are left behind, the report is written, and teardown (if asked, or after a signal) gets its own.
     let settled = if serve_until_stopped {

@@ -90,7 +90,8 @@ pub struct ReportedCalls {
 pub const IN_FLIGHT: &str = "InFlight";
 
 impl CsiObserver for ReportedCalls {
-    fn observe(&self, call: CsiCall) {
+    fn observe(&self, call: CsiCall, elapsed: std::time::Duration) {
+        crate::metrics::METRICS.csi_call(&call, elapsed);
         self.returned.lock().push(call);
     }
 

@@ -7,4 +7,5 @@ mod common;
 mod conform;
 mod crash_points;
 mod hostile;
+mod metrics;
 mod signals;

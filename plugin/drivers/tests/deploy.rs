@@ -347,6 +347,10 @@ async fn run_daemonset(dir: &str, extra: Option<String>) {
         moved.retain(|a| !a.starts_with("--mounter="));
         moved.push("--mounter=recording".into());
     }
+    // The node's port may be taken on a test machine: any free one.
+    assert!(flag(&moved, "metrics-address").is_some(), "{moved:?}");
+    moved.retain(|a| !a.starts_with("--metrics-address="));
+    moved.push("--metrics-address=127.0.0.1:0".into());
     for dir in ["kubelet-dir", "registration-dir"] {
         std::fs::create_dir_all(flag(&moved, dir).unwrap()).unwrap();
     }

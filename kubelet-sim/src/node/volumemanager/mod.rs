@@ -17,7 +17,7 @@ mod populator;
 mod reconciler;
 mod reconstruct;
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -100,6 +100,28 @@ pub struct VolumeManager {
 }
 
 impl VolumeManager {
+    /// The volumes of the desired and actual states of world, one per pod each, by plugin as upstream's
+    /// metrics name it (`volume_manager_total_volumes`, `metrics.go`'s `totalVolumesCollector`).
+    pub fn volume_counts(&self) -> BTreeMap<(String, &'static str), u64> {
+        let mut counts = BTreeMap::new();
+        let mut add = |spec: &Spec, state: &'static str, n: usize| {
+            if n == 0 {
+                return;
+            }
+            let plugin = crate::metrics::plugin_label(self.plugin_for(spec).name(), spec);
+            *counts.entry((plugin, state)).or_default() += n as u64;
+        };
+        for volume in self.dsw.lock().volumes().values() {
+            for pod in volume.pods.values() {
+                add(&pod.spec, "desired_state_of_world", 1);
+            }
+        }
+        for volume in self.asw.lock().volumes().values() {
+            add(&volume.spec, "actual_state_of_world", volume.pods.len());
+        }
+        counts
+    }
+
     /// A volume manager over the node's plugins (the CSI plugin first).
     pub fn new(
         config: VolumeManagerConfig,

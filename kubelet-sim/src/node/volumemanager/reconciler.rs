@@ -94,10 +94,12 @@ impl VolumeManager {
                     spec,
                 } => {
                     let key = OpKey::volume(&unique, &mount.pod.uid);
-                    self.spawn_op(key, move |me| me.tear_down(unique, *mount, spec));
+                    let named = self.named(&spec, "volume_unmount", "unmap_volume");
+                    self.spawn_op(key, named, move |me| me.tear_down(unique, *mount, spec));
                 }
                 Action::UnmountDevice { unique, spec, path } => {
-                    self.spawn_op(OpKey::device(&unique), move |me| {
+                    let named = self.named(&spec, "unmount_device", "unmap_device");
+                    self.spawn_op(OpKey::device(&unique), named, move |me| {
                         me.unmount_device(unique, spec, path)
                     });
                 }
@@ -106,7 +108,9 @@ impl VolumeManager {
                     volume,
                     waiting,
                 } => {
-                    self.spawn_op(OpKey::device(&unique), move |me| {
+                    // Upstream stages inside its mount operation: one `volume_mount` (`map_volume`).
+                    let named = self.named(&volume.spec, "volume_mount", "map_volume");
+                    self.spawn_op(OpKey::device(&unique), named, move |me| {
                         me.mount_device(unique, volume, waiting)
                     });
                 }
@@ -119,7 +123,8 @@ impl VolumeManager {
                         true => OpKey::device(&unique),
                         false => OpKey::volume(&unique, &volume.pod.uid),
                     };
-                    self.spawn_op(key, move |me| me.set_up(unique, volume));
+                    let named = self.named(&volume.spec, "volume_mount", "map_volume");
+                    self.spawn_op(key, named, move |me| me.set_up(unique, volume));
                 }
             }
         }
@@ -205,7 +210,8 @@ impl VolumeManager {
 
     /// Starts an operation unless one conflicts or backs off; when it ends, records the outcome and wakes
     /// the loop.
-    fn spawn_op<F, Fut>(self: &Arc<Self>, key: OpKey, op: F)
+    /// Its outcome and duration are recorded as `storage_operation_duration_seconds` under `named`.
+    fn spawn_op<F, Fut>(self: &Arc<Self>, key: OpKey, named: (String, &'static str), op: F)
     where
         F: FnOnce(Arc<Self>) -> Fut,
         Fut: Future<Output = bool> + Send + 'static,
@@ -216,10 +222,21 @@ impl VolumeManager {
         let me = Arc::clone(self);
         let run = op(Arc::clone(self));
         tokio::spawn(async move {
+            let started = std::time::Instant::now();
             let ok = run.await;
+            let (plugin, operation) = named;
+            crate::metrics::METRICS.operation(plugin, operation, ok, started.elapsed());
             me.ops.lock().finish(&key, ok);
             me.kick.notify_one();
         });
+    }
+
+    /// An operation's metric labels: the plugin (`kubernetes.io/csi:<driver>`) and upstream's operation
+    /// name, the block one for a raw block volume.
+    fn named(&self, spec: &Spec, fs: &'static str, block: &'static str) -> (String, &'static str) {
+        let plugin = crate::metrics::plugin_label(self.plugin_for(spec).name(), spec);
+        let block_volume = inlet_volume::csi::source::is_block(spec);
+        (plugin, if block_volume { block } else { fs })
     }
 
     fn pod_object(&self, pod: &PodInfo) -> Option<Arc<Pod>> {

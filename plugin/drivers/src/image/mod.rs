@@ -502,4 +502,3 @@ mod tests {
         assert!(known_attributes(&provisioned).is_ok());
     }
 }
-

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use inlet_proto::csi::v1::{
     self as csi, controller_client::ControllerClient, node_client::NodeClient,
@@ -17,8 +17,8 @@ use tonic::{Request, Status};
 pub const CSI_TIMEOUT: Duration = Duration::from_secs(120);
 /// Receives every CSI call made.
 pub trait CsiObserver: Send + Sync {
-    /// One call, after it returned.
-    fn observe(&self, call: CsiCall);
+    /// One call, after it returned, and how long it took (from its sending to its answer).
+    fn observe(&self, call: CsiCall, elapsed: Duration);
     /// A call was sent and has no answer yet: a token [`CsiObserver::finished`] gets once it has one (or
     /// is given up). A report can then show the call that hung, not only those that returned.
     fn started(&self, _call: CsiCall) -> u64 {
@@ -28,16 +28,18 @@ pub trait CsiObserver: Send + Sync {
     fn finished(&self, _token: u64) {}
 }
 
-/// A call in flight, known to the observer until dropped: before the call's record is reported (so no
-/// report shows it twice), or when the task that made it is dropped.
+/// A call sent: when, and, with an observer, its token, given back when dropped: before the call's record
+/// is reported (so no report shows it twice), or when the task that made it is dropped.
 struct InFlight {
-    observer: Arc<dyn CsiObserver>,
-    token: u64,
+    started: Instant,
+    observer: Option<(Arc<dyn CsiObserver>, u64)>,
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.observer.finished(self.token);
+        if let Some((observer, token)) = &self.observer {
+            observer.finished(*token);
+        }
     }
 }
 
@@ -76,15 +78,22 @@ impl CsiClient {
         &self.driver
     }
 
-    fn in_flight<R: CallRequest>(&self, request: &R) -> Option<InFlight> {
-        let observer = Arc::clone(self.observer.as_ref()?);
-        let token = observer.started(CsiCall::of(&self.driver, request, None));
-        Some(InFlight { observer, token })
+    fn in_flight<R: CallRequest>(&self, request: &R) -> InFlight {
+        let observer = self.observer.as_ref().map(|observer| {
+            let token = observer.started(CsiCall::of(&self.driver, request, None));
+            (Arc::clone(observer), token)
+        });
+        InFlight {
+            started: Instant::now(),
+            observer,
+        }
     }
 
-    fn report<R: CallRequest>(&self, request: &R, failure: Option<&Status>) {
+    fn report<R: CallRequest>(&self, in_flight: InFlight, request: &R, failure: Option<&Status>) {
+        let elapsed = in_flight.started.elapsed();
+        drop(in_flight);
         if let Some(observer) = &self.observer {
-            observer.observe(CsiCall::of(&self.driver, request, failure));
+            observer.observe(CsiCall::of(&self.driver, request, failure), elapsed);
         }
     }
 
@@ -109,8 +118,7 @@ impl CsiClient {
             .clone()
             .node_publish_volume(self.timed(req.clone()))
             .await;
-        drop(in_flight);
-        self.report(&req, result.as_ref().err());
+        self.report(in_flight, &req, result.as_ref().err());
         result.map(drop)
     }
 
@@ -126,8 +134,7 @@ impl CsiClient {
             .clone()
             .node_unpublish_volume(self.timed(req.clone()))
             .await;
-        drop(in_flight);
-        self.report(&req, result.as_ref().err());
+        self.report(in_flight, &req, result.as_ref().err());
         result.map(drop)
     }
 
@@ -139,8 +146,7 @@ impl CsiClient {
             .clone()
             .node_stage_volume(self.timed(req.clone()))
             .await;
-        drop(in_flight);
-        self.report(&req, result.as_ref().err());
+        self.report(in_flight, &req, result.as_ref().err());
         result.map(drop)
     }
 
@@ -156,8 +162,7 @@ impl CsiClient {
             .clone()
             .node_unstage_volume(self.timed(req.clone()))
             .await;
-        drop(in_flight);
-        self.report(&req, result.as_ref().err());
+        self.report(in_flight, &req, result.as_ref().err());
         result.map(drop)
     }
 
@@ -172,8 +177,7 @@ impl CsiClient {
             .clone()
             .node_get_capabilities(self.timed(req))
             .await;
-        drop(in_flight);
-        self.report(&req, result.as_ref().err());
+        self.report(in_flight, &req, result.as_ref().err());
         Ok(result?
             .into_inner()
             .capabilities
@@ -192,8 +196,7 @@ impl CsiClient {
         let req = csi::NodeGetInfoRequest {};
         let in_flight = self.in_flight(&req);
         let result = self.node.clone().node_get_info(self.timed(req)).await;
-        drop(in_flight);
-        self.report(&req, result.as_ref().err());
+        self.report(in_flight, &req, result.as_ref().err());
         Ok(result?.into_inner())
     }
 
@@ -208,8 +211,7 @@ impl CsiClient {
             .clone()
             .controller_get_capabilities(self.timed(req))
             .await;
-        drop(in_flight);
-        self.report(&req, result.as_ref().err());
+        self.report(in_flight, &req, result.as_ref().err());
         Ok(result?
             .into_inner()
             .capabilities
@@ -235,6 +237,7 @@ impl CsiClient {
             .controller_publish_volume(self.timed(req.clone()))
             .await
             .map(|r| r.into_inner().publish_context);
+        let elapsed = in_flight.started.elapsed();
         drop(in_flight);
         if let Some(observer) = &self.observer {
             let mut call = CsiCall::of(&self.driver, &req, result.as_ref().err());
@@ -244,7 +247,7 @@ impl CsiClient {
                     .map(|(k, v)| (k.clone(), v.clone()))
                     .collect();
             }
-            observer.observe(call);
+            observer.observe(call, elapsed);
         }
         result
     }
@@ -260,8 +263,7 @@ impl CsiClient {
             .clone()
             .controller_unpublish_volume(self.timed(req.clone()))
             .await;
-        drop(in_flight);
-        self.report(&req, result.as_ref().err());
+        self.report(in_flight, &req, result.as_ref().err());
         result.map(drop)
     }
 }
