@@ -347,7 +347,7 @@ fn driver_pid(name: &str) -> Option<i32> {
             let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
             (args.first()?.ends_with(b"inlet-plugin")
                 && args.get(1) == Some(&&b"serve"[..])
-                && args.iter().any(|a| *a == wanted.as_bytes()))
+                && args.contains(&wanted.as_bytes()))
             .then_some(pid)
         })
 }
