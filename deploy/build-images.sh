@@ -21,18 +21,20 @@ else echo "build-images.sh: needs podman or buildah (Debian: apt-get install pod
 fi
 
 version=$(sed -n '/^\[workspace.package\]/,/^\[/s/^version = "\(.*\)"/\1/p' Cargo.toml)
-target=x86_64-unknown-linux-gnu
+[ -n "$version" ] || { echo "build-images.sh: no version in Cargo.toml's [workspace.package]" >&2; exit 1; }
+target=$(rustc -vV | sed -n 's/^host: //p')
 # --target keeps the static flag off build scripts and proc macros (they must stay dynamic).
 packages=()
 for name in "${names[@]}"; do packages+=(-p "$name"); done
-RUSTFLAGS="-C target-feature=+crt-static" CARGO_PROFILE_RELEASE_STRIP=symbols \
+RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static" CARGO_PROFILE_RELEASE_STRIP=symbols \
   cargo build --release --locked --target "$target" "${packages[@]}"
 
 mkdir -p target/images
 for name in "${names[@]}"; do
   bin="target/$target/release/$name"
-  if ! ldd "$bin" 2>&1 | grep -qE 'statically linked|not a dynamic executable'; then
-    echo "build-images.sh: $bin is not static:" >&2; ldd "$bin" >&2; exit 1
+  linked=$(ldd "$bin" 2>&1 || true)   # ldd exits 1 for a static non-PIE binary
+  if ! grep -qE 'statically linked|not a dynamic executable' <<<"$linked"; then
+    echo "build-images.sh: $bin is not static:" >&2; echo "$linked" >&2; exit 1
   fi
   context=$(mktemp -d)
   trap 'rm -rf "$context"' EXIT
@@ -45,10 +47,12 @@ CONTAINERFILE
   image="localhost/$name:$version"
   archive="target/images/$name.tar"
   "$builder" build --quiet --format oci -t "$image" -f "$context/Containerfile" "$context" >/dev/null
-  rm -f "$archive"
-  if [ "$builder" = podman ]; then podman save --quiet --format oci-archive -o "$archive" "$image"
-  else buildah push --quiet "$image" "oci-archive:$archive:$image"
+  # Written aside, then renamed: a reader never sees half an archive.
+  rm -f "$archive.new"
+  if [ "$builder" = podman ]; then podman save --quiet --format oci-archive -o "$archive.new" "$image"
+  else buildah push --quiet "$image" "oci-archive:$archive.new:$image"
   fi
+  mv -f "$archive.new" "$archive"
   rm -rf "$context"; trap - EXIT
   echo "$image  $archive  $(du -h "$archive" | cut -f1)"
 done

@@ -73,15 +73,22 @@ impl KubeletMetrics {
             .observe(took.as_secs_f64());
     }
 
-    /// A CSI call that returned.
+    /// A CSI call that returned. The attach/detach controller's calls (ControllerPublish, made through
+    /// the same client here) are not the kubelet's, and are left out.
     pub fn csi_call(&self, call: &CsiCall, took: Duration) {
+        if call.method.starts_with("Controller") {
+            return;
+        }
         let labels = CsiLabels {
             driver_name: call.driver.clone(),
             method_name: format!("/csi.v1.{}/{}", csi_service(&call.method), call.method),
-            // The report writes tonic's names; grpc-go spells one of them differently.
-            grpc_status_code: match call.code.as_str() {
-                "Cancelled" => "Canceled".to_string(),
-                code => code.to_string(),
+            // The report writes tonic's names. tonic reports its own deadline as `Cancelled` ("Timeout
+            // expired", as `csi_call::rpc_error` reads it), where grpc-go says DeadlineExceeded; and it
+            // spells Canceled differently.
+            grpc_status_code: match (call.code.as_str(), call.message.as_str()) {
+                ("Cancelled", "Timeout expired") => "DeadlineExceeded".to_string(),
+                ("Cancelled", _) => "Canceled".to_string(),
+                (code, _) => code.to_string(),
             },
             migrated: "false",
         };

@@ -77,11 +77,14 @@ fn a_scrape_shows_the_kubelets_storage_metrics() {
             "storage_operation_duration_seconds_count{{volume_plugin=\"kubernetes.io/csi:{driver}\",operation_name=\"volume_mount\",status=\"{status}\",migrated=\"false\"}}"
         )
     };
+    let actual = "volume_manager_total_volumes{plugin_name=\"kubernetes.io/csi:local.inlet.dev\",state=\"actual_state_of_world\"}";
     let deadline = Instant::now() + Duration::from_secs(15);
     let body = loop {
         if let Some(body) = scrape(&address)
             && sample(&body, csi).is_some()
+            && sample(&body, &mount("success", "local.inlet.dev")).is_some()
             && sample(&body, &mount("fail-unknown", "missing.inlet.dev")).is_some()
+            && sample(&body, actual).is_some()
         {
             break body;
         }

@@ -227,7 +227,8 @@ fn check_paths(args: &ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
         "a writable directory for the driver's records",
     )?;
     if let Some(endpoint) = &args.runtime_endpoint {
-        let socket = inlet_proto::uds::socket_path(endpoint)?;
+        let socket = inlet_proto::uds::socket_path(endpoint)
+            .map_err(|e| format!("--runtime-endpoint: {e}"))?;
         check(
             "--runtime-endpoint",
             &socket,

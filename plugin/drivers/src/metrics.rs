@@ -153,12 +153,20 @@ where
     }
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
-        let method = request.uri().path().to_string();
-        let metrics = self.metrics.clone();
-        let started = Instant::now();
+        let mut pending = Pending {
+            metrics: self.metrics.clone(),
+            method: request.uri().path().to_string(),
+            started: Instant::now(),
+            deadline: request
+                .headers()
+                .get("grpc-timeout")
+                .and_then(|v| grpc_timeout(v.to_str().ok()?)),
+            answered: false,
+        };
         let answer = self.inner.call(request);
         Box::pin(async move {
             let answer = answer.await;
+            pending.answered = true;
             // A unary call that fails is answered trailers-only: its status is in the headers. An answer
             // without one carries a message, and `OK` in its trailers.
             let code = match &answer {
@@ -170,10 +178,53 @@ where
                     .map_or(tonic::Code::Ok, tonic::Code::from_i32),
                 Err(_) => tonic::Code::Unknown,
             };
-            metrics.observe(&method, code, started.elapsed().as_secs_f64());
+            let seconds = pending.started.elapsed().as_secs_f64();
+            pending.metrics.observe(&pending.method, code, seconds);
             answer
         })
     }
+}
+
+/// A call not answered yet. Dropped unanswered (tonic drops the call at its `grpc-timeout`, or when the
+/// client goes away), it counts as `DeadlineExceeded` past its deadline, `Canceled` before: the calls an
+/// operator most needs to see.
+struct Pending {
+    metrics: CsiMetrics,
+    method: String,
+    started: Instant,
+    deadline: Option<std::time::Duration>,
+    answered: bool,
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if self.answered {
+            return;
+        }
+        let elapsed = self.started.elapsed();
+        let code = match self.deadline {
+            Some(deadline) if elapsed >= deadline => tonic::Code::DeadlineExceeded,
+            _ => tonic::Code::Cancelled,
+        };
+        self.metrics
+            .observe(&self.method, code, elapsed.as_secs_f64());
+    }
+}
+
+/// gRPC's `grpc-timeout` header: digits and a unit (`H`, `M`, `S`, `m`, `u`, `n`).
+fn grpc_timeout(value: &str) -> Option<std::time::Duration> {
+    use std::time::Duration;
+    let (digits, unit) = value.split_at(value.len().checked_sub(1)?);
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n.saturating_mul(3600)),
+        "M" => Duration::from_secs(n.saturating_mul(60)),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
 }
 
 /// A driver's published targets, each by mode (`ephemeral` or `persistent`), read at each scrape.
@@ -222,5 +273,44 @@ impl Collector for PublishedCollector {
             ConstGauge::new(count as i64).encode(family.encode_family(&labels)?)?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_timeouts_are_read_in_their_units() {
+        use std::time::Duration;
+        assert_eq!(grpc_timeout("120S"), Some(Duration::from_secs(120)));
+        assert_eq!(grpc_timeout("2M"), Some(Duration::from_secs(120)));
+        assert_eq!(grpc_timeout("99m"), Some(Duration::from_millis(99)));
+        assert_eq!(grpc_timeout("5x"), None);
+        assert_eq!(grpc_timeout(""), None);
+    }
+
+    #[test]
+    fn a_call_dropped_unanswered_counts_by_its_deadline() {
+        let metrics = CsiMetrics::new("local.inlet.dev");
+        let mut registry = Registry::default();
+        metrics.register(&mut registry);
+        for deadline in [Some(std::time::Duration::ZERO), None] {
+            drop(Pending {
+                metrics: metrics.clone(),
+                method: "/csi.v1.Node/NodePublishVolume".into(),
+                started: Instant::now(),
+                deadline,
+                answered: false,
+            });
+        }
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        for code in ["DeadlineExceeded", "Canceled"] {
+            let line = format!(
+                "csi_operations_seconds_count{{driver_name=\"local.inlet.dev\",method_name=\"/csi.v1.Node/NodePublishVolume\",grpc_status_code=\"{code}\"}} 1"
+            );
+            assert!(text.contains(&line), "{code}: {text}");
+        }
     }
 }

@@ -22,7 +22,7 @@ pub enum Expect {
     Directory,
     /// A directory, created if missing.
     CreatedDirectory,
-    /// A unix socket something listens on.
+    /// A unix socket (whether something listens is the runtime client's to find out).
     Socket,
 }
 

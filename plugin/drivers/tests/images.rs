@@ -29,15 +29,19 @@ fn archive(name: &str) -> Result<PathBuf, String> {
     if Command::new("podman").arg("--version").output().is_err() {
         return Err("podman is not installed".into());
     }
-    let archive = repo().join(format!("target/images/{name}.tar"));
-    if !archive.exists() {
+    // Built once per test binary (the tests of this file share it), and always: cargo rebuilds only
+    // what changed, so the image is never older than the code.
+    static BUILT: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    let mut built = BUILT.lock().unwrap_or_else(|p| p.into_inner());
+    if !built.iter().any(|b| b == name) {
         let status = Command::new(repo().join("deploy/build-images.sh"))
             .arg(name)
             .status()
             .expect("build-images.sh runs");
         assert!(status.success(), "deploy/build-images.sh {name} failed");
+        built.push(name.to_string());
     }
-    Ok(archive)
+    Ok(repo().join(format!("target/images/{name}.tar")))
 }
 
 /// podman's rlimit defaults (nofile 1048576) exceed this sandbox's hard limits (no CAP_SYS_RESOURCE):

@@ -55,7 +55,7 @@ fn local_driver(dir: &Path, metrics: &str, set: &[(&str, String)]) -> Command {
         .args(["--node-id", "n1", "--mounter", "recording", "--ephemeral"])
         .args(flags.iter().map(|(flag, value)| format!("{flag}={value}")))
         .stdout(Stdio::null())
-        .stderr(Stdio::piped());
+        .stderr(Stdio::null());
     command
 }
 
@@ -199,7 +199,10 @@ fn a_metrics_port_in_use_stops_the_start_with_one_line() {
     let dir = tempfile::tempdir().unwrap();
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let address = taken.local_addr().unwrap().to_string();
-    let out = local_driver(dir.path(), &address, &[]).output().unwrap();
+    let out = local_driver(dir.path(), &address, &[])
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
     let last = stderr.lines().last().unwrap_or_default();
@@ -210,7 +213,10 @@ fn a_metrics_port_in_use_stops_the_start_with_one_line() {
         "{stderr}"
     );
     assert!(!dir.path().join("csi.sock").exists(), "nothing was served");
-    let out = local_driver(dir.path(), "no-port", &[]).output().unwrap();
+    let out = local_driver(dir.path(), "no-port", &[])
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(
         String::from_utf8_lossy(&out.stderr)
@@ -240,6 +246,7 @@ fn a_missing_host_path_stops_the_start_naming_it() {
     for (flag, path, expected) in cases {
         let set = [(flag, path.clone())];
         let out = local_driver(dir.path(), &format!("127.0.0.1:{port}"), &set)
+            .stderr(Stdio::piped())
             .output()
             .unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);

@@ -21,8 +21,8 @@
 //!    kubelet dir or the state dirs, no socket, no registration file, no volume or image-volume record.
 //!
 //! Needs root, the kit, podman (the image) and Debian's `docker-registry`; otherwise it says SKIPPED. The
-//! image is built by `deploy/build-images.sh inlet-plugin` when `target/images/inlet-plugin.tar` is
-//! missing (a static release build: several minutes the first time).
+//! image is built by `deploy/build-images.sh inlet-plugin` first (a static release build: several minutes
+//! the first time, seconds when nothing changed).
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -58,20 +58,16 @@ fn tag(suffix: &str) -> String {
 /// `target/images/inlet-plugin.tar`, built with `deploy/build-images.sh` when missing; None (with why)
 /// when it cannot be built here.
 fn image_archive() -> Result<PathBuf, String> {
-    let archive = repo().join("target/images/inlet-plugin.tar");
-    if archive.exists() {
-        return Ok(archive);
-    }
     if Command::new("podman").arg("--version").output().is_err() {
         return Err("podman is not installed (deploy/build-images.sh needs it)".into());
     }
-    println!("building the image: deploy/build-images.sh inlet-plugin");
+    // Always: cargo rebuilds only what changed, so the image is never older than the code.
     let status = Command::new(repo().join("deploy/build-images.sh"))
         .arg("inlet-plugin")
         .status()
         .expect("build-images.sh runs");
     assert!(status.success(), "deploy/build-images.sh failed");
-    Ok(archive)
+    Ok(repo().join("target/images/inlet-plugin.tar"))
 }
 
 /// The test's dir as a shared bind mount of itself, so that `mountPropagation` works for everything
@@ -352,11 +348,17 @@ fn driver_pid(name: &str) -> Option<i32> {
         })
 }
 
-fn on_runtime(dir: &Path, runtime: &tokio::runtime::Runtime, image: &str, name: &str) {
+fn on_runtime(
+    dir: &Path,
+    runtime: &tokio::runtime::Runtime,
+    archive: &Path,
+    image: &str,
+    name: &str,
+) {
     let kit_dir = kit::find().unwrap();
     let started = Instant::now();
     let kit = Kit::up(&kit_dir, &dir.join(format!("kit-{name}")), name);
-    load_image(&kit, name, &image_archive().unwrap());
+    load_image(&kit, name, archive);
     let state = dir.join(format!("state-{name}"));
     let mut manifests = overlay(&kit, name, &state);
     if name == "crio" {
@@ -627,10 +629,10 @@ fn inlets_daemonsets_serve_a_real_kubelet_on_containerd_and_cri_o() {
         );
         return;
     }
-    if let Err(why) = image_archive() {
-        println!("SKIPPED real-node test: {why}");
-        return;
-    }
+    let archive = match image_archive() {
+        Ok(archive) => archive,
+        Err(why) => return println!("SKIPPED real-node test: {why}"),
+    };
     let dir = SharedDir::new();
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let _ = rustls::crypto::ring::default_provider().install_default();
@@ -654,7 +656,7 @@ fn inlets_daemonsets_serve_a_real_kubelet_on_containerd_and_cri_o() {
     let chosen = std::env::var("INLET_REAL_NODE_RUNTIMES").unwrap_or_default();
     for name in ["containerd", "crio"] {
         if chosen.is_empty() || chosen.split(',').any(|c| c == name) {
-            on_runtime(dir.path(), &runtime, &image, name);
+            on_runtime(dir.path(), &runtime, &archive, &image, name);
         }
     }
 }

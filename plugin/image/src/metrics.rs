@@ -48,22 +48,22 @@ impl ImageMetrics {
     pub fn register(&self, registry: &mut Registry) {
         registry.register(
             "inlet_image_pulls",
-            "Image pulls through the runtime's CRI that ended, by result: success, not_found, unauthorized, unavailable, failed.",
+            "Image pulls through the runtime's CRI that ended, by result: success, not_found, unauthorized, unavailable, failed",
             self.pulls.clone(),
         );
         registry.register(
             "inlet_image_pull_bytes",
-            "Bytes of the images pulled (the runtime's size of each image pulled successfully).",
+            "Bytes of the images pulled (the runtime's size of each image pulled successfully)",
             self.pull_bytes.clone(),
         );
         registry.register(
             "inlet_image_pull_duration_seconds",
-            "How long each image pull took, from its start to its end, by result.",
+            "How long each image pull took, from its start to its end, by result",
             self.pull_seconds.clone(),
         );
         registry.register(
             "inlet_image_pull_decisions",
-            "What the pull policy and the node's pull record (KEP-2535) decided for each image asked for: use_cached, pull_absent, pull_always, pull_to_verify (cached, but the caller must prove access), refused_never_pull, refused_denied.",
+            "What the pull policy and the node's pull record (KEP-2535) decided for each image asked for: use_cached, pull_absent, pull_always, pull_to_verify (cached, but the caller must prove access), refused_never_pull, refused_denied",
             self.decisions.clone(),
         );
     }

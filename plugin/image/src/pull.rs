@@ -473,12 +473,14 @@ impl Puller {
                 tokio::spawn(async move {
                     let started = Instant::now();
                     let outcome = pull_with(cri.clone(), &request, &fingerprints, progress).await;
-                    let size = match &outcome {
-                        Ok((id, _)) => Ok(image_size(cri, id).await),
-                        Err(e) => Err(e),
-                    };
-                    metrics.pulled(size, started.elapsed().as_secs_f64());
+                    let took = started.elapsed().as_secs_f64();
+                    // The waiters first: the size is for the metric only, and asked with a bound.
+                    let pulled = outcome.clone().map(|(id, _)| id);
                     let _ = tx.send(Some(outcome));
+                    match pulled {
+                        Ok(id) => metrics.pulled(Ok(image_size(cri, &id).await), took),
+                        Err(e) => metrics.pulled(Err(&e), took),
+                    }
                 });
                 Running {
                     started: Instant::now(),
@@ -581,9 +583,9 @@ async fn image_size(mut cri: ImageServiceClient<Channel>, id: &str) -> u64 {
         image: Some(image_spec(id)),
         verbose: false,
     };
-    match cri.image_status(request).await {
-        Ok(reply) => reply.into_inner().image.map_or(0, |i| i.size),
-        Err(_) => 0,
+    match tokio::time::timeout(Duration::from_secs(10), cri.image_status(request)).await {
+        Ok(Ok(reply)) => reply.into_inner().image.map_or(0, |i| i.size),
+        _ => 0,
     }
 }
 

@@ -116,8 +116,13 @@ impl VolumeManager {
                 add(&pod.spec, "desired_state_of_world", 1);
             }
         }
+        // Upstream's `GetMountedVolumes`: mounts known to be there, not uncertain ones.
         for volume in self.asw.lock().volumes().values() {
-            add(&volume.spec, "actual_state_of_world", volume.pods.len());
+            let mounted = volume
+                .pods
+                .values()
+                .filter(|p| p.state == MountState::Mounted);
+            add(&volume.spec, "actual_state_of_world", mounted.count());
         }
         counts
     }
@@ -221,7 +226,10 @@ impl VolumeManager {
     /// True while the pod has volumes wanted or (possibly) mounted: its directory must stay
     /// (`podVolumesExist`).
     pub fn pod_volumes_exist(&self, uid: &str) -> bool {
-        self.asw.lock().pod_has_mounts(uid) || self.dsw.lock().has_pod(uid)
+        // One lock at a time (the reconciler takes dsw, then asw): a guard in the left side of `||` would
+        // live across the right side.
+        let mounted = self.asw.lock().pod_has_mounts(uid);
+        mounted || self.dsw.lock().has_pod(uid)
     }
 
     /// Forgets that the populator added the pod's volumes: the pod workers are done with it.

@@ -55,6 +55,14 @@ enum Action {
     },
 }
 
+/// How an operation counts in `storage_operation_duration_seconds`: its plugin and operation name, and
+/// whether it is recorded whatever its outcome, or only when it fails (staging, which upstream's
+/// `volume_mount` includes).
+enum Recorded {
+    Always((String, &'static str)),
+    Failure((String, &'static str)),
+}
+
 impl VolumeManager {
     /// One pass: plans under the state locks, then starts each action as an operation.
     pub async fn reconcile(self: &Arc<Self>) {
@@ -94,11 +102,13 @@ impl VolumeManager {
                     spec,
                 } => {
                     let key = OpKey::volume(&unique, &mount.pod.uid);
-                    let named = self.named(&spec, "volume_unmount", "unmap_volume");
+                    let named =
+                        Recorded::Always(self.named(&spec, "volume_unmount", "unmap_volume"));
                     self.spawn_op(key, named, move |me| me.tear_down(unique, *mount, spec));
                 }
                 Action::UnmountDevice { unique, spec, path } => {
-                    let named = self.named(&spec, "unmount_device", "unmap_device");
+                    let named =
+                        Recorded::Always(self.named(&spec, "unmount_device", "unmap_device"));
                     self.spawn_op(OpKey::device(&unique), named, move |me| {
                         me.unmount_device(unique, spec, path)
                     });
@@ -108,8 +118,10 @@ impl VolumeManager {
                     volume,
                     waiting,
                 } => {
-                    // Upstream stages inside its mount operation: one `volume_mount` (`map_volume`).
+                    // Upstream stages inside its mount operation: a staging that fails ends that
+                    // `volume_mount` (`map_volume`); one that succeeds is counted with the SetUp after it.
                     let named = self.named(&volume.spec, "volume_mount", "map_volume");
+                    let named = Recorded::Failure(named);
                     self.spawn_op(OpKey::device(&unique), named, move |me| {
                         me.mount_device(unique, volume, waiting)
                     });
@@ -123,7 +135,8 @@ impl VolumeManager {
                         true => OpKey::device(&unique),
                         false => OpKey::volume(&unique, &volume.pod.uid),
                     };
-                    let named = self.named(&volume.spec, "volume_mount", "map_volume");
+                    let named =
+                        Recorded::Always(self.named(&volume.spec, "volume_mount", "map_volume"));
                     self.spawn_op(key, named, move |me| me.set_up(unique, volume));
                 }
             }
@@ -211,7 +224,7 @@ impl VolumeManager {
     /// Starts an operation unless one conflicts or backs off; when it ends, records the outcome and wakes
     /// the loop.
     /// Its outcome and duration are recorded as `storage_operation_duration_seconds` under `named`.
-    fn spawn_op<F, Fut>(self: &Arc<Self>, key: OpKey, named: (String, &'static str), op: F)
+    fn spawn_op<F, Fut>(self: &Arc<Self>, key: OpKey, named: Recorded, op: F)
     where
         F: FnOnce(Arc<Self>) -> Fut,
         Fut: Future<Output = bool> + Send + 'static,
@@ -224,8 +237,16 @@ impl VolumeManager {
         tokio::spawn(async move {
             let started = std::time::Instant::now();
             let ok = run.await;
-            let (plugin, operation) = named;
-            crate::metrics::METRICS.operation(plugin, operation, ok, started.elapsed());
+            let took = started.elapsed();
+            match named {
+                Recorded::Always((plugin, operation)) => {
+                    crate::metrics::METRICS.operation(plugin, operation, ok, took)
+                }
+                Recorded::Failure((plugin, operation)) if !ok => {
+                    crate::metrics::METRICS.operation(plugin, operation, false, took)
+                }
+                Recorded::Failure(_) => {}
+            }
             me.ops.lock().finish(&key, ok);
             me.kick.notify_one();
         });

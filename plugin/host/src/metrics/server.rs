@@ -70,10 +70,23 @@ pub async fn serve(
 #[derive(Debug)]
 pub struct MetricsListener(TcpListener);
 
-/// Binds `address`: HOST:PORT, or `:PORT` for every interface (as Go's listeners read it).
+/// Binds `address`: HOST:PORT, or `:PORT` for every interface, IPv6 and IPv4 (as Go's listeners read
+/// it; IPv4 alone where the host has no IPv6).
 pub async fn bind(address: &str) -> Result<MetricsListener, MetricsError> {
     let full = match address.strip_prefix(':') {
-        Some(port) => format!("0.0.0.0:{port}"),
+        Some(port) => {
+            let any = format!("[::]:{port}");
+            match TcpListener::bind(&any).await {
+                Ok(listener) => return Ok(MetricsListener(listener)),
+                Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
+                    return Err(MetricsError::Bind {
+                        address: address.to_string(),
+                        source: e,
+                    });
+                }
+                Err(_) => format!("0.0.0.0:{port}"),
+            }
+        }
         None => address.to_string(),
     };
     let addrs: Vec<SocketAddr> = tokio::net::lookup_host(&full)
@@ -105,7 +118,15 @@ impl MetricsListener {
     }
 }
 
+/// At most this many scrapes at once; more connections are closed at once. A scrape is one short request,
+/// and the driver's descriptors are for its mounts and sockets.
+const MAX_CONNECTIONS: usize = 16;
+
+/// How long a client may take to send its request's head.
+const HEADER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 async fn accept(listener: TcpListener, registry: Arc<Registry>) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {
         let stream = match listener.accept().await {
             Ok((stream, _)) => stream,
@@ -116,11 +137,18 @@ async fn accept(listener: TcpListener, registry: Arc<Registry>) {
                 continue;
             }
         };
+        let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
+            drop(stream);
+            continue;
+        };
         let registry = Arc::clone(&registry);
         tokio::spawn(async move {
+            let _slot = slot;
             let service =
                 hyper::service::service_fn(move |request| respond(request, Arc::clone(&registry)));
             let connection = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(HEADER_TIMEOUT)
                 .serve_connection(TokioIo::new(stream), service);
             if let Err(e) = connection.await {
                 tracing::debug!("metrics: connection: {e}");
