@@ -21,9 +21,8 @@ use std::time::Duration;
 use inlet_proto::csi_call::CsiCall;
 use inlet_volume::Spec;
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet};
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
@@ -156,16 +155,15 @@ impl Collector for TotalVolumes {
                 *counts.entry(key).or_default() += count;
             }
         }
-        let mut family = encoder.encode_descriptor(
+        let rows = counts.iter().map(|((plugin, state), count)| {
+            let labels = [("plugin_name", plugin.as_str()), ("state", *state)];
+            (labels, *count as i64)
+        });
+        inlet_host::metrics::encode_gauges(
+            &mut encoder,
             "volume_manager_total_volumes",
             "Number of volumes in Volume Manager",
-            None,
-            prometheus_client::metrics::MetricType::Gauge,
-        )?;
-        for ((plugin, state), count) in counts {
-            let labels = [("plugin_name", plugin.as_str()), ("state", state)];
-            ConstGauge::new(count as i64).encode(family.encode_family(&labels)?)?;
-        }
-        Ok(())
+            rows,
+        )
     }
 }

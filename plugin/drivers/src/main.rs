@@ -1,5 +1,7 @@
 //! `inlet-plugin`: serves inlet's CSI drivers on a unix socket. See `inlet-plugin serve --help`.
 
+mod startup;
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -15,13 +17,11 @@ use inlet_plugin::local::{LocalConfig, LocalDriver, LocalService};
 use inlet_plugin::metrics::{CsiMetrics, PublishedVolumes, register_published};
 use inlet_plugin::registration::Registrar;
 use inlet_plugin::server::{ServeOptions, serve_csi_with};
-use prometheus_client::registry::Registry;
-mod startup;
-
 use inlet_proto::csi::v1::{
     ProbeRequest, controller_server::Controller, identity_client::IdentityClient,
     identity_server::Identity, node_server::Node,
 };
+use prometheus_client::registry::Registry;
 
 #[derive(Parser)]
 #[command(

@@ -17,9 +17,8 @@ use std::task::{Context, Poll};
 use std::time::Instant;
 
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet};
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
@@ -261,18 +260,17 @@ impl std::fmt::Debug for PublishedCollector {
 impl Collector for PublishedCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let modes = self.volumes.published_modes();
-        let mut family = encoder.encode_descriptor(
-            "inlet_volumes_published",
-            "Volume targets the driver has published now, by mode: ephemeral (CSI inline) or persistent (PV).",
-            None,
-            prometheus_client::metrics::MetricType::Gauge,
-        )?;
-        for mode in ["ephemeral", "persistent"] {
+        let rows = ["ephemeral", "persistent"].map(|mode| {
             let count = modes.iter().filter(|m| **m == mode).count();
             let labels = [("driver_name", self.driver_name.as_str()), ("mode", mode)];
-            ConstGauge::new(count as i64).encode(family.encode_family(&labels)?)?;
-        }
-        Ok(())
+            (labels, count as i64)
+        });
+        inlet_host::metrics::encode_gauges(
+            &mut encoder,
+            "inlet_volumes_published",
+            "Volume targets the driver has published now, by mode: ephemeral (CSI inline) or persistent (PV).",
+            rows,
+        )
     }
 }
 

@@ -108,7 +108,7 @@ impl VolumeManager {
             if n == 0 {
                 return;
             }
-            let plugin = crate::metrics::plugin_label(self.plugin_for(spec).name(), spec);
+            let plugin = self.metric_plugin(spec);
             *counts.entry((plugin, state)).or_default() += n as u64;
         };
         for volume in self.dsw.lock().volumes().values() {
@@ -125,6 +125,11 @@ impl VolumeManager {
             add(&volume.spec, "actual_state_of_world", mounted.count());
         }
         counts
+    }
+
+    /// The plugin of `spec` as upstream's metrics name it (`kubernetes.io/csi:<driver>`).
+    pub(crate) fn metric_plugin(&self, spec: &Spec) -> String {
+        crate::metrics::plugin_label(self.plugin_for(spec).name(), spec)
     }
 
     /// A volume manager over the node's plugins (the CSI plugin first).

@@ -102,16 +102,19 @@ impl VolumeManager {
                     spec,
                 } => {
                     let key = OpKey::volume(&unique, &mount.pod.uid);
-                    let named =
-                        Recorded::Always(self.named(&spec, "volume_unmount", "unmap_volume"));
-                    self.spawn_op(key, named, move |me| me.tear_down(unique, *mount, spec));
+                    if self.start(&key) {
+                        let named = self.named(&spec, "volume_unmount", "unmap_volume");
+                        let named = Recorded::Always(named);
+                        self.spawn_op(key, named, move |me| me.tear_down(unique, *mount, spec));
+                    }
                 }
                 Action::UnmountDevice { unique, spec, path } => {
-                    let named =
-                        Recorded::Always(self.named(&spec, "unmount_device", "unmap_device"));
-                    self.spawn_op(OpKey::device(&unique), named, move |me| {
-                        me.unmount_device(unique, spec, path)
-                    });
+                    let key = OpKey::device(&unique);
+                    if self.start(&key) {
+                        let named = self.named(&spec, "unmount_device", "unmap_device");
+                        let named = Recorded::Always(named);
+                        self.spawn_op(key, named, move |me| me.unmount_device(unique, spec, path));
+                    }
                 }
                 Action::MountDevice {
                     unique,
@@ -120,11 +123,14 @@ impl VolumeManager {
                 } => {
                     // Upstream stages inside its mount operation: a staging that fails ends that
                     // `volume_mount` (`map_volume`); one that succeeds is counted with the SetUp after it.
-                    let named = self.named(&volume.spec, "volume_mount", "map_volume");
-                    let named = Recorded::Failure(named);
-                    self.spawn_op(OpKey::device(&unique), named, move |me| {
-                        me.mount_device(unique, volume, waiting)
-                    });
+                    let key = OpKey::device(&unique);
+                    if self.start(&key) {
+                        let named = self.named(&volume.spec, "volume_mount", "map_volume");
+                        let named = Recorded::Failure(named);
+                        self.spawn_op(key, named, move |me| {
+                            me.mount_device(unique, volume, waiting)
+                        });
+                    }
                 }
                 Action::SetUp {
                     unique,
@@ -135,9 +141,11 @@ impl VolumeManager {
                         true => OpKey::device(&unique),
                         false => OpKey::volume(&unique, &volume.pod.uid),
                     };
-                    let named =
-                        Recorded::Always(self.named(&volume.spec, "volume_mount", "map_volume"));
-                    self.spawn_op(key, named, move |me| me.set_up(unique, volume));
+                    if self.start(&key) {
+                        let named = self.named(&volume.spec, "volume_mount", "map_volume");
+                        let named = Recorded::Always(named);
+                        self.spawn_op(key, named, move |me| me.set_up(unique, volume));
+                    }
                 }
             }
         }
@@ -221,17 +229,19 @@ impl VolumeManager {
         actions
     }
 
-    /// Starts an operation unless one conflicts or backs off; when it ends, records the outcome and wakes
-    /// the loop.
-    /// Its outcome and duration are recorded as `storage_operation_duration_seconds` under `named`.
+    /// Marks the operation of `key` started, unless one conflicts or backs off. Asked before anything is
+    /// prepared for it: the loop plans the same actions again on each pass while their operations run.
+    fn start(&self, key: &OpKey) -> bool {
+        self.ops.lock().try_start(key)
+    }
+
+    /// Runs an operation [`Self::start`] started; when it ends, records the outcome (and, as
+    /// `storage_operation_duration_seconds`, its duration under `named`) and wakes the loop.
     fn spawn_op<F, Fut>(self: &Arc<Self>, key: OpKey, named: Recorded, op: F)
     where
         F: FnOnce(Arc<Self>) -> Fut,
         Fut: Future<Output = bool> + Send + 'static,
     {
-        if !self.ops.lock().try_start(&key) {
-            return;
-        }
         let me = Arc::clone(self);
         let run = op(Arc::clone(self));
         tokio::spawn(async move {
@@ -255,7 +265,7 @@ impl VolumeManager {
     /// An operation's metric labels: the plugin (`kubernetes.io/csi:<driver>`) and upstream's operation
     /// name, the block one for a raw block volume.
     fn named(&self, spec: &Spec, fs: &'static str, block: &'static str) -> (String, &'static str) {
-        let plugin = crate::metrics::plugin_label(self.plugin_for(spec).name(), spec);
+        let plugin = self.metric_plugin(spec);
         let block_volume = inlet_volume::csi::source::is_block(spec);
         (plugin, if block_volume { block } else { fs })
     }

@@ -29,6 +29,22 @@ pub fn operation_histogram() -> prometheus_client::metrics::histogram::Histogram
     prometheus_client::metrics::histogram::Histogram::new(OPERATION_BUCKETS)
 }
 
+/// Writes one gauge family a collector computes at a scrape: each row's labels and value.
+pub fn encode_gauges<L: prometheus_client::encoding::EncodeLabelSet>(
+    encoder: &mut prometheus_client::encoding::DescriptorEncoder,
+    name: &str,
+    help: &str,
+    rows: impl IntoIterator<Item = (L, i64)>,
+) -> Result<(), std::fmt::Error> {
+    use prometheus_client::encoding::EncodeMetric;
+    use prometheus_client::metrics::{MetricType, gauge::ConstGauge};
+    let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+    for (labels, value) in rows {
+        ConstGauge::new(value).encode(family.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
 /// A gRPC code as upstream's metrics spell it: grpc-go's `codes.Code.String()` (`OK`, `Canceled`,
 /// `DeadlineExceeded`), which differs from tonic's `Debug` in two names.
 pub fn grpc_code_name(code: tonic::Code) -> &'static str {
