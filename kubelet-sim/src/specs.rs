@@ -107,10 +107,14 @@ pub fn volume_spec(
         let read_only = claim.read_only.unwrap_or(false);
         return Ok((Spec::Persistent { pv, read_only }, read_only));
     }
-    // Image volumes are read-only by definition (KEP-4639), whatever the volumeMount says; so are secret
-    // and configMap volumes, whose mounters' attributes say ReadOnly (`makeMounts`' mustMountRO).
-    let read_only =
-        volume.image.is_some() || volume.secret.is_some() || volume.config_map.is_some();
+    // Image volumes are read-only by definition (KEP-4639), whatever the volumeMount says; so are secret,
+    // configMap, downwardAPI and projected volumes, whose mounters' attributes say ReadOnly (`makeMounts`'
+    // mustMountRO).
+    let read_only = volume.image.is_some()
+        || volume.secret.is_some()
+        || volume.config_map.is_some()
+        || volume.downward_api.is_some()
+        || volume.projected.is_some();
     Ok((
         Spec::Inline {
             volume: std::sync::Arc::new(volume),

@@ -31,6 +31,8 @@ mod images;
 mod pod_status;
 #[path = "bdd/registration.rs"]
 mod registration;
+#[path = "bdd/tokens.rs"]
+mod tokens;
 #[path = "bdd/volume_files.rs"]
 mod volume_files;
 
@@ -69,6 +71,8 @@ struct Sim {
     volume_wait: Duration,
     /// The request lines an HTTP server of the scenario's got (`hooks.rs`).
     http_requests: Arc<parking_lot::Mutex<Vec<String>>>,
+    /// A service-account token a step noted, to compare with a later one (`tokens.rs`).
+    noted_token: Option<String>,
 }
 
 impl std::fmt::Debug for Sim {
@@ -102,6 +106,7 @@ impl Sim {
             recording: None,
             volume_wait: Duration::from_secs(60),
             http_requests: Default::default(),
+            noted_token: None,
         }
     }
 

@@ -10,10 +10,9 @@
 use std::collections::BTreeSet;
 
 use k8s_openapi::api::core::v1::{
-    CSIPersistentVolumeSource, PersistentVolume, Pod, Secret, ServiceAccount, Volume,
+    CSIPersistentVolumeSource, PersistentVolume, Pod, Secret, Volume,
 };
 use k8s_openapi::api::storage::v1::CSIDriver;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use inlet_host::names::{csi_driver_name_errors, dns1123_subdomain_errors};
 
@@ -83,11 +82,9 @@ impl Admission {
                 "metadata.name: Invalid value: {name:?}: a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.'"
             )));
         }
-        let namespace = pod
-            .metadata
+        pod.metadata
             .namespace
-            .get_or_insert_with(|| "default".into())
-            .clone();
+            .get_or_insert_with(|| "default".into());
         pod.metadata
             .uid
             .get_or_insert_with(|| uuid::Uuid::new_v4().to_string());
@@ -96,10 +93,6 @@ impl Admission {
             .spec
             .as_mut()
             .ok_or_else(|| invalid("spec: Required value".into()))?;
-        let service_account = spec
-            .service_account_name
-            .get_or_insert_with(|| "default".into())
-            .clone();
         if spec.containers.is_empty() {
             return Err(invalid("spec.containers: Required value".into()));
         }
@@ -193,21 +186,8 @@ impl Admission {
                 }
             }
         }
-        // Every namespace has its default service account, as the service-account controller ensures.
-        if api
-            .peek::<ServiceAccount>(&namespace, &service_account)
-            .is_none()
-            && service_account == "default"
-        {
-            api.put(ServiceAccount {
-                metadata: ObjectMeta {
-                    name: Some("default".into()),
-                    namespace: Some(namespace),
-                    ..Default::default()
-                },
-                ..Default::default()
-            });
-        }
+        // The ServiceAccount plugin, after validation here: what it adds is valid.
+        super::service_account::admit(api, &mut pod).map_err(Rejected)?;
         Ok(pod)
     }
 
@@ -345,7 +325,8 @@ impl Admission {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::core::v1::{CSIVolumeSource, Container, PodSpec, VolumeMount};
+    use k8s_openapi::api::core::v1::{CSIVolumeSource, Container, PodSpec, ServiceAccount, VolumeMount};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
     fn pod(driver: &str, mount: &str) -> Pod {
         Pod {

@@ -1,11 +1,13 @@
 //! The embedded API server: objects ([`store`]), admission (defaults, validation, the inline-driver policy),
-//! manifests (Kubernetes YAML), events, and a simulated token service.
+//! manifests (Kubernetes YAML), events, service-account tokens and the root CA ([`tokens`]).
 
 pub mod admission;
 pub mod manifest;
+pub mod service_account;
 pub mod store;
+pub mod tokens;
 
-use k8s_openapi::api::core::v1::{Event, ObjectReference, Pod, ServiceAccount};
+use k8s_openapi::api::core::v1::{Event, ObjectReference, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 pub use store::{Api, ApiRead, Key, Kind, now};
@@ -97,34 +99,6 @@ impl Api {
     pub fn events_for(&self, pod_uid: &str) -> Vec<Event> {
         self.events.lock().get(pod_uid).cloned().unwrap_or_default()
     }
-
-    /// The TokenRequest API, simulated: a token for an existing service account, bound to a pod. The value is
-    /// random and never logged or reported.
-    pub fn create_token(
-        &self,
-        namespace: &str,
-        service_account: &str,
-        expiration_seconds: Option<i64>,
-    ) -> Result<(String, String), NotFound> {
-        if self
-            .get_recorded::<ServiceAccount>(namespace, service_account)
-            .is_none()
-        {
-            return Err(NotFound {
-                resource: "serviceaccounts",
-                name: service_account.to_string(),
-            });
-        }
-        let seconds = expiration_seconds.unwrap_or(3600);
-        let expires = store::after(std::time::Duration::from_secs(seconds.max(0) as u64));
-        // `metav1.Time` marshals as RFC 3339 in UTC with whole seconds.
-        let whole_seconds =
-            k8s_openapi::jiff::Timestamp::from_second(expires.0.as_second()).unwrap_or(expires.0);
-        Ok((
-            format!("sim-token-{}", uuid::Uuid::new_v4().simple()),
-            whole_seconds.to_string(),
-        ))
-    }
 }
 
 /// Where a container sits in its pod, as an event's `involvedObject.fieldPath` says it
@@ -148,14 +122,4 @@ pub fn container_field_path(pod: &Pod, name: &str) -> String {
             )
         })
         .unwrap_or_else(|| format!("implicitly required container {name}"))
-}
-
-/// An object the API does not have, in the API server's words (`serviceaccounts "default" not found`).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{resource} {name:?} not found")]
-pub struct NotFound {
-    /// The resource, as the API names it (`serviceaccounts`).
-    pub resource: &'static str,
-    /// The object's name.
-    pub name: String,
 }

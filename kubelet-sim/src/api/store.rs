@@ -95,6 +95,8 @@ pub struct Api {
     finished: Mutex<Option<Vec<(String, String, String)>>>,
     /// Set once every object the run was given has been applied (the kubelet's "all sources ready").
     sources_ready: std::sync::atomic::AtomicBool,
+    /// Service-account tokens, the root CA and the simulation's clock.
+    pub tokens: super::tokens::Tokens,
 }
 
 impl std::fmt::Debug for Api {

@@ -35,6 +35,7 @@ use parking_lot::Mutex;
 
 use crate::api::{Api, now};
 use crate::node::host::NodeHost;
+use crate::node::token_manager::TokenManager;
 use crate::node::registry::DriverDirectory;
 use crate::operations::{BackoffPolicy, OpKey, Operations};
 use crate::specs::{Reads, volume_spec};
@@ -96,6 +97,7 @@ impl AttachDetach {
             registry: None,
             mounter: Arc::new(RecordingMounter::new()),
             gates: gates.clone(),
+            tokens: Arc::new(TokenManager::new(Arc::clone(&api))),
         };
         Arc::new(Self {
             plugin: CsiPlugin::new(Arc::new(host)),

@@ -11,8 +11,12 @@
 
 use std::collections::BTreeMap;
 
+use inlet_volume::PodInfo;
+use inlet_volume::fieldpath::{
+    NodeAllocatable, container_resource_value, extract_field_path_as_string,
+};
 use k8s_openapi::api::core::v1::{
-    ConfigMap, Container, EnvVarSource, ObjectFieldSelector, Pod, Secret,
+    ConfigMap, Container, EnvVarSource, ObjectFieldSelector, Pod, ResourceFieldSelector, Secret,
 };
 
 use super::Kubelet;
@@ -85,7 +89,8 @@ impl Kubelet {
         } else if let Some(field) = &from.field_ref {
             return pod_field(pod, field).map(Some);
         } else if let Some(resource) = &from.resource_field_ref {
-            return container_resource(container, &resource.resource).map(Some);
+            return container_resource(pod, container, resource, &super::host::allocatable())
+                .map(Some);
         } else {
             return Ok(None);
         };
@@ -141,36 +146,28 @@ fn pod_field(pod: &Pod, field: &ObjectFieldSelector) -> Result<String, String> {
         "spec.serviceAccountName" => spec.and_then(|s| s.service_account_name.clone()),
         "status.hostIP" | "status.hostIPs" => Some("127.0.0.1".into()),
         "status.podIP" | "status.podIPs" => pod.status.as_ref().and_then(|s| s.pod_ip.clone()),
-        _ => {
-            // `metadata.labels['key']` and `metadata.annotations['key']` (`ExtractFieldPathAsString`).
-            let keyed = |prefix: &str| {
-                path.strip_prefix(prefix)
-                    .and_then(|rest| rest.strip_suffix("']"))
-            };
-            if let Some(key) = keyed("metadata.labels['") {
-                meta.labels.as_ref().and_then(|l| l.get(key).cloned())
-            } else if let Some(key) = keyed("metadata.annotations['") {
-                meta.annotations.as_ref().and_then(|a| a.get(key).cloned())
-            } else {
-                return Err(format!("unsupported fieldPath: {path}"));
-            }
-        }
+        // The metadata fields, labels and annotations (`ExtractFieldPathAsString`).
+        _ => return extract_field_path_as_string(meta, path),
     };
     Ok(value.unwrap_or_default())
 }
 
-/// `containerResourceRuntimeValue` for a container that states the resource (requests, or limits); a limit
-/// it does not state is the node's allocatable upstream, which a simulated node does not have.
-fn container_resource(container: &Container, resource: &str) -> Result<String, String> {
-    let resources = container.resources.as_ref();
-    let (map, name) = match resource.split_once('.') {
-        Some(("limits", name)) => (resources.and_then(|r| r.limits.as_ref()), name),
-        Some(("requests", name)) => (resources.and_then(|r| r.requests.as_ref()), name),
-        _ => return Err(format!("unsupported container resource : {resource:?}")),
-    };
-    map.and_then(|m| m.get(name))
-        .map(|q| q.0.clone())
-        .ok_or_else(|| format!("unsupported container resource : {resource:?}"))
+/// `containerResourceRuntimeValue`: the container's request or limit, a limit it leaves unset being the
+/// node's allocatable.
+fn container_resource(
+    pod: &Pod,
+    container: &Container,
+    selector: &ResourceFieldSelector,
+    allocatable: &NodeAllocatable,
+) -> Result<String, String> {
+    let info = PodInfo::from_pod(pod);
+    container_resource_value(
+        selector,
+        (&info.namespace, &info.name),
+        &info.containers,
+        &container.name,
+        allocatable,
+    )
 }
 
 /// `expansion.Expand`: `$(NAME)` replaced by `mapping(NAME)` when known, else kept as written; `$$` is `$`;

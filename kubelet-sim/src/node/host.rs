@@ -8,11 +8,13 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use inlet_host::mount::MountLayer;
 use inlet_volume::csi::CsiClient;
+use inlet_volume::fieldpath::NodeAllocatable;
 use inlet_volume::{PodInfo, TokenRequestArgs, VolumeHost};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use k8s_openapi::api::storage::v1::{CSIDriver, VolumeAttachment};
 
 use super::registry::DriverRegistry;
+use super::token_manager::TokenManager;
 use crate::api::{Api, now};
 
 /// A node's host for volume plugins; also the attach/detach controller's, with its own name and no
@@ -30,6 +32,8 @@ pub struct NodeHost {
     pub mounter: Arc<dyn MountLayer>,
     /// Feature gates that are on.
     pub gates: BTreeSet<String>,
+    /// The node's service-account tokens.
+    pub tokens: Arc<TokenManager>,
 }
 
 #[async_trait]
@@ -64,14 +68,12 @@ impl VolumeHost for NodeHost {
             .map(Arc::unwrap_or_clone))
     }
 
-    /// The host's memory less the default hard eviction threshold (`memory.available<100Mi`), as a
-    /// kubelet with no reservations reports it.
     fn node_allocatable_memory(&self) -> Option<u64> {
-        static ALLOCATABLE: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
-        *ALLOCATABLE.get_or_init(|| {
-            let total = nix::sys::sysinfo::sysinfo().ok()?.ram_total();
-            Some(total.saturating_sub(100 << 20))
-        })
+        allocatable().memory
+    }
+
+    fn node_allocatable(&self) -> NodeAllocatable {
+        allocatable()
     }
 
     async fn csi_driver(&self, name: &str) -> Result<Option<CSIDriver>, String> {
@@ -95,13 +97,11 @@ impl VolumeHost for NodeHost {
         &self,
         request: TokenRequestArgs,
     ) -> Result<(String, String), String> {
-        self.api
-            .create_token(
-                &request.namespace,
-                &request.service_account,
-                request.expiration_seconds,
-            )
-            .map_err(|e| e.to_string())
+        let token = self.tokens.get(&request).await?;
+        // `metav1.Time` marshals as RFC 3339 in UTC with whole seconds.
+        let expires = k8s_openapi::jiff::Timestamp::try_from(token.expires)
+            .map_err(|e| e.to_string())?;
+        Ok((token.token, expires.to_string()))
     }
 
     async fn volume_attachment(&self, name: &str) -> Result<Option<VolumeAttachment>, String> {
@@ -136,4 +136,20 @@ impl VolumeHost for NodeHost {
         });
         Ok(())
     }
+}
+
+/// The node's allocatable CPU and memory, as a kubelet with no reservations reports them: the host's CPUs,
+/// and its memory less the default hard eviction threshold (`memory.available<100Mi`).
+pub fn allocatable() -> NodeAllocatable {
+    static ALLOCATABLE: std::sync::OnceLock<NodeAllocatable> = std::sync::OnceLock::new();
+    ALLOCATABLE
+        .get_or_init(|| NodeAllocatable {
+            cpu_millis: std::thread::available_parallelism()
+                .ok()
+                .map(|n| n.get() as u64 * 1000),
+            memory: nix::sys::sysinfo::sysinfo()
+                .ok()
+                .map(|info| info.ram_total().saturating_sub(100 << 20)),
+        })
+        .clone()
 }

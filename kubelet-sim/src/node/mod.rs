@@ -34,6 +34,7 @@ pub mod registry;
 mod sandbox_config;
 mod status;
 mod subpath;
+pub mod token_manager;
 pub mod volumemanager;
 
 use std::collections::{BTreeSet, HashMap};
@@ -47,6 +48,8 @@ use inlet_image::pull::{Puller, VerificationPolicy};
 use inlet_image::{Engine, EngineConfig};
 use inlet_volume::VolumePlugin;
 use inlet_volume::config_map::ConfigMapPlugin;
+use inlet_volume::downward_api::DownwardApiPlugin;
+use inlet_volume::projected::ProjectedPlugin;
 use inlet_volume::csi::{CsiObserver, CsiPlugin};
 use inlet_volume::empty_dir::EmptyDirPlugin;
 use inlet_volume::image::ImagePlugin;
@@ -57,6 +60,7 @@ use parking_lot::Mutex;
 use tokio::sync::Notify;
 
 use host::NodeHost;
+use token_manager::TokenManager;
 use images::ImageManager;
 pub(crate) use kuberuntime::all_containers;
 pub use kuberuntime::{ContainerReport, ContainerState, MountReport, TerminatedRun};
@@ -168,6 +172,8 @@ pub struct Kubelet {
     pub registry: Arc<DriverRegistry>,
     /// The volume manager: what the pods want mounted and what is.
     pub volumes: Arc<VolumeManager>,
+    /// The service-account tokens of its pods.
+    tokens: Arc<TokenManager>,
     cri: Cri,
     /// The image manager, over the node's image puller (shared with image volumes): its record of which
     /// credentials pulled which image decides whether a pod may use a cached container image (KEP-2535).
@@ -206,6 +212,7 @@ impl Kubelet {
             directory,
             config.csi_timeout,
         ));
+        let tokens = Arc::new(TokenManager::new(Arc::clone(&api)));
         let host = Arc::new(NodeHost {
             node: config.name.clone(),
             root: config.root.clone(),
@@ -213,11 +220,14 @@ impl Kubelet {
             registry: Some(Arc::clone(&registry)),
             mounter,
             gates: config.gates.clone(),
+            tokens: Arc::clone(&tokens),
         });
         let mut plugins: Vec<Arc<dyn VolumePlugin>> = vec![
             Arc::new(CsiPlugin::new(host.clone())),
             Arc::new(SecretPlugin::new(host.clone())),
             Arc::new(ConfigMapPlugin::new(host.clone())),
+            Arc::new(DownwardApiPlugin::new(host.clone())),
+            Arc::new(ProjectedPlugin::new(host.clone())),
             Arc::new(EmptyDirPlugin::new(host.clone())),
         ];
         // The engine's puller, or (when the runtime's storage cannot be opened for image volumes) one of
@@ -273,6 +283,7 @@ impl Kubelet {
                 config.containers.backoff,
             ),
             volumes: Arc::new(volumes),
+            tokens,
             config,
             api,
             registry,

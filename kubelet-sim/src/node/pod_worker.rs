@@ -240,5 +240,6 @@ impl Kubelet {
         );
         self.pods.lock().remove(uid);
         self.volumes.forget_pod(uid);
+        self.tokens.forget_pod(uid);
     }
 }

@@ -130,6 +130,9 @@ impl Simulation {
                 sa.metadata
                     .namespace
                     .get_or_insert_with(|| "default".into());
+                sa.metadata
+                    .uid
+                    .get_or_insert_with(|| uuid::Uuid::new_v4().to_string());
                 self.api.put(*sa);
             }
             Object::Namespace(_) => {}

@@ -64,6 +64,7 @@ async fn links_to_timestamped(w: &mut Sim, path: String, pod: String) {
 
 #[then(regex = r#"^pod "([^"]+)" comes to read "(.+)" at "([^"]+)"$"#)]
 async fn comes_to_read(w: &mut Sim, pod: String, text: String, path: String) {
+    let text = text.replace("\\n", "\n");
     let (mount, file) = split_mount(&path);
     let host = host_path(w, &pod, mount).join(file);
     for _ in 0..200 {

@@ -6,6 +6,17 @@
 
 /// Parses a quantity into bytes. The error says what is wrong, for use in an INVALID_ARGUMENT message.
 pub fn parse_bytes(text: &str) -> Result<u64, String> {
+    parse_scaled(text, 1)
+}
+
+/// Parses a quantity into thousandths, rounded up as `Quantity.MilliValue()` rounds (`500m` is 500, `2` is
+/// 2000): how CPU is counted.
+pub fn parse_milli(text: &str) -> Result<u64, String> {
+    parse_scaled(text, 1000)
+}
+
+/// The quantity times `factor`, rounded up.
+fn parse_scaled(text: &str, factor: u128) -> Result<u64, String> {
     let s = text.trim();
     let s = s.strip_prefix('+').unwrap_or(s);
     if s.starts_with('-') {
@@ -45,7 +56,10 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
     let Some(denominator) = denominator.checked_mul(divide) else {
         return Ok(u64::from(mantissa > 0));
     };
-    let scaled = mantissa.checked_mul(numerator).ok_or_else(too_large)?;
+    let scaled = mantissa
+        .checked_mul(numerator)
+        .and_then(|m| m.checked_mul(factor))
+        .ok_or_else(too_large)?;
     let bytes = scaled.div_ceil(denominator);
     u64::try_from(bytes).map_err(|_| too_large())
 }
@@ -111,6 +125,15 @@ pub fn format_bytes(bytes: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn milli_values_round_up_as_milli_value_does() {
+        assert_eq!(parse_milli("500m"), Ok(500));
+        assert_eq!(parse_milli("2"), Ok(2000));
+        assert_eq!(parse_milli("0.5"), Ok(500));
+        assert_eq!(parse_milli("1n"), Ok(1));
+        assert_eq!(parse_milli("1Ki"), Ok(1_024_000));
+    }
 
     #[test]
     fn parses_the_forms_kubernetes_accepts() {

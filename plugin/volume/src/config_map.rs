@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use k8s_openapi::api::core::v1::{ConfigMapVolumeSource, Volume};
+use k8s_openapi::api::core::v1::{ConfigMap, ConfigMapVolumeSource, Volume};
 
 use super::empty_dir::{DirPlugin, DirVolume};
 use super::secret::{make_payload, set_up_projected};
@@ -72,20 +72,8 @@ impl Mounter for ConfigMapMounter {
             .config_map(&self.namespace, &name)
             .await
             .map_err(VolumeError::transient)?;
-        let data: BTreeMap<String, Vec<u8>> = match config_map {
-            // `binaryData` keys after `data` ones: the API server refuses a key in both.
-            Some(cm) => cm
-                .data
-                .unwrap_or_default()
-                .into_iter()
-                .map(|(key, value)| (key, value.into_bytes()))
-                .chain(
-                    cm.binary_data
-                        .unwrap_or_default()
-                        .into_iter()
-                        .map(|(key, value)| (key, value.0)),
-                )
-                .collect(),
+        let data = match config_map {
+            Some(cm) => config_map_data(cm),
             None if optional => Default::default(),
             // The configmap manager's NotFound (`corev1.Resource("configmap")`).
             None => {
@@ -103,4 +91,14 @@ impl Mounter for ConfigMapMounter {
         )?;
         set_up_projected(&self.host, dir, None, payload, args.fs_group).await
     }
+}
+
+/// A ConfigMap's keys and values, `binaryData` after `data` (the API server refuses a key in both).
+pub(crate) fn config_map_data(config_map: ConfigMap) -> BTreeMap<String, Vec<u8>> {
+    let text = config_map.data.unwrap_or_default();
+    let binary = config_map.binary_data.unwrap_or_default();
+    text.into_iter()
+        .map(|(key, value)| (key, value.into_bytes()))
+        .chain(binary.into_iter().map(|(key, value)| (key, value.0)))
+        .collect()
 }

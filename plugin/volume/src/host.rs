@@ -9,6 +9,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::api::storage::v1::{CSIDriver, VolumeAttachment};
 
 use super::PodInfo;
+use super::fieldpath::NodeAllocatable;
 use super::csi::CsiClient;
 use inlet_host::mount::MountLayer;
 
@@ -54,6 +55,16 @@ pub trait VolumeHost: Send + Sync {
     /// The node's allocatable memory in bytes (`GetNodeAllocatable`): the largest a memory-backed emptyDir
     /// may be. None when the node cannot tell.
     fn node_allocatable_memory(&self) -> Option<u64>;
+    /// The node's allocatable CPU and memory (`GetNodeAllocatable`): the downward API's value of a limit a
+    /// container leaves unset.
+    fn node_allocatable(&self) -> NodeAllocatable {
+        NodeAllocatable {
+            cpu_millis: std::thread::available_parallelism()
+                .ok()
+                .map(|n| n.get() as u64 * 1000),
+            memory: self.node_allocatable_memory(),
+        }
+    }
     /// Reads a CSIDriver object; `Ok(None)` when it does not exist.
     async fn csi_driver(&self, name: &str) -> Result<Option<CSIDriver>, String>;
     /// A client for a registered CSI driver; the error when it is not registered is upstream's

@@ -11,19 +11,23 @@
 //!   tokens, VolumeAttachments, paths, the mount layer).
 //! - [`csi`]: the `kubernetes.io/csi` plugin, carrying the KEP-596 inline contract.
 //! - [`image`]: the `kubernetes.io/image` plugin: `volumes[].image` (KEP-4639) mounted kubelet-side.
-//! - [`secret`], [`config_map`], [`empty_dir`]: `secret`, `configMap` and `emptyDir` volumes, as a real
-//!   cluster's pods carry them (a 1.20 API server adds a service-account token `secret` volume to every
-//!   pod); the first two written by `atomic_writer.rs` (`AtomicWriter`), given to the pod's fsGroup by
-//!   `ownership.rs` (`SetVolumeOwnership`, which the CSI plugin uses too).
+//! - [`secret`], [`config_map`], [`downward_api`], [`projected`], [`empty_dir`]: `secret`, `configMap`,
+//!   `downwardAPI`, `projected` and `emptyDir` volumes, as a real cluster's pods carry them (a 1.21+ API
+//!   server adds a projected `kube-api-access-*` volume to every pod, a 1.20 one a token `secret`); all but
+//!   the last written by `atomic_writer.rs` (`AtomicWriter`), given to the pod's fsGroup by `ownership.rs`
+//!   (`SetVolumeOwnership`, which the CSI plugin uses too). `fieldpath.rs`: the downward API's values.
 
 mod atomic_writer;
 pub mod config_map;
 pub mod csi;
+pub mod downward_api;
 pub mod empty_dir;
+pub mod fieldpath;
 mod error;
 mod host;
 pub mod image;
 mod ownership;
+pub mod projected;
 pub mod secret;
 mod spec;
 use std::path::{Path, PathBuf};

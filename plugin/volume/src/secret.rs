@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use k8s_openapi::api::core::v1::{KeyToPath, SecretVolumeSource, Volume};
+use k8s_openapi::api::core::v1::{KeyToPath, Secret, SecretVolumeSource, Volume};
 
 use super::atomic_writer::{self, FileProjection};
 use super::empty_dir::{DirPlugin, DirVolume, set_up_dir, tear_down_dir};
@@ -18,7 +18,7 @@ use super::{Mounter, MounterArgs, PodInfo, VolumeError, VolumeHost};
 
 /// A file's mode when neither the item nor the volume names one (`SecretVolumeSourceDefaultMode`,
 /// `ConfigMapVolumeSourceDefaultMode`).
-const DEFAULT_MODE: i32 = 0o644;
+pub(crate) const DEFAULT_MODE: i32 = 0o644;
 
 /// `secret`.
 pub struct SecretVolume;
@@ -79,13 +79,8 @@ impl Mounter for SecretMounter {
             .secret(&self.namespace, &name)
             .await
             .map_err(VolumeError::transient)?;
-        let data: BTreeMap<String, Vec<u8>> = match secret {
-            Some(secret) => secret
-                .data
-                .unwrap_or_default()
-                .into_iter()
-                .map(|(key, value)| (key, value.0))
-                .collect(),
+        let data = match secret {
+            Some(secret) => secret_data(secret),
             None if optional => Default::default(),
             // The secret manager's NotFound (`corev1.Resource("secret")`).
             None => return Err(VolumeError::transient(format!("secret {name:?} not found"))),
@@ -99,6 +94,16 @@ impl Mounter for SecretMounter {
         )?;
         set_up_projected(&self.host, dir, Some(0), payload, args.fs_group).await
     }
+}
+
+/// A Secret's keys and values.
+pub(crate) fn secret_data(secret: Secret) -> BTreeMap<String, Vec<u8>> {
+    secret
+        .data
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(key, value)| (key, value.0))
+        .collect()
 }
 
 /// `MakePayload` (`secret.go`, `configmap.go`): every key as a file of the default mode, or only the items'
@@ -134,6 +139,14 @@ pub(crate) fn make_payload(
         }
     }
     Ok(payload)
+}
+
+/// `utilerrors.NewAggregate(...).Error()`: one error as it is, more as `[a, b]`.
+pub(crate) fn aggregate(errors: &[String]) -> String {
+    match errors {
+        [one] => one.clone(),
+        many => format!("[{}]", many.join(", ")),
+    }
 }
 
 /// Sets up the directory volume at `dir` (a tmpfs when `memory` is given) and projects `payload` into it.

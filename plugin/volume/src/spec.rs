@@ -1,10 +1,12 @@
 //! What a volume is, as the volume manager hands it to plugins (`volume.Spec` upstream): a pod's inline
 //! volume, or a PersistentVolume.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{
-    CSIVolumeSource, Container, PersistentVolume, Pod, SecretReference, Volume,
+    CSIVolumeSource, Container, PersistentVolume, Pod, ResourceRequirements, SecretReference,
+    Volume,
 };
 
 /// The inline CSI source as the early KEP-596 draft had it: the shipped `CSIVolumeSource` plus the draft's
@@ -53,7 +55,7 @@ impl Spec {
 }
 
 /// The pod a volume is mounted for: the fields mounters read.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct PodInfo {
     /// `metadata.uid`.
     pub uid: String,
@@ -70,6 +72,13 @@ pub struct PodInfo {
     /// The memory the pod may use, in bytes, when its containers' limits bound it (the pod cgroup's
     /// limit, `ResourceConfigForPod`): a memory-backed emptyDir is no larger.
     pub memory_limit: Option<u64>,
+    /// `metadata.labels` and `metadata.annotations`, for the downward API.
+    pub labels: BTreeMap<String, String>,
+    /// See `labels`.
+    pub annotations: BTreeMap<String, String>,
+    /// Each container's name and resources (init containers too), for the downward API's
+    /// `resourceFieldRef`.
+    pub containers: Vec<(String, Option<ResourceRequirements>)>,
 }
 
 impl PodInfo {
@@ -97,6 +106,13 @@ impl PodInfo {
                 .map(|r| r.name.clone())
                 .collect(),
             memory_limit: pod_memory_limit(pod),
+            labels: pod.metadata.labels.clone().unwrap_or_default(),
+            annotations: pod.metadata.annotations.clone().unwrap_or_default(),
+            containers: spec
+                .into_iter()
+                .flat_map(|s| s.containers.iter().chain(s.init_containers.iter().flatten()))
+                .map(|c| (c.name.clone(), c.resources.clone()))
+                .collect(),
         }
     }
 }

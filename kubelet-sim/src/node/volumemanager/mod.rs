@@ -17,7 +17,7 @@ mod populator;
 mod reconciler;
 mod reconstruct;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -86,9 +86,10 @@ pub struct VolumeManager {
     dsw: Mutex<DesiredState>,
     asw: Mutex<ActualState>,
     ops: Mutex<Operations>,
-    /// Pods whose volumes the populator added (upstream's `processedPods`): not looked at again until the
-    /// pod workers forget the pod.
-    processed: Mutex<HashSet<String>>,
+    /// Pods whose volumes the populator added (upstream's `processedPods`), with the fingerprint of the
+    /// labels and annotations they were added with: not looked at again until the pod workers forget the
+    /// pod, or those change (upstream reprocesses a pod on each of its syncs, so the downward API sees them).
+    processed: Mutex<HashMap<String, u64>>,
     /// Set once the state left by a previous kubelet is reconstructed; the node is not idle before.
     reconstructed: AtomicBool,
     /// Set by the first populator pass after the API's sources are ready (upstream's `HasAddedPods`):
@@ -161,7 +162,7 @@ impl VolumeManager {
     /// not. It does not block: the pod workers ask on each pass, and log upstream's timeout error
     /// themselves.
     pub fn wait_for_attach_and_mount(&self, uid: &str) -> Result<(), VolumesNotReady> {
-        if !self.processed.lock().contains(uid) {
+        if !self.processed.lock().contains_key(uid) {
             return Err(VolumesNotReady {
                 not_added: true,
                 ..Default::default()

@@ -38,7 +38,10 @@ impl VolumeManager {
         }
         for pod in pods {
             let uid = pod.metadata.uid.clone().unwrap_or_default();
-            if pod.metadata.deletion_timestamp.is_some() || self.processed.lock().contains(&uid) {
+            let fingerprint = metadata_fingerprint(pod);
+            if pod.metadata.deletion_timestamp.is_some()
+                || self.processed.lock().get(&uid) == Some(&fingerprint)
+            {
                 continue;
             }
             match self.pod_volumes(pod).await {
@@ -48,7 +51,7 @@ impl VolumeManager {
                         dsw.add(&unique, attachable, device_mountable, volume);
                     }
                     drop(dsw);
-                    self.processed.lock().insert(uid);
+                    self.processed.lock().insert(uid, fingerprint);
                 }
                 Err(message) => self
                     .api
@@ -110,4 +113,13 @@ impl VolumeManager {
         }
         Ok(out)
     }
+}
+
+/// A hash of the pod's labels and annotations: what the downward API reads of a pod that may change.
+fn metadata_fingerprint(pod: &Pod) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    pod.metadata.labels.hash(&mut hasher);
+    pod.metadata.annotations.hash(&mut hasher);
+    hasher.finish()
 }

@@ -12,19 +12,18 @@ use std::time::Instant;
 
 use inlet_volume::PodInfo;
 use inlet_volume::csi::vol_data::{FILE_NAME, VolData};
-use inlet_volume::image::PLUGIN_NAME as IMAGE_PLUGIN;
 use k8s_openapi::api::core::v1::Pod;
 
 use super::VolumeManager;
 use super::actual_state::{MountState, MountedPod};
 
 const CSI_DIR: &str = "kubernetes.io~csi";
-const IMAGE_DIR: &str = "kubernetes.io~image";
 
 impl VolumeManager {
     /// Rebuilds the actual state from disk, for this node's `pods` by UID. Run once at start, before the
     /// first pass.
     pub fn reconstruct(&self, pods: &HashMap<String, Arc<Pod>>) {
+        // The CSI plugin is first; its volumes are found by their vol data.
         let plugin = Arc::clone(&self.plugins[0]);
         for (uid, spec_name, dir) in volume_dirs(&self.root.join("pods")) {
             let Ok(data) = VolData::load(&dir) else {
@@ -36,7 +35,7 @@ impl VolumeManager {
             let unique = unique_name(&data, &uid);
             self.adopt(pods, &unique, &spec, &uid, spec_name, dir.join("mount"));
         }
-        self.reconstruct_image_volumes(pods);
+        self.reconstruct_pod_dir_volumes(pods);
         for (data, path) in staging_dirs(&self.root.join("plugins").join(plugin.name())) {
             let unique = unique_name(&data, "");
             {
@@ -49,18 +48,21 @@ impl VolumeManager {
         self.reconstructed.store(true, Ordering::Release);
     }
 
-    /// Image volumes left mounted by the previous kubelet: the image plugin rebuilds each spec from the
-    /// engine's record of the mount.
-    fn reconstruct_image_volumes(&self, pods: &HashMap<String, Arc<Pod>>) {
-        let Some(plugin) = self.plugins.iter().find(|p| p.name() == IMAGE_PLUGIN) else {
-            return;
-        };
-        for (uid, spec_name, dir) in plugin_volume_dirs(&self.root.join("pods"), IMAGE_DIR) {
-            let Ok(spec) = plugin.construct_volume_spec(&spec_name, &uid) else {
-                continue;
-            };
-            let unique = format!("{IMAGE_PLUGIN}/{uid}-{spec_name}");
-            self.adopt(pods, &unique, &spec, &uid, spec_name, dir);
+    /// The other plugins' volumes left by the previous kubelet (image volumes, from the engine's record of
+    /// the mount; secret, configMap, downwardAPI, projected and emptyDir dirs, which may hold a tmpfs): each
+    /// plugin rebuilds the spec from its dir's name, as `reconstructVolume` asks every plugin found under
+    /// a pod's `volumes/`.
+    fn reconstruct_pod_dir_volumes(&self, pods: &HashMap<String, Arc<Pod>>) {
+        for plugin in self.plugins.iter().skip(1) {
+            let name = plugin.name();
+            let dirs = plugin_volume_dirs(&self.root.join("pods"), &name.replace('/', "~"));
+            for (uid, spec_name, dir) in dirs {
+                let Ok(spec) = plugin.construct_volume_spec(&spec_name, &uid) else {
+                    continue;
+                };
+                let unique = format!("{name}/{uid}-{spec_name}");
+                self.adopt(pods, &unique, &spec, &uid, spec_name, dir);
+            }
         }
     }
 
