@@ -262,7 +262,7 @@ Feature: Projected and downwardAPI volumes, and the service-account token every 
     And the clock moves on 49 minutes
     Then the token at "/token:token" of pod "web" stays the noted one
     When the clock moves on 12 minutes
-    Then pod "web" has a Warning "FailedMount" event starting "MountVolume.SetUp failed for volume "token" : token "robot"/"default"/[]string(nil)/3600/&v1.BoundObjectReference{Kind:"Pod", APIVersion:"v1", Name:"web", UID:"
+    Then pod "web" has a Warning "FailedMount" event starting "MountVolume.SetUp failed for volume "token" : token "robot"/"default"/[]string(nil)/3600/v1.BoundObjectReference{Kind:"Pod", APIVersion:"v1", Name:"web", UID:"
     And pod "web" has a Warning "FailedMount" event ending "expired and refresh failed: serviceaccounts "robot" not found"
     When all pods are deleted
     Then nothing is left on the node

@@ -10,6 +10,8 @@
 //!   `pkg/volume/csi/csi_metrics.go`'s interceptor records it (`/csi.v1.Node/NodePublishVolume`, `OK`);
 //! - `volume_manager_total_volumes{plugin_name, state}`: the volumes of the desired and actual states of
 //!   world, per pod, counted at each scrape (`pkg/kubelet/volumemanager/metrics/metrics.go`);
+//! - `rest_client_requests_total{code, method, host}`: with `--kubeconfig`, each request to the API
+//!   server (`cluster/client_metrics.rs`);
 //! - `process_*`.
 //!
 //! Nothing migrates here (no in-tree plugin is migrated to CSI), so `migrated` is always `false`.
@@ -136,6 +138,7 @@ pub fn registry(nodes: Vec<Arc<Kubelet>>) -> Registry {
         METRICS.csi.clone(),
     );
     registry.register_collector(Box::new(TotalVolumes(nodes)));
+    crate::cluster::register_metrics(&mut registry);
     registry
 }
 

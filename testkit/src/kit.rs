@@ -87,7 +87,8 @@ impl Kit {
         Self::up_with(dir, run, runtime, &[("KIT_RUNTIME_ONLY", "1")])
     }
 
-    fn up_with(dir: &Path, run: &Path, runtime: &str, options: &[(&str, &str)]) -> Self {
+    /// Brings the kit up with options (`KIT_BOUND_TOKENS=1`, ...; see the kit's README).
+    pub fn up_with(dir: &Path, run: &Path, runtime: &str, options: &[(&str, &str)]) -> Self {
         // A test that panicked with the kit up has taken it down on drop: the lock is free to take.
         let turn = TURN.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let kit = Self {
@@ -137,6 +138,76 @@ impl Kit {
     /// The admin kubeconfig.
     pub fn kubeconfig(&self) -> PathBuf {
         self.run.join("run/kubeconfig/admin.kubeconfig")
+    }
+
+    /// A kubeconfig in `dir` for the node `node` with its own credential, as the kit makes its kubelet's:
+    /// a client certificate for `system:node:<node>` in `system:nodes`, signed by the kit's CA.
+    pub fn node_kubeconfig(&self, dir: &Path, node: &str) -> PathBuf {
+        let pki = self.run.join("run/pki");
+        let (key, csr, crt) = (
+            dir.join(format!("{node}.key")),
+            dir.join(format!("{node}.csr")),
+            dir.join(format!("{node}.crt")),
+        );
+        let ext = dir.join(format!("{node}.ext"));
+        std::fs::write(
+            &ext,
+            "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=clientAuth\n",
+        )
+        .unwrap();
+        let subject = format!("/O=system:nodes/CN=system:node:{node}");
+        let openssl = |args: &[&std::ffi::OsStr]| {
+            let out = Command::new("openssl")
+                .args(args)
+                .output()
+                .expect("openssl");
+            assert!(
+                out.status.success(),
+                "openssl {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        openssl(&[
+            "req".as_ref(),
+            "-newkey".as_ref(),
+            "rsa:2048".as_ref(),
+            "-nodes".as_ref(),
+            "-keyout".as_ref(),
+            key.as_os_str(),
+            "-out".as_ref(),
+            csr.as_os_str(),
+            "-subj".as_ref(),
+            subject.as_ref(),
+        ]);
+        openssl(&[
+            "x509".as_ref(),
+            "-req".as_ref(),
+            "-in".as_ref(),
+            csr.as_os_str(),
+            "-CA".as_ref(),
+            pki.join("ca.crt").as_os_str(),
+            "-CAkey".as_ref(),
+            pki.join("ca.key").as_os_str(),
+            "-CAcreateserial".as_ref(),
+            "-out".as_ref(),
+            crt.as_os_str(),
+            "-days".as_ref(),
+            "1".as_ref(),
+            "-extfile".as_ref(),
+            ext.as_os_str(),
+        ]);
+        let kubeconfig = dir.join(format!("{node}.kubeconfig"));
+        std::fs::write(
+            &kubeconfig,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: kit\n  cluster: {{server: \"https://127.0.0.1:16443\", certificate-authority: \"{}\"}}\nusers:\n- name: node\n  user: {{client-certificate: \"{}\", client-key: \"{}\"}}\ncontexts:\n- name: kit\n  context: {{cluster: kit, user: node}}\ncurrent-context: kit\n",
+                pki.join("ca.crt").display(),
+                crt.display(),
+                key.display()
+            ),
+        )
+        .unwrap();
+        kubeconfig
     }
 
     /// The runtime's CRI endpoint (`unix:///...`).

@@ -325,7 +325,9 @@ impl Admission {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::core::v1::{CSIVolumeSource, Container, PodSpec, ServiceAccount, VolumeMount};
+    use k8s_openapi::api::core::v1::{
+        CSIVolumeSource, Container, PodSpec, ServiceAccount, VolumeMount,
+    };
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
     fn pod(driver: &str, mount: &str) -> Pod {

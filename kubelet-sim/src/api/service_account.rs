@@ -194,7 +194,10 @@ pub fn ensure_namespace_objects(api: &Api, namespace: &str) {
             ..Default::default()
         });
     }
-    if api.peek::<ConfigMap>(namespace, ROOT_CA_CONFIG_MAP).is_none() {
+    if api
+        .peek::<ConfigMap>(namespace, ROOT_CA_CONFIG_MAP)
+        .is_none()
+    {
         match api.tokens.root_ca_pem() {
             Ok(pem) => api.put(ConfigMap {
                 metadata: ObjectMeta {

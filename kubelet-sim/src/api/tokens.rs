@@ -202,34 +202,40 @@ impl Api {
     /// The embedded API's TokenRequest.
     fn issue_token(&self, request: &TokenRequestArgs) -> Result<IssuedToken, String> {
         let namespace = &request.namespace;
+        // The account first, then the request's validation (its object has no name), then the pod.
+        let account = self
+            .get_recorded::<ServiceAccount>(namespace, &request.service_account)
+            .ok_or_else(|| format!("serviceaccounts {:?} not found", request.service_account))?;
         let expiration_seconds = request
             .expiration_seconds
             .unwrap_or(DEFAULT_EXPIRATION_SECONDS);
         if expiration_seconds < MIN_EXPIRATION_SECONDS {
             return Err(format!(
-                "TokenRequest.authentication.k8s.io {:?} is invalid: spec.expirationSeconds: Invalid value: {expiration_seconds}: may not specify a duration less than 10 minutes",
-                request.service_account
+                "TokenRequest.authentication.k8s.io \"\" is invalid: spec.expirationSeconds: Invalid value: {expiration_seconds}: may not specify a duration less than 10 minutes"
             ));
         }
         if expiration_seconds > 1 << 32 {
             return Err(format!(
-                "TokenRequest.authentication.k8s.io {:?} is invalid: spec.expirationSeconds: Invalid value: {expiration_seconds}: may not specify a duration larger than 2^32 seconds",
-                request.service_account
+                "TokenRequest.authentication.k8s.io \"\" is invalid: spec.expirationSeconds: Invalid value: {expiration_seconds}: may not specify a duration larger than 2^32 seconds"
             ));
         }
-        let account = self
-            .get_recorded::<ServiceAccount>(namespace, &request.service_account)
-            .ok_or_else(|| format!("serviceaccounts {:?} not found", request.service_account))?;
         let (pod_name, pod_uid) = &request.pod;
         let pod = self
             .peek::<Pod>(namespace, pod_name)
             .ok_or_else(|| format!("pods {pod_name:?} not found"))?;
         if pod.metadata.uid.as_deref() != Some(pod_uid) {
             return Err(format!(
-                "Operation cannot be fulfilled on pods {pod_name:?}: the UID in the bound object reference ({pod_uid}) does not match the UID in record. The object might have been deleted and then recreated"
+                "Operation cannot be fulfilled on Pod {pod_name:?}: the UID in the bound object reference ({pod_uid}) does not match the UID in record. The object might have been deleted and then recreated"
             ));
         }
-        let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
+        let spec = pod.spec.as_ref();
+        if spec.and_then(|s| s.service_account_name.as_deref()) != Some(&request.service_account) {
+            return Err(format!(
+                "cannot bind token for serviceaccount {:?} to pod running with different serviceaccount name.",
+                request.service_account
+            ));
+        }
+        let node = spec.and_then(|s| s.node_name.clone());
         let now = self.tokens.clock.now();
         let expires = now + Duration::from_secs(expiration_seconds as u64);
         let audiences = match request.audience.as_str() {
@@ -238,7 +244,10 @@ impl Api {
         };
         let claims = Claims {
             iss: ISSUER.into(),
-            sub: format!("system:serviceaccount:{namespace}:{}", request.service_account),
+            sub: format!(
+                "system:serviceaccount:{namespace}:{}",
+                request.service_account
+            ),
             aud: audiences,
             iat: seconds(now),
             nbf: seconds(now),
@@ -277,8 +286,8 @@ impl Api {
     }
 
     /// TokenReview of an embedded API token: its claims when the signature is this API's, it has not
-    /// expired by the simulation's clock, it names `audience`, and the pod it is bound to still exists with
-    /// the same UID (what the API server's bound-token validator checks).
+    /// expired by the simulation's clock, it names `audience`, and its service account and the pod it is
+    /// bound to still exist with the same UIDs (`pkg/serviceaccount/claims.go` `Validate`, its texts).
     pub fn review_token(&self, token: &str, audience: &str) -> Result<Claims, String> {
         let keys = self.tokens.keys()?;
         let mut validation = Validation::new(Algorithm::ES256);
@@ -289,18 +298,32 @@ impl Api {
         let claims = jsonwebtoken::decode::<Claims>(token, &keys.verifying, &validation)
             .map_err(|e| format!("invalid bearer token: {e}"))?
             .claims;
+        let invalid = |why: String| format!("invalid bearer token, {why}");
         if seconds(self.tokens.clock.now()) >= claims.exp {
-            return Err("invalid bearer token: token has expired".into());
+            return Err(invalid("service account token has expired".into()));
+        }
+        let namespace = &claims.kubernetes.namespace;
+        let account = &claims.kubernetes.serviceaccount;
+        let live = self
+            .peek::<ServiceAccount>(namespace, &account.name)
+            .ok_or_else(|| invalid(format!("serviceaccounts {:?} not found", account.name)))?;
+        let live_uid = live.metadata.uid.clone().unwrap_or_default();
+        if live_uid != account.uid {
+            return Err(invalid(format!(
+                "service account UID ({live_uid}) does not match claim ({})",
+                account.uid
+            )));
         }
         if let Some(bound) = &claims.kubernetes.pod {
-            let live = self
-                .peek::<Pod>(&claims.kubernetes.namespace, &bound.name)
-                .is_some_and(|p| p.metadata.uid.as_deref() == Some(bound.uid.as_str()));
-            if !live {
-                return Err(format!(
-                    "invalid bearer token: pod {:?} it is bound to is gone",
-                    bound.name
-                ));
+            let pod = self
+                .peek::<Pod>(namespace, &bound.name)
+                .ok_or_else(|| invalid("service account token has been invalidated".into()))?;
+            let uid = pod.metadata.uid.clone().unwrap_or_default();
+            if uid != bound.uid {
+                return Err(invalid(format!(
+                    "pod UID ({uid}) does not match service account pod ref claim ({})",
+                    bound.uid
+                )));
             }
         }
         Ok(claims)

@@ -21,6 +21,20 @@ pub enum ClusterError {
         #[source]
         source: kube::Error,
     },
+    /// Another kubelet-sim process holds the node: its Lease was renewed `seconds` ago.
+    #[error(
+        "node {node} is held by another kubelet-sim (instance {holder}): its Lease was renewed {seconds}s ago; stop that process, or wait until the Lease expires ({lease_seconds}s after its last renewal)"
+    )]
+    NodeHeld {
+        /// The node.
+        node: String,
+        /// The other process's instance.
+        holder: String,
+        /// How long ago it renewed the Lease.
+        seconds: i64,
+        /// The Lease's duration.
+        lease_seconds: i32,
+    },
     /// The API server refused an object: its message, as kubectl shows it.
     #[error("{}", refusal(source))]
     Refused {

@@ -1,10 +1,12 @@
-//! The API server's objects into the embedded API, as the kubelet's informers see them: the pods bound to
-//! each node (one watch per node, `spec.nodeName=<node>`, as the kubelet's pod source), and the
-//! cluster-wide CSIDrivers, PVs, PVCs and VolumeAttachments. A watch that lists again (after it expired)
-//! removes what its new list no longer has. Once every watch has listed once, the embedded API's sources
-//! are ready (the kubelet's `sourcesReady`), so nodes may clean up what no pod wants.
+//! The API server's objects into the embedded API, as a kubelet reads them with a node's rights: the pods
+//! bound to each node (one watch per node, `spec.nodeName=<node>`, as the kubelet's pod source) and the
+//! cluster-wide CSIDrivers (watched, as the kubelet's informer does), and, one GET each, only what those
+//! pods refer to (`references.rs`: Secrets, ConfigMaps, claims, their PVs and VolumeAttachments). A watch
+//! that lists again (after it expired) removes what its new list no longer has. Once every watch has listed
+//! once, the embedded API's sources are ready (the kubelet's `sourcesReady`), so nodes may clean up what no
+//! pod wants.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap};
 use std::fmt::Debug;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -13,16 +15,19 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolume, PersistentVolumeClaim, Pod, Secret};
 use k8s_openapi::api::storage::v1::{CSIDriver, VolumeAttachment};
+use kube::Resource;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use serde::de::DeserializeOwned;
 
-use super::secrets;
+use super::references::{self, ObjectKey};
 use crate::api::Api;
-
-/// How long a referenced Secret the API server does not have waits before it is asked for again.
-const RETRY_MISSING: Duration = Duration::from_secs(5);
 use crate::api::store::{Key, Kind};
+
+/// How long a referenced object the API server does not have waits before it is asked for again.
+const RETRY_MISSING: Duration = Duration::from_secs(5);
+/// How often a VolumeAttachment a pod waits for is read again until it is attached (the attacher polls).
+const ATTACH_POLL: Duration = Duration::from_secs(1);
 
 /// Counts the watches that have listed once; the last one marks the embedded API's sources ready.
 struct Synced {
@@ -47,18 +52,15 @@ pub fn start(
 ) -> Vec<tokio::task::JoinHandle<()>> {
     let synced = Arc::new(Synced {
         api: Arc::clone(api),
-        left: AtomicUsize::new(nodes.len() + 4),
+        left: AtomicUsize::new(nodes.len() + 1),
     });
-    let ours: HashSet<String> = nodes.iter().cloned().collect();
-    let mut tasks = vec![
-        spawn_mirror::<CSIDriver>(client, api, &synced, &stop, |_| true),
-        spawn_mirror::<PersistentVolume>(client, api, &synced, &stop, |_| true),
-        spawn_mirror::<PersistentVolumeClaim>(client, api, &synced, &stop, |_| true),
-        // Only the attachments to these nodes: other nodes' are none of theirs.
-        spawn_mirror::<VolumeAttachment>(client, api, &synced, &stop, move |va| {
-            ours.contains(&va.spec.node_name)
-        }),
-    ];
+    let mut tasks = vec![spawn_mirror::<CSIDriver>(
+        client,
+        api,
+        &synced,
+        &stop,
+        |_| true,
+    )];
     for node in nodes {
         tasks.push(tokio::spawn(pods(
             client.clone(),
@@ -68,7 +70,7 @@ pub fn start(
             stop.clone(),
         )));
     }
-    tasks.push(tokio::spawn(refresh_secrets(
+    tasks.push(tokio::spawn(refresh_referenced(
         client.clone(),
         Arc::clone(api),
         stop,
@@ -207,19 +209,10 @@ async fn pods(
             }
             None => return,
         };
-        // The Secrets a pod refers to and the node does not hold yet, before the pod reaches the node;
-        // those it holds are kept fresh by `refresh_secrets`.
+        // What a pod refers to and the node does not hold yet, before the pod reaches the node; what it
+        // holds is kept fresh by `refresh_referenced`.
         if let Event::Apply(pod) | Event::InitApply(pod) = &event {
-            let missing = secrets::referenced(pod, &api)
-                .into_iter()
-                .filter(|(namespace, name)| api.peek::<Secret>(namespace, name).is_none())
-                .collect();
-            secrets::fetch::<Secret>(&client, &api, &missing).await;
-            let missing = secrets::referenced_config_maps(pod)
-                .into_iter()
-                .filter(|(namespace, name)| api.peek::<ConfigMap>(namespace, name).is_none())
-                .collect();
-            secrets::fetch::<ConfigMap>(&client, &api, &missing).await;
+            fetch_referenced(&client, &api, pod).await;
         }
         let keep_status = |known: Option<&Pod>, mut pod: Pod| {
             if let Some(known) = known.filter(|k| k.metadata.uid == pod.metadata.uid) {
@@ -233,75 +226,176 @@ async fn pods(
     }
 }
 
-/// Keeps the embedded API's Secrets and ConfigMaps to what the pods refer to: one referred to but not read
-/// yet (its pod's claim or PV arrived after the pod) is read when the API changes, again at most every few
-/// seconds while the API server has none; each minute every referenced one is read again (the kubelet's
-/// cache TTL), and those no pod refers to any more are dropped.
-async fn refresh_secrets(
+/// Reads what `pod` refers to that the embedded API does not hold yet, in the order each depends on the
+/// last: claims, their PVs, the PVs' attachments, Secrets (a PV's references), ConfigMaps.
+async fn fetch_referenced(client: &kube::Client, api: &Arc<Api>, pod: &Pod) {
+    let missing = |keys: BTreeSet<ObjectKey>, held: &dyn Fn(&ObjectKey) -> bool| -> BTreeSet<_> {
+        keys.into_iter().filter(|k| !held(k)).collect()
+    };
+    let claims = missing(references::referenced_claims(pod), &|(n, c)| {
+        api.peek::<PersistentVolumeClaim>(n, c).is_some()
+    });
+    references::fetch(api, &claims, namespaced::<PersistentVolumeClaim>(client)).await;
+    let volumes = missing(references::referenced_volumes(pod, api), &|(_, v)| {
+        api.peek::<PersistentVolume>("", v).is_some()
+    });
+    references::fetch(api, &volumes, cluster::<PersistentVolume>(client)).await;
+    let attachments = missing(references::referenced_attachments(pod, api), &|(_, a)| {
+        api.peek::<VolumeAttachment>("", a).is_some()
+    });
+    references::fetch(api, &attachments, cluster::<VolumeAttachment>(client)).await;
+    let secrets = missing(references::referenced_secrets(pod, api), &|(n, s)| {
+        api.peek::<Secret>(n, s).is_some()
+    });
+    references::fetch(api, &secrets, namespaced::<Secret>(client)).await;
+    let config_maps = missing(references::referenced_config_maps(pod), &|(n, c)| {
+        api.peek::<ConfigMap>(n, c).is_some()
+    });
+    references::fetch(api, &config_maps, namespaced::<ConfigMap>(client)).await;
+}
+
+fn namespaced<T>(client: &kube::Client) -> impl Fn(&str) -> kube::Api<T>
+where
+    T: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
+{
+    let client = client.clone();
+    move |namespace| kube::Api::namespaced(client.clone(), namespace)
+}
+
+fn cluster<T: Resource<DynamicType = ()>>(client: &kube::Client) -> impl Fn(&str) -> kube::Api<T> {
+    let client = client.clone();
+    move |_| kube::Api::all(client.clone())
+}
+
+/// Keeps the embedded API's copies of what the pods refer to: one referred to but not read yet (its pod's
+/// claim or PV arrived after the pod) is read when the API changes, again at most every few seconds while
+/// the API server has none; a claim not bound yet, and a VolumeAttachment a pod waits for, are read every
+/// second until bound or attached;
+/// each minute every referenced object is read again (the kubelet's cache TTL), and those no pod refers to
+/// any more are dropped.
+async fn refresh_referenced(
     client: kube::Client,
     api: Arc<Api>,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
     let mut changes = api.watch();
-    let mut tick = tokio::time::interval(Duration::from_secs(60));
-    tick.tick().await;
-    let mut missing_since: (HashMap<_, Instant>, HashMap<_, Instant>) = Default::default();
+    let mut full_tick = tokio::time::interval(Duration::from_secs(60));
+    full_tick.tick().await;
+    let mut poll = tokio::time::interval(ATTACH_POLL);
+    let mut missing: [HashMap<ObjectKey, Instant>; 5] = Default::default();
     loop {
         let full = tokio::select! {
-            _ = tick.tick() => true,
+            _ = full_tick.tick() => true,
+            _ = poll.tick() => false,
             _ = changes.changed() => {
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 false
             }
             _ = stop.changed() => return,
         };
-        let referenced = secrets::referenced_by_all(&api);
-        refresh::<Secret>(&client, &api, referenced, full, &mut missing_since.0).await;
-        let referenced = secrets::config_maps_referenced_by_all(&api);
-        refresh::<ConfigMap>(&client, &api, referenced, full, &mut missing_since.1).await;
+        let claims = references::referenced_by_all(&api, |p, _| references::referenced_claims(p));
+        // A claim not bound yet is read again each second, as the populator reads it on each pass.
+        let unbound = claims
+            .iter()
+            .filter(|(namespace, name)| {
+                let claim = api.peek::<PersistentVolumeClaim>(namespace, name);
+                let phase = claim
+                    .as_ref()
+                    .and_then(|c| c.status.as_ref()?.phase.clone());
+                claim.is_some() && phase.as_deref() != Some("Bound")
+            })
+            .cloned()
+            .collect();
+        references::fetch(&api, &unbound, namespaced::<PersistentVolumeClaim>(&client)).await;
+        let pass = Pass { api: &api, full };
+        pass.refresh(
+            claims,
+            &mut missing[0],
+            namespaced::<PersistentVolumeClaim>(&client),
+        )
+        .await;
+        let volumes = references::referenced_by_all(&api, references::referenced_volumes);
+        pass.refresh(
+            volumes,
+            &mut missing[1],
+            cluster::<PersistentVolume>(&client),
+        )
+        .await;
+        let attachments = references::referenced_by_all(&api, references::referenced_attachments);
+        let waiting = attachments
+            .iter()
+            .filter(|(_, name)| {
+                api.peek::<VolumeAttachment>("", name)
+                    .is_some_and(|va| !va.status.as_ref().is_some_and(|s| s.attached))
+            })
+            .cloned()
+            .collect();
+        references::fetch(&api, &waiting, cluster::<VolumeAttachment>(&client)).await;
+        pass.refresh(
+            attachments,
+            &mut missing[2],
+            cluster::<VolumeAttachment>(&client),
+        )
+        .await;
+        let secrets = references::referenced_by_all(&api, references::referenced_secrets);
+        pass.refresh(secrets, &mut missing[3], namespaced::<Secret>(&client))
+            .await;
+        let config_maps =
+            references::referenced_by_all(&api, |p, _| references::referenced_config_maps(p));
+        pass.refresh(
+            config_maps,
+            &mut missing[4],
+            namespaced::<ConfigMap>(&client),
+        )
+        .await;
         // Its own changes are not news.
         changes.borrow_and_update();
     }
 }
 
-/// One pass of [`refresh_secrets`] for one kind: on a `full` pass every `referenced` object is read again
-/// and the others dropped; else only those not held yet, each at most every [`RETRY_MISSING`].
-async fn refresh<T>(
-    client: &kube::Client,
-    api: &Arc<Api>,
-    referenced: BTreeSet<secrets::SecretKey>,
+/// One pass of [`refresh_referenced`].
+struct Pass<'a> {
+    api: &'a Arc<Api>,
+    /// Every referenced object is read again and the others dropped; else only those not held yet,
+    /// each at most every [`RETRY_MISSING`].
     full: bool,
-    missing_since: &mut HashMap<secrets::SecretKey, Instant>,
-) where
-    T: crate::api::Kind
-        + kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug,
-{
-    let wanted: BTreeSet<_> = if full {
-        // Only here: a pod's objects are read just before the pod is stored, so between the two a
-        // change-driven pass would drop them.
-        secrets::forget_unreferenced::<T>(api, &referenced);
-        missing_since.clear();
-        referenced
-    } else {
-        referenced
-            .into_iter()
-            .filter(|(namespace, name)| api.peek::<T>(namespace, name).is_none())
-            .filter(|key| {
-                missing_since
-                    .get(key)
-                    .is_none_or(|at| at.elapsed() >= RETRY_MISSING)
-            })
-            .collect()
-    };
-    if wanted.is_empty() {
-        return;
-    }
-    secrets::fetch::<T>(client, api, &wanted).await;
-    for key in wanted {
-        if api.peek::<T>(&key.0, &key.1).is_none() {
-            missing_since.insert(key, Instant::now());
+}
+
+impl Pass<'_> {
+    async fn refresh<T>(
+        &self,
+        referenced: BTreeSet<ObjectKey>,
+        missing_since: &mut HashMap<ObjectKey, Instant>,
+        objects: impl Fn(&str) -> kube::Api<T>,
+    ) where
+        T: Kind + Clone + DeserializeOwned + Debug,
+    {
+        let api = self.api;
+        let wanted: BTreeSet<_> = if self.full {
+            // Only here: a pod's objects are read just before the pod is stored, so between the two a
+            // change-driven pass would drop them.
+            references::forget_unreferenced::<T>(api, &referenced);
+            missing_since.clear();
+            referenced
+        } else {
+            referenced
+                .into_iter()
+                .filter(|(namespace, name)| api.peek::<T>(namespace, name).is_none())
+                .filter(|key| {
+                    missing_since
+                        .get(key)
+                        .is_none_or(|at| at.elapsed() >= RETRY_MISSING)
+                })
+                .collect()
+        };
+        if wanted.is_empty() {
+            return;
+        }
+        references::fetch(api, &wanted, objects).await;
+        for key in wanted {
+            if api.peek::<T>(&key.0, &key.1).is_none() {
+                missing_since.insert(key, Instant::now());
+            }
         }
     }
 }

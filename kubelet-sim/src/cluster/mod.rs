@@ -3,19 +3,22 @@
 //! module keeps it in step with the real API server, in both directions, with the traffic a kubelet has:
 //!
 //! - `nodes.rs`: registers the Nodes, posts their status (Ready, `volumesInUse`) and renews their Leases;
-//! - `inbound.rs`: watches the pods bound to them, CSIDrivers, PVs, PVCs and VolumeAttachments into the
-//!   embedded API, and reads a Secret only when one of its pods refers to it (`secrets.rs`);
+//! - `inbound.rs`: watches the pods bound to them and the CSIDrivers into the embedded API, and reads
+//!   the Secrets, ConfigMaps, claims, PVs and VolumeAttachments its pods refer to, one GET each, as the
+//!   Node authorizer allows a kubelet (`references.rs`);
 //! - `outbound.rs`: posts pod status, events and CSINode objects, and deletes a pod's object once its
 //!   node has torn it down (the kubelet's final delete).
 //!
 //! Attach and detach belong to the control plane in a real cluster: the simulated nodes only wait for the
 //! VolumeAttachments it makes. Admission too is the API server's.
 
+mod client_metrics;
 mod error;
 mod inbound;
 mod nodes;
 mod outbound;
-pub mod secrets;
+pub mod references;
+mod tokens;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -26,6 +29,7 @@ use kube::api::{Patch, PatchParams};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+pub use client_metrics::register as register_metrics;
 pub use error::ClusterError;
 
 use crate::api::Api;
@@ -45,7 +49,15 @@ pub async fn connect(kubeconfig: &Path) -> Result<kube::Client, ClusterError> {
     let config = kube::Config::from_custom_kubeconfig(parsed, &Default::default())
         .await
         .map_err(|e| bad(e.into()))?;
-    kube::Client::try_from(config).map_err(|e| bad(e.into()))
+    client(config).map_err(|e| bad(e.into()))
+}
+
+/// A client for `config` whose requests are counted (`rest_client_requests_total`).
+fn client(config: kube::Config) -> Result<kube::Client, kube::Error> {
+    let builder = kube::client::ClientBuilder::try_from(config)?;
+    Ok(builder
+        .with_layer(&client_metrics::RequestMetricsLayer)
+        .build())
 }
 
 /// The hollow nodes' link to the API server, running until `stop` turns true.
@@ -66,6 +78,10 @@ impl Cluster {
     ) -> Result<Vec<tokio::task::JoinHandle<()>>, ClusterError> {
         // Pods the nodes finish with are kept for their final delete.
         api.track_finished();
+        api.tokens
+            .use_issuer(std::sync::Arc::new(tokens::ClusterTokens {
+                client: client.clone(),
+            }));
         let uids = nodes::register(&client, &api, &nodes, &runtime_version).await?;
         let mut tasks = vec![tokio::spawn(nodes::heartbeat(
             client.clone(),

@@ -1,7 +1,10 @@
 //! The hollow nodes' Node objects and Leases: registered at start (`kubelet_node_status.go`
-//! `registerWithAPIServer`), their status posted every 10 s (`nodeStatusUpdateFrequency`) with the Ready
-//! condition and the volumes in use, and a Lease in `kube-node-lease` renewed every 10 s (a quarter of its
-//! 40 s duration, `nodelease`), which is what the node lifecycle controller watches.
+//! `registerWithAPIServer`), their status computed every 10 s (`nodeStatusUpdateFrequency`) and posted
+//! when it changed or every 5 minutes (`nodeStatusReportFrequency`) with the Ready condition and the
+//! volumes in use, their CSI node ids and topology labels as `nodeinfomanager` sets them, and a Lease in
+//! `kube-node-lease` renewed every 10 s (a quarter of its 40 s duration, `nodelease`), which is the
+//! heartbeat the node lifecycle controller watches. A node another live kubelet-sim process holds (its
+//! Lease renewed within its duration under another instance) is refused at registration.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -18,8 +21,13 @@ use kube::api::{Patch, PatchParams};
 use super::{ClusterError, FIELD_MANAGER};
 use crate::api::{Api, now};
 
-/// How often a node's status and lease are renewed.
+/// How often a node's status is computed and its lease renewed.
 const HEARTBEAT: Duration = Duration::from_secs(10);
+/// How often an unchanged status is posted all the same.
+const STATUS_REPORT: Duration = Duration::from_secs(5 * 60);
+/// The Lease annotation naming the kubelet-sim process that holds the node.
+const INSTANCE_ANNOTATION: &str = "inlet.dev/kubelet-sim-instance";
+
 /// The lease's duration (`nodeLeaseDurationSeconds`).
 const LEASE_SECONDS: i32 = 40;
 /// The taint (and label) of hollow nodes: `NoSchedule`, so that pods land there only when bound to them
@@ -30,6 +38,11 @@ const LEASE_NAMESPACE: &str = "kube-node-lease";
 
 fn apply() -> PatchParams {
     PatchParams::apply(FIELD_MANAGER).force()
+}
+
+/// A field manager of its own, so that applying one part of the Node leaves what another part set.
+fn apply_as(manager: &str) -> PatchParams {
+    PatchParams::apply(manager).force()
 }
 
 /// Creates (or takes over) each node's Node object and posts its first status; returns their UIDs.
@@ -43,6 +56,7 @@ pub async fn register(
     let since = registered_at();
     let mut uids = BTreeMap::new();
     for name in nodes {
+        refuse_if_held(client, name).await?;
         let labels = BTreeMap::from([
             ("kubernetes.io/hostname".to_string(), name.clone()),
             ("kubernetes.io/os".to_string(), "linux".to_string()),
@@ -76,13 +90,55 @@ pub async fn register(
             .await
             .map_err(ClusterError::request(format!("registering node {name}")))?;
         uids.insert(name.clone(), created.metadata.uid.unwrap_or_default());
-        post_status(client, api, name, runtime_version, &since).await?;
+        post_status(client, &status(api, name, runtime_version, &since), name).await?;
         renew_lease(client, name, uids.get(name).cloned().unwrap_or_default()).await?;
     }
     Ok(uids)
 }
 
-/// Renews every node's status and lease until `stop`; a failed renewal is retried at the next beat.
+/// This process's instance, written on the Leases it holds.
+fn instance() -> &'static str {
+    static INSTANCE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    INSTANCE.get_or_init(|| uuid::Uuid::new_v4().to_string())
+}
+
+/// Refuses a node whose Lease another live kubelet-sim process renews: two kubelets posting one node's
+/// status and running its pods would fight over both.
+async fn refuse_if_held(client: &kube::Client, name: &str) -> Result<(), ClusterError> {
+    let leases = kube::Api::<Lease>::namespaced(client.clone(), LEASE_NAMESPACE);
+    let lease = leases
+        .get_opt(name)
+        .await
+        .map_err(ClusterError::request(format!(
+            "reading the lease of node {name}"
+        )))?;
+    let Some(lease) = lease else { return Ok(()) };
+    let holder = lease
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(INSTANCE_ANNOTATION))
+        .cloned();
+    let Some(holder) = holder.filter(|h| h != instance()) else {
+        return Ok(());
+    };
+    let spec = lease.spec.unwrap_or_default();
+    let duration = spec.lease_duration_seconds.unwrap_or(LEASE_SECONDS);
+    let renewed = spec.renew_time.map(|t| t.0);
+    let ago = renewed.map(|t| now().0.as_second() - t.as_second());
+    match ago {
+        Some(seconds) if seconds < i64::from(duration) => Err(ClusterError::NodeHeld {
+            node: name.to_string(),
+            holder,
+            seconds,
+            lease_seconds: duration,
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// Renews every node's lease every 10 s, and posts its status when it changed or every 5 minutes, until
+/// `stop`; a failed post is tried again at the next beat.
 pub async fn heartbeat(
     client: kube::Client,
     api: Arc<Api>,
@@ -93,20 +149,70 @@ pub async fn heartbeat(
     let since = registered_at();
     let mut tick = tokio::time::interval(HEARTBEAT);
     tick.tick().await;
+    // What each node last posted, and when.
+    let mut posted: BTreeMap<String, (Node, std::time::Instant)> = uids
+        .keys()
+        .map(|name| {
+            let node = status(&api, name, &runtime_version, &since);
+            (name.clone(), (node, std::time::Instant::now()))
+        })
+        .collect();
     loop {
         tokio::select! {
             _ = tick.tick() => {}
-            _ = stop.changed() => return,
+            _ = stop.changed() => {
+                for name in uids.keys() {
+                    release_lease(&client, name).await;
+                }
+                return;
+            }
         }
         for (name, uid) in &uids {
-            if let Err(e) = post_status(&client, &api, name, &runtime_version, &since).await {
-                tracing::warn!(node = %name, "{e}");
+            let node = status(&api, name, &runtime_version, &since);
+            let last = posted.get(name);
+            let due = last.is_none_or(|(sent, at)| {
+                !same_status(sent, &node) || at.elapsed() >= STATUS_REPORT
+            });
+            if due {
+                match post_status(&client, &node, name).await {
+                    Ok(()) => drop(posted.insert(name.clone(), (node, std::time::Instant::now()))),
+                    Err(e) => tracing::warn!(node = %name, "{e}"),
+                }
             }
             if let Err(e) = renew_lease(&client, name, uid.clone()).await {
                 tracing::warn!(node = %name, "{e}");
             }
         }
     }
+}
+
+/// Lets go of a node's Lease at an orderly stop (its instance annotation removed), so that the next
+/// process may take the node at once; the Lease itself stays, as a stopped kubelet's does.
+async fn release_lease(client: &kube::Client, name: &str) {
+    let leases = kube::Api::<Lease>::namespaced(client.clone(), LEASE_NAMESPACE);
+    let patch = serde_json::json!({"metadata": {"annotations": {INSTANCE_ANNOTATION: null}}});
+    if let Err(e) = leases
+        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        tracing::warn!(node = %name, "releasing the lease: {e}");
+    }
+}
+
+/// Whether two statuses differ only in their conditions' heartbeat times.
+fn same_status(a: &Node, b: &Node) -> bool {
+    let strip = |n: &Node| {
+        let mut n = n.clone();
+        for c in n
+            .status
+            .iter_mut()
+            .flat_map(|s| s.conditions.iter_mut().flatten())
+        {
+            c.last_heartbeat_time = None;
+        }
+        n
+    };
+    strip(a) == strip(b)
 }
 
 /// When this process registered its nodes: their conditions' transition time, which does not move while
@@ -116,18 +222,16 @@ fn registered_at() -> Time {
     AT.get_or_init(now).clone()
 }
 
-/// The node's status: Ready, its capacity, the runtime, and the volumes in use from the embedded Node.
-async fn post_status(
-    client: &kube::Client,
-    api: &Api,
-    name: &str,
-    runtime_version: &str,
-    since: &Time,
-) -> Result<(), ClusterError> {
-    let volumes_in_use = api
-        .peek::<Node>("", name)
+/// The node as the kubelet reports it: its status (Ready, its capacity, the runtime, the volumes in use
+/// from the embedded Node) and the CSI node ids and topology labels its drivers gave (the embedded Node's,
+/// set at registration as `nodeinfomanager` sets them).
+fn status(api: &Api, name: &str, runtime_version: &str, since: &Time) -> Node {
+    let embedded = api.peek::<Node>("", name);
+    let volumes_in_use = embedded
+        .as_ref()
         .and_then(|n| n.status.clone())
         .and_then(|s| s.volumes_in_use);
+    let metadata = embedded.map(|n| n.metadata.clone()).unwrap_or_default();
     let condition = |type_: &str, status: &str, reason: &str, message: &str| NodeCondition {
         type_: type_.into(),
         status: status.into(),
@@ -142,9 +246,11 @@ async fn post_status(
         ("pods".to_string(), Quantity("110".into())),
         ("ephemeral-storage".to_string(), Quantity("100Gi".into())),
     ]);
-    let node = Node {
+    Node {
         metadata: ObjectMeta {
             name: Some(name.to_string()),
+            labels: metadata.labels.filter(|l| !l.is_empty()),
+            annotations: metadata.annotations.filter(|a| !a.is_empty()),
             ..Default::default()
         },
         status: Some(NodeStatus {
@@ -206,9 +312,28 @@ async fn post_status(
             ..Default::default()
         }),
         ..Default::default()
-    };
-    kube::Api::<Node>::all(client.clone())
-        .patch_status(name, &apply(), &Patch::Apply(&node))
+    }
+}
+
+/// Posts a node's labels and annotations (when it has any) and its status.
+async fn post_status(client: &kube::Client, node: &Node, name: &str) -> Result<(), ClusterError> {
+    let nodes = kube::Api::<Node>::all(client.clone());
+    if node.metadata.labels.is_some() || node.metadata.annotations.is_some() {
+        let metadata = Node {
+            metadata: node.metadata.clone(),
+            ..Default::default()
+        };
+        nodes
+            .patch(
+                name,
+                &apply_as("kubelet-sim-nodeinfo"),
+                &Patch::Apply(&metadata),
+            )
+            .await
+            .map_err(ClusterError::request(format!("labelling node {name}")))?;
+    }
+    nodes
+        .patch_status(name, &apply(), &Patch::Apply(node))
         .await
         .map(drop)
         .map_err(ClusterError::request(format!(
@@ -226,6 +351,10 @@ async fn renew_lease(
         metadata: ObjectMeta {
             name: Some(name.to_string()),
             namespace: Some(LEASE_NAMESPACE.into()),
+            annotations: Some(BTreeMap::from([(
+                INSTANCE_ANNOTATION.to_string(),
+                instance().to_string(),
+            )])),
             owner_references: (!node_uid.is_empty()).then(|| {
                 vec![
                     k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {

@@ -35,8 +35,8 @@ use parking_lot::Mutex;
 
 use crate::api::{Api, now};
 use crate::node::host::NodeHost;
-use crate::node::token_manager::TokenManager;
 use crate::node::registry::DriverDirectory;
+use crate::node::token_manager::TokenManager;
 use crate::operations::{BackoffPolicy, OpKey, Operations};
 use crate::specs::{Reads, volume_spec};
 

@@ -161,13 +161,13 @@ fn container_resource(
     allocatable: &NodeAllocatable,
 ) -> Result<String, String> {
     let info = PodInfo::from_pod(pod);
-    container_resource_value(
-        selector,
-        (&info.namespace, &info.name),
-        &info.containers,
-        &container.name,
-        allocatable,
-    )
+    // The named container's, when the selector names one.
+    let name = selector
+        .container_name
+        .as_deref()
+        .filter(|n| !n.is_empty())
+        .unwrap_or(&container.name);
+    container_resource_value(selector, &info.containers, name, allocatable)
 }
 
 /// `expansion.Expand`: `$(NAME)` replaced by `mapping(NAME)` when known, else kept as written; `$$` is `$`;

@@ -99,8 +99,8 @@ impl VolumeHost for NodeHost {
     ) -> Result<(String, String), String> {
         let token = self.tokens.get(&request).await?;
         // `metav1.Time` marshals as RFC 3339 in UTC with whole seconds.
-        let expires = k8s_openapi::jiff::Timestamp::try_from(token.expires)
-            .map_err(|e| e.to_string())?;
+        let expires =
+            k8s_openapi::jiff::Timestamp::try_from(token.expires).map_err(|e| e.to_string())?;
         Ok((token.token, expires.to_string()))
     }
 

@@ -182,6 +182,16 @@ impl Kubelet {
             rt.sandbox_id = Some(sandbox_id);
             rt.containers = reports.clone();
         }
+        // The pod's IP from its sandbox's status, as `generateAPIPodStatus` takes it (host-network pods
+        // have the node's).
+        let host_network = pod.spec.as_ref().and_then(|s| s.host_network) == Some(true);
+        let ip = match host_network {
+            true => Some("127.0.0.1".to_string()),
+            false => self.pod_ip(&pod).await,
+        };
+        if let Some(rt) = self.pods.lock().get_mut(&uid) {
+            rt.pod_ip = ip;
+        }
         self.set_status(&pod, &reports, false);
         true
     }

@@ -120,7 +120,7 @@ impl Kubelet {
     }
 
     /// The pod's IP, as its sandbox's status has it.
-    async fn pod_ip(&self, pod: &Pod) -> Option<String> {
+    pub(super) async fn pod_ip(&self, pod: &Pod) -> Option<String> {
         let uid = pod.metadata.uid.as_deref().unwrap_or_default();
         let sandbox = self.pods.lock().get(uid)?.sandbox_id.clone()?;
         let status = self

@@ -48,11 +48,11 @@ use inlet_image::pull::{Puller, VerificationPolicy};
 use inlet_image::{Engine, EngineConfig};
 use inlet_volume::VolumePlugin;
 use inlet_volume::config_map::ConfigMapPlugin;
-use inlet_volume::downward_api::DownwardApiPlugin;
-use inlet_volume::projected::ProjectedPlugin;
 use inlet_volume::csi::{CsiObserver, CsiPlugin};
+use inlet_volume::downward_api::DownwardApiPlugin;
 use inlet_volume::empty_dir::EmptyDirPlugin;
 use inlet_volume::image::ImagePlugin;
+use inlet_volume::projected::ProjectedPlugin;
 use inlet_volume::secret::SecretPlugin;
 use k8s_openapi::api::core::v1::{Node, NodeStatus, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -60,12 +60,12 @@ use parking_lot::Mutex;
 use tokio::sync::Notify;
 
 use host::NodeHost;
-use token_manager::TokenManager;
 use images::ImageManager;
 pub(crate) use kuberuntime::all_containers;
 pub use kuberuntime::{ContainerReport, ContainerState, MountReport, TerminatedRun};
 pub use pod_worker::PodRuntime;
 use registry::{DriverDirectory, DriverRegistry};
+use token_manager::TokenManager;
 use volumemanager::VolumeManagerConfig;
 pub use volumemanager::{MountState, VolumeManager};
 

@@ -39,6 +39,8 @@ pub struct PodRuntime {
     pub warned: bool,
     /// The sandbox, once created.
     pub sandbox_id: Option<String>,
+    /// The sandbox's IP, as its status had it once created (`status.podIP`).
+    pub pod_ip: Option<String>,
     /// Its containers, once created.
     pub containers: Vec<ContainerReport>,
     /// The pod object as last seen, to stop it if it leaves the API without a graceful deletion.

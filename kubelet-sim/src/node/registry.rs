@@ -19,6 +19,9 @@ use parking_lot::RwLock;
 
 use crate::api::Api;
 
+/// The Node annotation with each CSI driver's node id (`nodeinfomanager.go` `annotationKeyNodeID`).
+pub const NODE_ID_ANNOTATION: &str = "csi.volume.kubernetes.io/nodeid";
+
 /// The longest node id CSINode takes (`csiNodeIDMaxLength` in `pkg/apis/storage/validation`).
 pub const CSI_NODE_ID_MAX: usize = 192;
 
@@ -287,6 +290,39 @@ impl DriverRegistry {
         self.api.update::<CSINode>("", &self.node, |n| {
             n.spec.drivers.retain(|d| d.name != name)
         });
+        self.update_node_info(name, None);
+    }
+
+    /// The Node's `csi.volume.kubernetes.io/nodeid` annotation (a JSON map of driver to node id) and the
+    /// driver's topology labels, with the driver's entry added (`info`) or removed (`nodeinfomanager.go`
+    /// `updateNodeIDInNode`, `updateTopologyLabels`; a label is never removed, as upstream leaves it).
+    fn update_node_info(&self, name: &str, info: Option<&NodeGetInfoResponse>) {
+        self.api
+            .update::<k8s_openapi::api::core::v1::Node>("", &self.node, |node| {
+                let annotations = node
+                    .metadata
+                    .annotations
+                    .get_or_insert_with(Default::default);
+                let mut ids: std::collections::BTreeMap<String, String> = annotations
+                    .get(NODE_ID_ANNOTATION)
+                    .and_then(|text| serde_json::from_str(text).ok())
+                    .unwrap_or_default();
+                match info {
+                    Some(info) => drop(ids.insert(name.to_string(), info.node_id.clone())),
+                    None => drop(ids.remove(name)),
+                }
+                match ids.is_empty() {
+                    true => drop(annotations.remove(NODE_ID_ANNOTATION)),
+                    false => drop(annotations.insert(
+                        NODE_ID_ANNOTATION.to_string(),
+                        serde_json::to_string(&ids).unwrap_or_default(),
+                    )),
+                }
+                let labels = node.metadata.labels.get_or_insert_with(Default::default);
+                for topology in info.iter().flat_map(|i| &i.accessible_topology) {
+                    labels.extend(topology.segments.clone());
+                }
+            });
     }
 
     /// The driver's entry in CSINode: its node id, its topology keys and its volume limit
@@ -306,6 +342,7 @@ impl DriverRegistry {
                 count: i32::try_from(info.max_volumes_per_node).ok(),
             }),
         };
+        self.update_node_info(name, Some(info));
         let updated = self.api.update::<CSINode>("", &self.node, |n| {
             n.spec.drivers.retain(|d| d.name != name);
             n.spec.drivers.push(driver.clone());

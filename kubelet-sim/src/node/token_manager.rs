@@ -92,7 +92,10 @@ impl TokenManager {
 
     /// `DeleteServiceAccountToken`: forgets the tokens bound to the pod.
     pub fn forget_pod(&self, pod_uid: &str) {
-        self.cache.lock().tokens.retain(|key, _| key.pod.1 != pod_uid);
+        self.cache
+            .lock()
+            .tokens
+            .retain(|key, _| key.pod.1 != pod_uid);
     }
 
     /// The cached token for `key`; then, every [`GC_PERIOD`], expired tokens are dropped (`cleanup`).
@@ -119,7 +122,7 @@ impl Key {
             audience => format!("[]string{{{audience:?}}}"),
         };
         format!(
-            "{:?}/{:?}/{audiences}/{}/&v1.BoundObjectReference{{Kind:\"Pod\", APIVersion:\"v1\", Name:{:?}, UID:{:?}}}",
+            "{:?}/{:?}/{audiences}/{}/v1.BoundObjectReference{{Kind:\"Pod\", APIVersion:\"v1\", Name:{:?}, UID:{:?}}}",
             self.service_account,
             self.namespace,
             self.expiration_seconds.unwrap_or(0),

@@ -39,7 +39,10 @@ fn label_set(w: &mut Sim, key: String, value: String, pod: String) {
 #[when(regex = r#"^the service account "([^"/]+)/([^"]+)" is deleted$"#)]
 fn service_account_deleted(w: &mut Sim, namespace: String, name: String) {
     let removed = w.sim().api.remove::<ServiceAccount>(&namespace, &name);
-    assert!(removed.is_some(), "service account {namespace}/{name} exists");
+    assert!(
+        removed.is_some(),
+        "service account {namespace}/{name} exists"
+    );
 }
 
 #[then(
@@ -154,8 +157,5 @@ fn token_volumes(w: &Sim, pod: &str) -> Vec<String> {
 #[then(regex = r#"^pod "([^"]+)" reads a PEM certificate at "([^"]+)"$"#)]
 fn reads_pem(w: &mut Sim, pod: String, path: String) {
     let body = read_token(w, &pod, &path);
-    assert!(
-        body.starts_with("-----BEGIN CERTIFICATE-----\n"),
-        "{body}"
-    );
+    assert!(body.starts_with("-----BEGIN CERTIFICATE-----\n"), "{body}");
 }

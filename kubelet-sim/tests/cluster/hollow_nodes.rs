@@ -1,14 +1,17 @@
-//! kubelet-sim as hollow nodes of a real cluster: the kit's API server (v1.20.2, with its controller-manager
-//! and scheduler, and its own real node beside).
+//! kubelet-sim as hollow nodes of a real cluster: the kit's API server (v1.20.2 with bound service-account
+//! tokens, as every 1.21+ cluster has them; its controller-manager and scheduler, and its own real node
+//! beside).
 //!
 //! 1. `kubelet-sim run --kubeconfig --nodes 3` with no manifests serves as nodes until SIGTERM: its Nodes
 //!    become Ready with Leases; pods created with kubectl, bound by nodeName, reach Running with their
-//!    inline CSI volumes (and the token `secret` volume the API server adds); CSINode lists the driver;
+//!    inline CSI volumes (and the projected `kube-api-access-*` volume the API server adds, whose token
+//!    authenticates to it); CSINode lists the driver and the Node its node id;
 //!    events reach the API; the only Secret read is the one a pod refers to; deleting the pods with
 //!    kubectl tears their volumes down and removes their objects; SIGTERM ends it with 0 and a report.
 //! 2. `kubelet-sim run --kubeconfig --manifests deploy/examples/... --teardown` applies the examples (a PV
 //!    bound by the real PV controller included), settles them on its nodes, tears down through the API
 //!    server, and exits 0 with nothing left.
+//! 3. A hollow node with a node's own credential (`node_credentials.rs`).
 //!
 //! Needs root and the kit; otherwise it says SKIPPED. It takes the kit down at the end.
 
@@ -129,6 +132,23 @@ fn serve_pods_created_with_kubectl(kit: &mut Kit, dir: &Path) {
         "jsonpath={.items[*].reason}",
     ]);
     assert!(events.contains("Started"), "{events}");
+    let node_ids = kit.kubectl(&[
+        "get",
+        "node",
+        "hollow-node-2",
+        "-o",
+        r#"jsonpath={.metadata.annotations.csi\.volume\.kubernetes\.io/nodeid}"#,
+    ]);
+    assert!(node_ids.contains("\"local.inlet.dev\""), "{node_ids}");
+    let pod_ip = kit.kubectl(&["get", "pod", "web-1", "-o", "jsonpath={.status.podIP}"]);
+    assert!(!pod_ip.is_empty(), "web-1 has no pod IP");
+    let token = super::node_credentials::token_under(&root).expect("a kube-api-access token");
+    let who =
+        super::node_credentials::identify(kit, std::fs::read_to_string(token).unwrap().trim());
+    assert!(
+        who.contains("system:serviceaccount:default:default"),
+        "{who}"
+    );
 
     kit.kubectl(&[
         "delete",
@@ -149,7 +169,7 @@ fn serve_pods_created_with_kubectl(kit: &mut Kit, dir: &Path) {
         .filter(|r| r["kind"] == "Secret")
         .map(|r| r["name"].as_str().unwrap())
         .collect();
-    // The token secret of the pods' service account (its volume), and the one web-1 refers to.
+    // The one web-1 refers to, not the other.
     assert!(secrets.contains(&"used"), "{secrets:?}");
     assert!(!secrets.contains(&"unused"), "{secrets:?}");
     let log = kit.log("kubelet-sim");
@@ -211,9 +231,15 @@ fn hollow_nodes_join_the_kits_api_server() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let mut kit = Kit::up(&kit::find().unwrap(), &dir.path().join("kit"), "containerd");
+    let mut kit = Kit::up_with(
+        &kit::find().unwrap(),
+        &dir.path().join("kit"),
+        "containerd",
+        &[("KIT_BOUND_TOKENS", "1")],
+    );
     serve_pods_created_with_kubectl(&mut kit, dir.path());
     apply_the_examples(&kit, dir.path());
+    super::node_credentials::node_credential_is_enough(&mut kit, dir.path());
     drop(kit);
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     assert!(

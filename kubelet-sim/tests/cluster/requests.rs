@@ -1,8 +1,9 @@
 //! The exact requests hollow nodes make of an API server, against a mock one (a tower service answering
-//! as kube-apiserver would): Nodes and Leases applied by name; pods listed and watched only with the node's
-//! `spec.nodeName` field selector; Secrets read one by one, only those a pod refers to (its inline CSI
-//! volume's `nodePublishSecretRef` in its namespace, its claim's PV's `nodeStageSecretRef` in the
-//! namespace that names), never one it does not, and never listed.
+//! as kube-apiserver would), shaped as the Node authorizer allows a kubelet: Nodes and Leases applied by
+//! name; pods listed and watched only with the node's `spec.nodeName` field selector; claims, PVs,
+//! VolumeAttachments and Secrets read one by one (never listed), only those a pod refers to (its claim,
+//! that claim's PV, its inline CSI volume's `nodePublishSecretRef` in its namespace, the PV's
+//! `nodeStageSecretRef` in the namespace that names), never one it does not.
 
 use std::collections::BTreeSet;
 use std::convert::Infallible;
@@ -105,10 +106,9 @@ fn answer(method: &str, path: &str) -> Result<Value, ()> {
     Ok(match bare {
         "/api/v1/pods" if path.contains("node-1") => list("Pod", vec![pod()]),
         "/api/v1/pods" => list("Pod", vec![]),
-        "/api/v1/persistentvolumeclaims" => list("PersistentVolumeClaim", vec![pvc()]),
-        "/api/v1/persistentvolumes" => list("PersistentVolume", vec![pv()]),
+        "/api/v1/namespaces/team/persistentvolumeclaims/claim" => pvc(),
+        "/api/v1/persistentvolumes/pv" => pv(),
         "/apis/storage.k8s.io/v1/csidrivers" => list("CSIDriver", vec![]),
-        "/apis/storage.k8s.io/v1/volumeattachments" => list("VolumeAttachment", vec![]),
         "/api/v1/namespaces/team/secrets/used" => secret("team", "used"),
         "/api/v1/namespaces/team/secrets/unused" => secret("team", "unused"),
         "/api/v1/namespaces/admin/secrets/stage" => secret("admin", "stage"),
@@ -208,7 +208,26 @@ async fn hollow_nodes_read_only_what_their_pods_refer_to() {
                 "{method} {path}: pods are read only by node"
             );
         }
-        assert!(!path.starts_with("/api/v1/secrets"), "{method} {path}");
+        for listed in [
+            "/api/v1/secrets",
+            "/api/v1/persistentvolumeclaims",
+            "/api/v1/persistentvolumes?",
+            "/apis/storage.k8s.io/v1/volumeattachments?",
+        ] {
+            assert!(
+                !path.starts_with(listed),
+                "{method} {path}: a node may not list it"
+            );
+        }
+    }
+    for read in [
+        "/api/v1/namespaces/team/persistentvolumeclaims/claim",
+        "/api/v1/persistentvolumes/pv",
+    ] {
+        assert!(
+            requests.iter().any(|(m, p)| m == "GET" && p == read),
+            "{read} was not read: {requests:#?}"
+        );
     }
     for node in ["node-1", "node-2"] {
         let applied = |p: &str| {

@@ -70,7 +70,12 @@ impl Mounter for DownwardApiMounter {
 
     async fn set_up_at(&self, dir: &Path, args: &MounterArgs) -> Result<(), VolumeError> {
         let items = self.source.items.as_deref().unwrap_or_default();
-        let payload = collect_data(items, &self.pod, self.host.as_ref(), self.source.default_mode)?;
+        let payload = collect_data(
+            items,
+            &self.pod,
+            self.host.as_ref(),
+            self.source.default_mode,
+        )?;
         set_up_projected(&self.host, dir, Some(0), payload, args.fs_group).await
     }
 }
@@ -101,7 +106,6 @@ pub(crate) fn collect_data(
             let container = resource.container_name.as_deref().unwrap_or_default();
             container_resource_value(
                 resource,
-                (&pod.namespace, &pod.name),
                 &pod.containers,
                 container,
                 &host.node_allocatable(),

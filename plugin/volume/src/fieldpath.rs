@@ -85,24 +85,23 @@ pub struct NodeAllocatable {
 
 /// `ExtractResourceValueByContainerNameAndNodeAllocatable`: `selector.resource` of the container named
 /// `container` (one of `containers`: name and resources), divided by the selector's divisor (1 when unset)
-/// and rounded up, as a decimal string.
+/// and rounded up, as a decimal string. The node's allocatable ephemeral storage is not known here: an
+/// unset `limits.ephemeral-storage` reads 0.
 pub fn container_resource_value(
     selector: &ResourceFieldSelector,
-    pod: (&str, &str),
     containers: &[(String, Option<ResourceRequirements>)],
     container: &str,
     allocatable: &NodeAllocatable,
 ) -> Result<String, String> {
-    let (namespace, name) = pod;
     let resources = containers
         .iter()
         .find(|(n, _)| n == container)
         .map(|(_, r)| r.clone().unwrap_or_default())
-        .ok_or_else(|| {
-            format!("failed to find container with name {container} in pod {namespace}/{name}")
-        })?;
+        .ok_or_else(|| format!("container {container} not found"))?;
+    // A zero limit counts as unset (`MergeContainerResourceLimits`).
     let from = |map: &Option<BTreeMap<String, Quantity>>, key: &str| {
-        map.as_ref().and_then(|m| m.get(key)).map(|q| q.0.clone())
+        let quantity = map.as_ref().and_then(|m| m.get(key))?;
+        (parse_milli(&quantity.0) != Ok(0)).then(|| quantity.0.clone())
     };
     let (kind, which) = selector
         .resource
@@ -172,11 +171,17 @@ mod tests {
     fn fields_and_maps_read_as_upstream_formats_them() {
         let meta = meta();
         let field = |path| extract_field_path_as_string(&meta, path);
-        assert_eq!(field("metadata.labels").unwrap(), "app=\"web\"\ntier=\"front \\\"end\\\"\"");
+        assert_eq!(
+            field("metadata.labels").unwrap(),
+            "app=\"web\"\ntier=\"front \\\"end\\\"\""
+        );
         assert_eq!(field("metadata.labels['app']").unwrap(), "web");
         assert_eq!(field("metadata.annotations").unwrap(), "");
         assert_eq!(field("metadata.namespace").unwrap(), "apps");
-        assert_eq!(field("spec.nodeName").unwrap_err(), "unsupported fieldPath: spec.nodeName");
+        assert_eq!(
+            field("spec.nodeName").unwrap_err(),
+            "unsupported fieldPath: spec.nodeName"
+        );
         assert_eq!(
             field("metadata.name['x']").unwrap_err(),
             "fieldPath \"metadata.name['x']\" does not support subscript"
@@ -203,7 +208,7 @@ mod tests {
                 divisor: divisor.map(|d| Quantity(d.into())),
                 container_name: None,
             };
-            container_resource_value(&selector, ("apps", "web"), &containers, "app", &node)
+            container_resource_value(&selector, &containers, "app", &node)
         };
         assert_eq!(value("requests.cpu", None).unwrap(), "1");
         assert_eq!(value("requests.cpu", Some("1m")).unwrap(), "250");
@@ -219,8 +224,8 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(
-            container_resource_value(&selector, ("apps", "web"), &containers, "db", &node).unwrap_err(),
-            "failed to find container with name db in pod apps/web"
+            container_resource_value(&selector, &containers, "db", &node).unwrap_err(),
+            "container db not found"
         );
     }
 }

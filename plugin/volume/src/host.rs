@@ -9,8 +9,8 @@ use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::api::storage::v1::{CSIDriver, VolumeAttachment};
 
 use super::PodInfo;
-use super::fieldpath::NodeAllocatable;
 use super::csi::CsiClient;
+use super::fieldpath::NodeAllocatable;
 use inlet_host::mount::MountLayer;
 
 /// A service-account token request, as the kubelet makes it for a CSIDriver's `tokenRequests`.

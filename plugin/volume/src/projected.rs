@@ -152,7 +152,8 @@ impl ProjectedMounter {
                     namespace: namespace.clone(),
                     service_account: self.pod.service_account.clone(),
                     audience: token.audience.clone().unwrap_or_default(),
-                    expiration_seconds: token.expiration_seconds,
+                    // The API's default for a projection that names none.
+                    expiration_seconds: token.expiration_seconds.or(Some(3600)),
                     pod: (self.pod.name.clone(), self.pod.uid.clone()),
                 })
                 .await?;
@@ -164,6 +165,9 @@ impl ProjectedMounter {
         }
         // ClusterTrustBundle (beta, off by default) and PodCertificate (alpha) projections: an API server
         // with their gates off drops them, so a pod that has one asks for what this kubelet lacks.
-        Err("projected source not supported by this kubelet (clusterTrustBundle, podCertificate)".into())
+        Err(
+            "projected source not supported by this kubelet (clusterTrustBundle, podCertificate)"
+                .into(),
+        )
     }
 }

@@ -110,7 +110,11 @@ impl PodInfo {
             annotations: pod.metadata.annotations.clone().unwrap_or_default(),
             containers: spec
                 .into_iter()
-                .flat_map(|s| s.containers.iter().chain(s.init_containers.iter().flatten()))
+                .flat_map(|s| {
+                    s.containers
+                        .iter()
+                        .chain(s.init_containers.iter().flatten())
+                })
                 .map(|c| (c.name.clone(), c.resources.clone()))
                 .collect(),
         }

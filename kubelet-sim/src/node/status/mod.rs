@@ -10,8 +10,8 @@
 
 use k8s_openapi::api::core::v1::{
     Container, ContainerState as ApiContainerState, ContainerStateRunning,
-    ContainerStateTerminated, ContainerStateWaiting, ContainerStatus, Pod, PodCondition, PodSpec,
-    PodStatus,
+    ContainerStateTerminated, ContainerStateWaiting, ContainerStatus, HostIP, Pod, PodCondition,
+    PodIP, PodSpec, PodStatus,
 };
 
 use super::Kubelet;
@@ -125,6 +125,8 @@ impl Kubelet {
             pod.metadata.namespace.clone().unwrap_or_default(),
             pod.metadata.name.clone().unwrap_or_default(),
         );
+        let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+        let pod_ip = self.pods.lock().get(uid).and_then(|rt| rt.pod_ip.clone());
         self.api.update::<Pod>(&namespace, &name, |p| {
             let old = p.status.clone().unwrap_or_default();
             // The kubelet's conditions after the others', in `generateAPIPodStatus`' order.
@@ -152,6 +154,11 @@ impl Kubelet {
                 container_statuses: Some(status.statuses),
                 init_container_statuses: Some(status.init_statuses).filter(|s| !s.is_empty()),
                 host_ip: Some("127.0.0.1".into()),
+                host_ips: Some(vec![HostIP {
+                    ip: "127.0.0.1".into(),
+                }]),
+                pod_ip: pod_ip.clone(),
+                pod_ips: pod_ip.clone().map(|ip| vec![PodIP { ip }]),
                 // When the node first started working on the pod, kept from then on.
                 start_time: old.start_time.or_else(|| Some(now())),
                 ..Default::default()
