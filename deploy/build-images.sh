@@ -26,7 +26,14 @@ target=$(rustc -vV | sed -n 's/^host: //p')
 # --target keeps the static flag off build scripts and proc macros (they must stay dynamic).
 packages=()
 for name in "${names[@]}"; do packages+=(-p "$name"); done
-RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static" CARGO_PROFILE_RELEASE_STRIP=symbols \
+# In a clean environment: run from `cargo test` (the images' tests), the variables cargo gives a test
+# (LD_LIBRARY_PATH, CARGO_*) differ from a shell's, and build scripts that watch the environment would
+# rebuild everything on every switch between the two.
+keep=(PATH="$PATH" HOME="$HOME")
+for var in RUSTUP_HOME CARGO_HOME CARGO_TARGET_DIR TMPDIR; do
+  [ -z "${!var:-}" ] || keep+=("$var=${!var}")
+done
+env -i "${keep[@]}" RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static" CARGO_PROFILE_RELEASE_STRIP=symbols \
   cargo build --release --locked --target "$target" "${packages[@]}"
 
 mkdir -p target/images

@@ -266,3 +266,30 @@ Feature: Projected and downwardAPI volumes, and the service-account token every 
     And pod "web" has a Warning "FailedMount" event ending "expired and refresh failed: serviceaccounts "robot" not found"
     When all pods are deleted
     Then nothing is left on the node
+
+  Scenario: The API refuses projected and downwardAPI sources a volume may not have, with its texts
+    Given the manifests:
+      """
+      apiVersion: v1
+      kind: Pod
+      metadata: {name: short, annotations: {inlet.dev/expected-phase: Rejected}}
+      spec:
+        containers: [{name: app, image: busybox}]
+        volumes:
+        - name: token
+          projected:
+            sources: [{serviceAccountToken: {path: token, expirationSeconds: 60}}]
+      ---
+      apiVersion: v1
+      kind: Pod
+      metadata: {name: nodename, annotations: {inlet.dev/expected-phase: Rejected}}
+      spec:
+        containers: [{name: app, image: busybox}]
+        volumes:
+        - name: info
+          downwardAPI:
+            items: [{path: node, fieldRef: {fieldPath: spec.nodeName}}, {path: cpu, resourceFieldRef: {resource: limits.cpu}}]
+      """
+    When the simulation runs
+    Then pod "short" was rejected with "Pod "short" is invalid: spec.volumes[0].projected.sources[0].serviceAccountToken.expirationSeconds: Invalid value: 60: may not specify a duration less than 10 minutes"
+    And pod "nodename" was rejected with "Pod "nodename" is invalid: [spec.volumes[0].downwardAPI.items[0].fieldRef.fieldPath: Unsupported value: "spec.nodeName": supported values: "metadata.annotations", "metadata.labels", "metadata.name", "metadata.namespace", "metadata.uid", spec.volumes[0].downwardAPI.items[1].resourceFieldRef.containerName: Required value]"

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use inlet_host::mount::MountLayer;
-use kubelet_sim::bench::{self, BenchError, Machine, Results, csi_ephemeral, image, pods};
+use kubelet_sim::bench::{self, BenchError, Machine, Results, csi_ephemeral, hollow, image, pods};
 use kubelet_sim::drivers::DriverArg;
 use kubelet_sim::signals::Interrupts;
 
@@ -23,6 +23,37 @@ pub enum Bench {
     /// Image volumes on a real runtime (containerd when installed): the cold pull through CRI, warm
     /// read-only and writable publishes, the disk each volume uses, beside copying the image's files.
     Image(ImageArgs),
+    /// Hollow nodes on a real cluster (--kubeconfig): memory and CPU per node while idle and while pods
+    /// with an inline volume are created and deleted on them.
+    HollowNodes(HollowArgs),
+}
+
+/// `bench hollow-nodes`.
+#[derive(clap::Args)]
+pub struct HollowArgs {
+    /// The cluster the hollow nodes join (they leave it at the end: drained and deleted).
+    #[arg(long, value_name = "FILE")]
+    kubeconfig: PathBuf,
+    /// Hollow nodes.
+    #[arg(long, default_value_t = 50)]
+    nodes: usize,
+    /// Pods per churn round, bound round-robin to the nodes.
+    #[arg(long, default_value_t = 100)]
+    pods: usize,
+    /// Churn rounds.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// How long the nodes idle while measured.
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    idle: Duration,
+    /// The driver: NAME=local (inlet's, on every node).
+    #[arg(long, default_value = "local.inlet.dev=local")]
+    driver: DriverArg,
+    /// The longest a step may take.
+    #[arg(long, default_value = "300s", value_parser = humantime::parse_duration)]
+    timeout: Duration,
+    #[command(flatten)]
+    output: Output,
 }
 
 /// Where figures go.
@@ -172,6 +203,28 @@ pub async fn run(bench: Bench) -> Result<(), BenchError> {
             let name = format!("{} pods over {} nodes", figures.pods, figures.nodes);
             let series = [(name, figures.samples.clone())];
             write(&args.output, real, figures, "Pod start latency", &series)
+        }
+        Bench::HollowNodes(args) => {
+            let (mounter, real) = args.output.mounter.layer();
+            let (root, _temp) = root(&args.output, &mounter)?;
+            let client = kubelet_sim::cluster::connect(&args.kubeconfig)
+                .await
+                .map_err(|e| BenchError::Usage(e.to_string()))?;
+            let config = hollow::HollowConfig {
+                client,
+                nodes: args.nodes,
+                pods: args.pods,
+                rounds: args.rounds,
+                idle: args.idle,
+                driver: args.driver,
+                root,
+                mounter,
+                limit: args.timeout,
+            };
+            let figures = hollow::run(&config).await?;
+            bench::print_hollow(&mut std::io::stdout(), &figures)
+                .map_err(BenchError::io("stdout"))?;
+            write(&args.output, real, figures, "Hollow nodes", &[])
         }
         Bench::Image(args) => {
             let (mounter, real) = args.output.mounter.layer();

@@ -62,13 +62,22 @@ enum Command {
 struct RunArgs {
     /// Kubernetes YAML files or directories: Pods, Secrets, CSIDrivers, PVs, PVCs, ServiceAccounts. With
     /// --kubeconfig they are created in that cluster (pods bound to these nodes); optional there.
-    #[arg(long, required_unless_present = "kubeconfig", num_args = 1..)]
+    #[arg(long, required_unless_present_any = ["kubeconfig", "in_cluster"], num_args = 1..)]
     manifests: Vec<PathBuf>,
     /// Join the cluster of this kubeconfig as hollow nodes (as kubemark's, with real volume logic):
     /// register the Nodes and their Leases, run the pods bound to them, post their status and events.
     /// Without --manifests, run until SIGTERM or SIGINT. The embedded API is the default.
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", conflicts_with = "in_cluster")]
     kubeconfig: Option<PathBuf>,
+    /// As --kubeconfig, with the pod's own service account (kubelet-sim running as a pod of the cluster it
+    /// joins, deploy/hollow-nodes/), or the file KUBECONFIG names.
+    #[arg(long)]
+    in_cluster: bool,
+    /// With --kubeconfig or --in-cluster: at SIGTERM or SIGINT, leave the cluster (the nodes report
+    /// NotReady and are cordoned, their pods are deleted and torn down here, then the Nodes are deleted),
+    /// waiting at most --timeout for the pods. For hollow nodes whose Deployment is scaled down.
+    #[arg(long)]
+    drain_on_exit: bool,
     /// Nodes are named PREFIX-1 ... PREFIX-N [default: node; with --kubeconfig, hollow-node].
     #[arg(long, value_name = "PREFIX")]
     node_name_prefix: Option<String>,
@@ -237,14 +246,17 @@ enum Outcome {
 
 async fn run(args: RunArgs) -> Result<Outcome, String> {
     let manifests = manifest::load(&args.manifests).map_err(|e| e.to_string())?;
-    let cluster = match &args.kubeconfig {
-        Some(path) => Some(
-            kubelet_sim::cluster::connect(path)
-                .await
-                .map_err(|e| e.to_string())?,
-        ),
-        None => None,
-    };
+    let cluster = match (&args.kubeconfig, args.in_cluster) {
+        (Some(path), _) => Some(kubelet_sim::cluster::connect(path).await),
+        (None, true) => Some(kubelet_sim::cluster::connect_in_cluster().await),
+        (None, false) => None,
+    }
+    .transpose()
+    .map_err(|e| e.to_string())?;
+    if args.drain_on_exit && cluster.is_none() {
+        return Err("--drain-on-exit needs --kubeconfig or --in-cluster".into());
+    }
+    let hollow = cluster.is_some();
     // A node daemon of a real cluster: no manifests to settle, it serves until stopped.
     let serve_until_stopped = cluster.is_some() && manifests.is_empty();
     let node_name_prefix = args.node_name_prefix.unwrap_or_else(|| {
@@ -322,6 +334,11 @@ async fn run(args: RunArgs) -> Result<Outcome, String> {
     // are left behind, the report is written, and teardown (if asked, or after a signal) gets its own.
     let settled = if serve_until_stopped {
         interrupts.wait().await;
+        if args.drain_on_exit {
+            if let Err(e) = sim.leave_cluster(args.timeout).await {
+                eprintln!("kubelet-sim: leaving the cluster: {e}");
+            }
+        }
         true
     } else {
         tokio::select! {
@@ -342,7 +359,7 @@ async fn run(args: RunArgs) -> Result<Outcome, String> {
     }
     // A hollow node stopped by a signal leaves its pods to the cluster (as a kubelet that stops does);
     // alone, kubelet-sim tears down what it mounted.
-    let teardown_on_signal = interrupts.received().is_some() && args.kubeconfig.is_none();
+    let teardown_on_signal = interrupts.received().is_some() && !hollow;
     if args.teardown || teardown_on_signal {
         let teardown = sim.teardown(args.timeout).await;
         let after = sim.report();

@@ -129,6 +129,10 @@ impl Admission {
                     )));
                 }
             }
+            let errors = super::volume_validation::errors(volume, i);
+            if !errors.is_empty() {
+                return Err(invalid(aggregate(&errors)));
+            }
             // `validateCSIVolumeSource`: the driver's name becomes a path on the node.
             if let Some(csi) = &volume.csi {
                 let errors =

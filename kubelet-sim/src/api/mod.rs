@@ -6,6 +6,7 @@ pub mod manifest;
 pub mod service_account;
 pub mod store;
 pub mod tokens;
+mod volume_validation;
 
 use k8s_openapi::api::core::v1::{Event, ObjectReference, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;

@@ -95,6 +95,10 @@ pub struct Api {
     finished: Mutex<Option<Vec<(String, String, String)>>>,
     /// Set once every object the run was given has been applied (the kubelet's "all sources ready").
     sources_ready: std::sync::atomic::AtomicBool,
+    /// When the nodes began to leave their cluster (`--drain-on-exit`): they report NotReady from then on.
+    leaving: std::sync::OnceLock<Time>,
+    /// Set once they have left (their Nodes deleted): nothing more is posted for them.
+    left: std::sync::atomic::AtomicBool,
     /// Service-account tokens, the root CA and the simulation's clock.
     pub tokens: super::tokens::Tokens,
 }
@@ -158,6 +162,26 @@ impl Api {
     /// A receiver that sees changes to objects of no node (PVs, PVCs, CSIDrivers, Secrets, ...).
     pub fn watch_cluster(&self) -> tokio::sync::watch::Receiver<u64> {
         self.cluster_revision.subscribe()
+    }
+
+    /// The nodes leave their cluster: they report NotReady from now on.
+    pub fn mark_leaving(&self) {
+        let _ = self.leaving.set(now());
+    }
+
+    /// Since when the nodes leave their cluster, if they do.
+    pub fn leaving(&self) -> Option<Time> {
+        self.leaving.get().cloned()
+    }
+
+    /// The nodes have left their cluster: nothing more is posted for them.
+    pub fn mark_left(&self) {
+        self.left.store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// True once the nodes have left their cluster.
+    pub fn left(&self) -> bool {
+        self.left.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Marks the API's content complete: nodes may now act on what is *not* in it (see

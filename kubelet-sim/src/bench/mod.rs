@@ -12,6 +12,7 @@
 mod chart;
 pub mod csi_ephemeral;
 mod error;
+pub mod hollow;
 pub mod image;
 pub mod pods;
 mod stats;
@@ -154,6 +155,24 @@ pub fn print_pods(out: &mut impl Write, f: &pods::PodsFigures) -> std::io::Resul
         },
         f.peak_rss_mib,
         f.csi_calls
+    )
+}
+
+/// Prints a hollow-node run's figures.
+pub fn print_hollow(out: &mut impl Write, f: &hollow::HollowFigures) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "{} hollow nodes: Ready in {:.1} s; idle {:.2} MiB and {:.2} millicores per node (baseline {:.1} MiB); churn of {} x {} pods: {:.1} pods/s, {:.2} millicores per node; peak RSS {} MiB",
+        f.nodes,
+        f.register_seconds,
+        f.idle_rss_per_node_mib,
+        f.idle_cpu_per_node_millicores,
+        f.baseline_rss_mib,
+        f.churn_rounds,
+        f.churn_pods,
+        f.churn_pods_per_second,
+        f.churn_cpu_per_node_millicores,
+        f.peak_rss_mib
     )
 }
 

@@ -12,6 +12,13 @@ pub enum ClusterError {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// The pod's in-cluster config (or `KUBECONFIG`) could not be read or used.
+    #[error("--in-cluster: {source}")]
+    InCluster {
+        /// What was wrong.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// A request failed: `what` it was for, and the client's error.
     #[error("{what}: {source}")]
     Request {
@@ -34,6 +41,12 @@ pub enum ClusterError {
         seconds: i64,
         /// The Lease's duration.
         lease_seconds: i32,
+    },
+    /// Leaving the cluster (`--drain-on-exit`) failed for some nodes: what happened to each.
+    #[error("{}", errors.join("; "))]
+    Leave {
+        /// One message a failure.
+        errors: Vec<String>,
     },
     /// The API server refused an object: its message, as kubectl shows it.
     #[error("{}", refusal(source))]

@@ -15,6 +15,7 @@
 mod client_metrics;
 mod error;
 mod inbound;
+mod leave;
 mod nodes;
 mod outbound;
 pub mod references;
@@ -49,6 +50,14 @@ pub async fn connect(kubeconfig: &Path) -> Result<kube::Client, ClusterError> {
     let config = kube::Config::from_custom_kubeconfig(parsed, &Default::default())
         .await
         .map_err(|e| bad(e.into()))?;
+    client(config).map_err(|e| bad(e.into()))
+}
+
+/// A client from the pod's own service account (`kube::Config::infer`: `KUBECONFIG` when set, else the
+/// in-cluster config), for hollow nodes that run as pods of the cluster they join.
+pub async fn connect_in_cluster() -> Result<kube::Client, ClusterError> {
+    let bad = |e: Box<dyn std::error::Error + Send + Sync>| ClusterError::InCluster { source: e };
+    let config = kube::Config::infer().await.map_err(|e| bad(e.into()))?;
     client(config).map_err(|e| bad(e.into()))
 }
 
@@ -98,6 +107,16 @@ impl Cluster {
     /// A client of the cluster.
     pub fn new(client: kube::Client) -> Self {
         Self { client }
+    }
+
+    /// Drains `nodes` and deletes them (`--drain-on-exit`; see `leave.rs`).
+    pub async fn leave(
+        &self,
+        api: &Arc<Api>,
+        nodes: &[String],
+        deadline: std::time::Duration,
+    ) -> Result<(), ClusterError> {
+        leave::leave(&self.client, api, nodes, deadline).await
     }
 
     /// Applies a manifest's object to the API server (server-side apply, as `kubectl apply

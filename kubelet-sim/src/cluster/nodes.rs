@@ -16,7 +16,7 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
-use kube::api::{Patch, PatchParams};
+use kube::api::{Patch, PatchParams, PostParams};
 
 use super::{ClusterError, FIELD_MANAGER};
 use crate::api::{Api, now};
@@ -40,12 +40,10 @@ fn apply() -> PatchParams {
     PatchParams::apply(FIELD_MANAGER).force()
 }
 
-/// A field manager of its own, so that applying one part of the Node leaves what another part set.
-fn apply_as(manager: &str) -> PatchParams {
-    PatchParams::apply(manager).force()
-}
-
-/// Creates (or takes over) each node's Node object and posts its first status; returns their UIDs.
+/// Creates each node's Node object (or, when it exists, brings its labels up to date, as
+/// `tryRegisterWithAPIServer` does: its taints are others' by then, and NodeRestriction forbids a node to
+/// change them) and posts its first status; returns their UIDs. Every node is checked for another holder
+/// before any is registered.
 pub async fn register(
     client: &kube::Client,
     api: &Api,
@@ -57,6 +55,8 @@ pub async fn register(
     let mut uids = BTreeMap::new();
     for name in nodes {
         refuse_if_held(client, name).await?;
+    }
+    for name in nodes {
         let labels = BTreeMap::from([
             ("kubernetes.io/hostname".to_string(), name.clone()),
             ("kubernetes.io/os".to_string(), "linux".to_string()),
@@ -85,10 +85,17 @@ pub async fn register(
             }),
             ..Default::default()
         };
-        let created = all
-            .patch(name, &apply(), &Patch::Apply(&node))
-            .await
-            .map_err(ClusterError::request(format!("registering node {name}")))?;
+        let failed = || ClusterError::request(format!("registering node {name}"));
+        let created = match all.create(&PostParams::default(), &node).await {
+            Ok(created) => created,
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                let labels = serde_json::json!({"metadata": {"labels": node.metadata.labels}});
+                all.patch(name, &PatchParams::default(), &Patch::Merge(&labels))
+                    .await
+                    .map_err(failed())?
+            }
+            Err(e) => return Err(failed()(e)),
+        };
         uids.insert(name.clone(), created.metadata.uid.unwrap_or_default());
         post_status(client, &status(api, name, runtime_version, &since), name).await?;
         renew_lease(client, name, uids.get(name).cloned().unwrap_or_default()).await?;
@@ -167,6 +174,10 @@ pub async fn heartbeat(
                 return;
             }
         }
+        // Nodes that left the cluster are deleted: nothing is posted for them any more.
+        if api.left() {
+            continue;
+        }
         for (name, uid) in &uids {
             let node = status(&api, name, &runtime_version, &since);
             let last = posted.get(name);
@@ -191,11 +202,14 @@ pub async fn heartbeat(
 async fn release_lease(client: &kube::Client, name: &str) {
     let leases = kube::Api::<Lease>::namespaced(client.clone(), LEASE_NAMESPACE);
     let patch = serde_json::json!({"metadata": {"annotations": {INSTANCE_ANNOTATION: null}}});
-    if let Err(e) = leases
+    match leases
         .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
         .await
     {
-        tracing::warn!(node = %name, "releasing the lease: {e}");
+        // Gone with its Node (the node left the cluster).
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 404 => {}
+        Err(e) => tracing::warn!(node = %name, "releasing the lease: {e}"),
     }
 }
 
@@ -273,12 +287,15 @@ fn status(api: &Api, name: &str, runtime_version: &str, since: &Time) -> Node {
                     "KubeletHasSufficientPID",
                     "kubelet has sufficient PID available",
                 ),
-                condition(
-                    "Ready",
-                    "True",
-                    "KubeletReady",
-                    "kubelet is posting ready status",
-                ),
+                match api.leaving().is_some() {
+                    false => condition(
+                        "Ready",
+                        "True",
+                        "KubeletReady",
+                        "kubelet is posting ready status",
+                    ),
+                    true => not_ready(api),
+                },
             ]),
             capacity: Some(resources.clone()),
             allocatable: Some(resources),
@@ -315,22 +332,48 @@ fn status(api: &Api, name: &str, runtime_version: &str, since: &Time) -> Node {
     }
 }
 
-/// Posts a node's labels and annotations (when it has any) and its status.
+/// The Ready condition of a node that leaves the cluster.
+fn not_ready(api: &Api) -> NodeCondition {
+    NodeCondition {
+        type_: "Ready".into(),
+        status: "False".into(),
+        reason: Some("KubeletNotReady".into()),
+        message: Some("kubelet-sim is leaving the cluster: the node is drained and deleted".into()),
+        last_heartbeat_time: Some(now()),
+        last_transition_time: api.leaving().or_else(|| Some(now())),
+    }
+}
+
+/// Reports the node NotReady at once (a strategic merge of its Ready condition; the heartbeat keeps it so,
+/// since [`Api::leaving`] is set).
+pub async fn post_not_ready(
+    client: &kube::Client,
+    api: &Api,
+    name: &str,
+) -> Result<(), ClusterError> {
+    let patch = serde_json::json!({"status": {"conditions": [not_ready(api)]}});
+    kube::Api::<Node>::all(client.clone())
+        .patch_status(name, &PatchParams::default(), &Patch::Strategic(&patch))
+        .await
+        .map(drop)
+        .map_err(ClusterError::request(format!(
+            "reporting node {name} NotReady"
+        )))
+}
+
+/// Posts a node's labels and annotations (when it has any; a merge patch, which never makes a Node that
+/// is gone again) and its status (even when the labels were refused).
 async fn post_status(client: &kube::Client, node: &Node, name: &str) -> Result<(), ClusterError> {
     let nodes = kube::Api::<Node>::all(client.clone());
     if node.metadata.labels.is_some() || node.metadata.annotations.is_some() {
-        let metadata = Node {
-            metadata: node.metadata.clone(),
-            ..Default::default()
-        };
-        nodes
-            .patch(
-                name,
-                &apply_as("kubelet-sim-nodeinfo"),
-                &Patch::Apply(&metadata),
-            )
+        let metadata = serde_json::json!({"metadata": {
+            "labels": node.metadata.labels, "annotations": node.metadata.annotations}});
+        if let Err(e) = nodes
+            .patch(name, &PatchParams::default(), &Patch::Merge(&metadata))
             .await
-            .map_err(ClusterError::request(format!("labelling node {name}")))?;
+        {
+            tracing::warn!(node = %name, "labelling the node: {e}");
+        }
     }
     nodes
         .patch_status(name, &apply(), &Patch::Apply(node))

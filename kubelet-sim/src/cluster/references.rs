@@ -204,6 +204,15 @@ pub async fn fetch<T>(
         match objects(namespace).get_opt(name).await {
             Ok(Some(object)) => api.put(object),
             Ok(None) => drop(api.remove::<T>(namespace, name)),
+            // The Node authorizer answers a VolumeAttachment that does not exist yet with 403 (it
+            // knows no edge to it): not made yet, as a 404 would say.
+            Err(kube::Error::Api(s)) if s.code == 403 && T::KIND == "VolumeAttachment" => {
+                tracing::debug!(
+                    name,
+                    "VolumeAttachment not made yet (403 from the Node authorizer)"
+                );
+                drop(api.remove::<T>(namespace, name));
+            }
             Err(e) => tracing::warn!(namespace, name, kind = T::KIND, "reading an object: {e}"),
         }
     }

@@ -87,7 +87,11 @@ impl Kubelet {
             let data = data.map(|c| c.data.clone().unwrap_or_default());
             ("ConfigMap", &r.name, &r.key, r.optional, data)
         } else if let Some(field) = &from.field_ref {
-            return pod_field(pod, field).map(Some);
+            // The sandbox's IP, known before the status that reports it is written.
+            let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+            let sandbox_ip = self.pods.lock().get(uid).and_then(|rt| rt.pod_ip.clone());
+            let pod_ip = sandbox_ip.or_else(|| pod.status.as_ref()?.pod_ip.clone());
+            return pod_field(pod, field, pod_ip).map(Some);
         } else if let Some(resource) = &from.resource_field_ref {
             return container_resource(pod, container, resource, &super::host::allocatable())
                 .map(Some);
@@ -134,7 +138,11 @@ fn secret_strings(secret: &Secret) -> BTreeMap<String, String> {
 }
 
 /// `podFieldSelectorRuntimeValue`: the pod fields the downward API may name.
-fn pod_field(pod: &Pod, field: &ObjectFieldSelector) -> Result<String, String> {
+fn pod_field(
+    pod: &Pod,
+    field: &ObjectFieldSelector,
+    pod_ip: Option<String>,
+) -> Result<String, String> {
     let meta = &pod.metadata;
     let spec = pod.spec.as_ref();
     let path = field.field_path.as_str();
@@ -145,7 +153,7 @@ fn pod_field(pod: &Pod, field: &ObjectFieldSelector) -> Result<String, String> {
         "spec.nodeName" => spec.and_then(|s| s.node_name.clone()),
         "spec.serviceAccountName" => spec.and_then(|s| s.service_account_name.clone()),
         "status.hostIP" | "status.hostIPs" => Some("127.0.0.1".into()),
-        "status.podIP" | "status.podIPs" => pod.status.as_ref().and_then(|s| s.pod_ip.clone()),
+        "status.podIP" | "status.podIPs" => pod_ip,
         // The metadata fields, labels and annotations (`ExtractFieldPathAsString`).
         _ => return extract_field_path_as_string(meta, path),
     };

@@ -174,6 +174,16 @@ impl Kubelet {
             }
         };
         inlet_host::crash::point("pod.sandbox-started");
+        // The pod's IP from its sandbox's status, as `generateAPIPodStatus` takes it (host-network pods
+        // have the node's), before its containers start: their `status.podIP` environment needs it.
+        let host_network = pod.spec.as_ref().and_then(|s| s.host_network) == Some(true);
+        let ip = match host_network {
+            true => Some("127.0.0.1".to_string()),
+            false => self.sandbox_ip(sandbox_id.clone()).await,
+        };
+        if let Some(rt) = self.pods.lock().get_mut(&uid) {
+            rt.pod_ip = ip;
+        }
         let mut reports = Vec::new();
         Box::pin(self.start_next(&pod, &sandbox_id, &sandbox_config, &mut reports)).await;
         // Record the containers before the status says Running, so whoever sees Running finds them.
@@ -181,16 +191,6 @@ impl Kubelet {
             rt.state = PodState::Running;
             rt.sandbox_id = Some(sandbox_id);
             rt.containers = reports.clone();
-        }
-        // The pod's IP from its sandbox's status, as `generateAPIPodStatus` takes it (host-network pods
-        // have the node's).
-        let host_network = pod.spec.as_ref().and_then(|s| s.host_network) == Some(true);
-        let ip = match host_network {
-            true => Some("127.0.0.1".to_string()),
-            false => self.pod_ip(&pod).await,
-        };
-        if let Some(rt) = self.pods.lock().get_mut(&uid) {
-            rt.pod_ip = ip;
         }
         self.set_status(&pod, &reports, false);
         true

@@ -120,9 +120,14 @@ impl Kubelet {
     }
 
     /// The pod's IP, as its sandbox's status has it.
-    pub(super) async fn pod_ip(&self, pod: &Pod) -> Option<String> {
+    async fn pod_ip(&self, pod: &Pod) -> Option<String> {
         let uid = pod.metadata.uid.as_deref().unwrap_or_default();
         let sandbox = self.pods.lock().get(uid)?.sandbox_id.clone()?;
+        self.sandbox_ip(sandbox).await
+    }
+
+    /// A sandbox's IP, as its status has it.
+    pub(super) async fn sandbox_ip(&self, sandbox: String) -> Option<String> {
         let status = self
             .cri
             .runtime

@@ -275,6 +275,18 @@ impl Simulation {
         Ok(sim)
     }
 
+    /// Leaves the real cluster the nodes joined (`--drain-on-exit`): see `cluster/leave.rs`.
+    pub async fn leave_cluster(&self, deadline: Duration) -> Result<(), SimError> {
+        let Some(client) = self.config.cluster.clone() else {
+            return Ok(());
+        };
+        let names: Vec<String> = self.nodes.iter().map(|n| n.config.name.clone()).collect();
+        crate::cluster::Cluster::new(client)
+            .leave(&self.api, &names, deadline)
+            .await?;
+        Ok(())
+    }
+
     /// Starts (for `local` and `image`) and registers a driver on every node.
     pub async fn add_driver(&mut self, driver: &DriverArg) -> Result<(), SimError> {
         for node in self.nodes.clone() {

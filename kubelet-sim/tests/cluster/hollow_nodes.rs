@@ -12,6 +12,7 @@
 //!    bound by the real PV controller included), settles them on its nodes, tears down through the API
 //!    server, and exits 0 with nothing left.
 //! 3. A hollow node with a node's own credential (`node_credentials.rs`).
+//! 4. Hollow nodes as a Deployment's pods, scaled from 2 to 1 (`hollow_deployment.rs`).
 //!
 //! Needs root and the kit; otherwise it says SKIPPED. It takes the kit down at the end.
 
@@ -240,6 +241,7 @@ fn hollow_nodes_join_the_kits_api_server() {
     serve_pods_created_with_kubectl(&mut kit, dir.path());
     apply_the_examples(&kit, dir.path());
     super::node_credentials::node_credential_is_enough(&mut kit, dir.path());
+    super::hollow_deployment::hollow_nodes_as_a_deployment(&mut kit);
     drop(kit);
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     assert!(

@@ -1,6 +1,6 @@
 //! The exact requests hollow nodes make of an API server, against a mock one (a tower service answering
-//! as kube-apiserver would), shaped as the Node authorizer allows a kubelet: Nodes and Leases applied by
-//! name; pods listed and watched only with the node's `spec.nodeName` field selector; claims, PVs,
+//! as kube-apiserver would), shaped as the Node authorizer allows a kubelet: Nodes created, their status
+//! and Leases applied by name; pods listed and watched only with the node's `spec.nodeName` field selector; claims, PVs,
 //! VolumeAttachments and Secrets read one by one (never listed), only those a pod refers to (its claim,
 //! that claim's PV, its inline CSI volume's `nodePublishSecretRef` in its namespace, the PV's
 //! `nodeStageSecretRef` in the namespace that names), never one it does not.
@@ -229,13 +229,18 @@ async fn hollow_nodes_read_only_what_their_pods_refer_to() {
             "{read} was not read: {requests:#?}"
         );
     }
+    // Nodes are created (a POST, as `registerWithAPIServer`), not applied over what others set.
+    let created = requests
+        .iter()
+        .filter(|(m, path)| m == "POST" && path.starts_with("/api/v1/nodes?"))
+        .count();
+    assert_eq!(created, 2, "{requests:#?}");
     for node in ["node-1", "node-2"] {
         let applied = |p: &str| {
             requests.iter().any(|(m, path)| {
                 m == "PATCH" && path.starts_with(p) && path.contains("fieldManager=kubelet-sim")
             })
         };
-        assert!(applied(&format!("/api/v1/nodes/{node}?")), "{requests:#?}");
         assert!(
             applied(&format!("/api/v1/nodes/{node}/status?")),
             "{requests:#?}"

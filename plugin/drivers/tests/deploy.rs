@@ -17,10 +17,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use inlet_proto::csi::v1 as csi;
-use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{
-    Container, PersistentVolume, PersistentVolumeClaim, Pod, Secret, ServiceAccount,
+    Container, Namespace, PersistentVolume, PersistentVolumeClaim, Pod, Secret, ServiceAccount,
 };
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use k8s_openapi::api::storage::v1::CSIDriver;
 use serde_json::Value;
 
@@ -128,6 +129,10 @@ fn check_strictly(doc: &Value) -> Result<(), String> {
     match doc["kind"].as_str().unwrap_or_default() {
         "CSIDriver" => strict::<CSIDriver>(doc).map(drop),
         "DaemonSet" => strict::<DaemonSet>(doc).map(drop),
+        "Deployment" => strict::<Deployment>(doc).map(drop),
+        "Namespace" => strict::<Namespace>(doc).map(drop),
+        "ClusterRole" => strict::<ClusterRole>(doc).map(drop),
+        "ClusterRoleBinding" => strict::<ClusterRoleBinding>(doc).map(drop),
         "ServiceAccount" => strict::<ServiceAccount>(doc).map(drop),
         "Pod" => strict::<Pod>(doc).map(drop),
         "Secret" => strict::<Secret>(doc).map(drop),

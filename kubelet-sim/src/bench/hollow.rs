@@ -1,0 +1,264 @@
+//! `kubelet-sim bench hollow-nodes`: what a hollow node costs on a real cluster (`--kubeconfig`): N hollow
+//! nodes join it with inlet's local driver and the in-process cri-fake, mounting nothing (the recording
+//! mount layer, as in `deploy/hollow-nodes/`); then the process's memory and CPU are measured while the
+//! nodes idle (Leases renewed, status computed, watches open), and while pods with an inline CSI volume
+//! are created on them and deleted again, round after round. The API server's own cost is not counted.
+//! The nodes leave the cluster at the end (drained and deleted).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use inlet_host::mount::MountLayer;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{DeleteParams, ListParams, PostParams};
+use serde::Serialize;
+use serde_json::json;
+
+use super::BenchError;
+use super::stats::peak_rss_mib;
+use crate::api::manifest;
+use crate::drivers::DriverArg;
+use crate::node::BackoffPolicy;
+use crate::sim::{SimConfig, Simulation};
+
+/// What to run.
+pub struct HollowConfig {
+    /// The cluster.
+    pub client: kube::Client,
+    /// Hollow nodes.
+    pub nodes: usize,
+    /// Pods per churn round (bound round-robin to the nodes).
+    pub pods: usize,
+    /// Churn rounds.
+    pub rounds: usize,
+    /// How long the nodes idle while measured.
+    pub idle: Duration,
+    /// The driver (`NAME=local`).
+    pub driver: DriverArg,
+    /// Where node state goes.
+    pub root: std::path::PathBuf,
+    /// The mount layer.
+    pub mounter: Arc<dyn MountLayer>,
+    /// The longest a step may take.
+    pub limit: Duration,
+}
+
+/// The figures.
+#[derive(Debug, Clone, Serialize)]
+pub struct HollowFigures {
+    /// Hollow nodes.
+    pub nodes: usize,
+    /// The process's resident memory before the nodes started, MiB.
+    pub baseline_rss_mib: f64,
+    /// Resident memory per node while idle, beyond the baseline, MiB.
+    pub idle_rss_per_node_mib: f64,
+    /// CPU per node while idle, millicores.
+    pub idle_cpu_per_node_millicores: f64,
+    /// Seconds from the start until every node was Ready in the API.
+    pub register_seconds: f64,
+    /// Pods per round, rounds.
+    pub churn_pods: usize,
+    /// See `churn_pods`.
+    pub churn_rounds: usize,
+    /// Pods started and deleted per second over the churn.
+    pub churn_pods_per_second: f64,
+    /// CPU per node during the churn, millicores.
+    pub churn_cpu_per_node_millicores: f64,
+    /// The process's peak resident memory, MiB.
+    pub peak_rss_mib: u64,
+}
+
+/// The process's resident memory, in MiB.
+fn rss_mib() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let kib = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|kb| kb.parse::<f64>().ok())
+        .unwrap_or(0.0);
+    kib / 1024.0
+}
+
+/// The process's CPU time (user and system): `utime` and `stime` of `/proc/self/stat`, in clock ticks.
+fn cpu_time() -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // The fields after the command (which may hold spaces) and its closing parenthesis.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or("", |(_, rest)| rest)
+        .split_whitespace()
+        .collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    // utime and stime are fields 14 and 15; `fields` starts at field 3.
+    let used = ticks(11) + ticks(12);
+    let per_second = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .filter(|t| *t > 0)
+        .unwrap_or(100) as f64;
+    Duration::from_secs_f64(used as f64 / per_second)
+}
+
+/// Millicores per node used over `wall`.
+fn millicores(cpu: Duration, wall: Duration, nodes: usize) -> f64 {
+    cpu.as_secs_f64() / wall.as_secs_f64().max(1e-9) * 1000.0 / nodes.max(1) as f64
+}
+
+async fn wait(
+    what: &str,
+    limit: Duration,
+    mut done: impl AsyncFnMut() -> bool,
+) -> Result<(), BenchError> {
+    let until = Instant::now() + limit;
+    while !done().await {
+        if Instant::now() > until {
+            return Err(BenchError::Output(format!("{what}: not within {limit:?}")));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Ok(())
+}
+
+/// Runs the nodes, measures, and has them leave.
+pub async fn run(config: &HollowConfig) -> Result<HollowFigures, BenchError> {
+    let baseline = rss_mib();
+    let prefix = "bench-hollow";
+    let sim_config = SimConfig {
+        root: config.root.clone(),
+        nodes: config.nodes,
+        drivers: vec![config.driver.clone()],
+        cri: None,
+        gates: Default::default(),
+        allowed_inline_drivers: None,
+        backoff: BackoffPolicy::default(),
+        volume_wait_timeout: Duration::from_secs(123),
+        csi_timeout: inlet_volume::csi::CSI_TIMEOUT,
+        republish_period: Duration::from_secs(60),
+        containers: Default::default(),
+        mounter: Arc::clone(&config.mounter),
+        images: Default::default(),
+        plugins_registry: None,
+        node_name_prefix: prefix.into(),
+        cluster: Some(config.client.clone()),
+    };
+    // The driver's CSIDriver, so that its inline volumes are allowed (Ephemeral).
+    let csidriver = format!(
+        "apiVersion: storage.k8s.io/v1\nkind: CSIDriver\nmetadata: {{name: {}}}\nspec: {{attachRequired: false, volumeLifecycleModes: [Persistent, Ephemeral]}}\n",
+        config.driver.name
+    );
+    let cluster = crate::cluster::Cluster::new(config.client.clone());
+    for object in
+        manifest::parse(&csidriver, "bench").map_err(|e| BenchError::Output(e.to_string()))?
+    {
+        cluster
+            .create(object.object, "")
+            .await
+            .map_err(|e| BenchError::Output(format!("creating the CSIDriver: {e}")))?;
+    }
+    let started = Instant::now();
+    let sim = Simulation::start(sim_config).await?;
+    let names: Vec<String> = sim.nodes.iter().map(|n| n.config.name.clone()).collect();
+    let pods = kube::Api::<Pod>::namespaced(config.client.clone(), "default");
+    let selector = ListParams::default().labels("inlet.dev/bench=hollow-nodes");
+    let measured = measure(config, &names, &pods, &selector, started, baseline).await;
+    // Whatever happened: the pods deleted, the nodes gone from the cluster.
+    let _ = pods
+        .delete_collection(&DeleteParams::default(), &selector)
+        .await;
+    let left = sim.leave_cluster(config.limit).await;
+    sim.shutdown().await;
+    let figures = measured?;
+    left?;
+    Ok(figures)
+}
+
+/// Waits for the nodes, then measures them idle and under churn.
+async fn measure(
+    config: &HollowConfig,
+    names: &[String],
+    pods: &kube::Api<Pod>,
+    selector: &ListParams,
+    started: Instant,
+    baseline: f64,
+) -> Result<HollowFigures, BenchError> {
+    let nodes = kube::Api::<Node>::all(config.client.clone());
+    let hollow = ListParams::default().labels("inlet.dev/kubelet-sim=true");
+    wait("every hollow node Ready", config.limit, async || {
+        let Ok(list) = nodes.list(&hollow).await else {
+            return false;
+        };
+        let ready = list.items.iter().filter(|n| {
+            let name = n.metadata.name.as_deref().unwrap_or_default();
+            let conditions = n.status.iter().flat_map(|s| s.conditions.iter().flatten());
+            names.iter().any(|m| m == name)
+                && conditions
+                    .into_iter()
+                    .any(|c| c.type_ == "Ready" && c.status == "True")
+        });
+        ready.count() == names.len()
+    })
+    .await?;
+    let register_seconds = started.elapsed().as_secs_f64();
+
+    let (cpu, at) = (cpu_time(), Instant::now());
+    tokio::time::sleep(config.idle).await;
+    let idle_cpu = millicores(cpu_time() - cpu, at.elapsed(), config.nodes);
+    let idle_rss = (rss_mib() - baseline) / config.nodes.max(1) as f64;
+
+    let (cpu, at) = (cpu_time(), Instant::now());
+    for round in 0..config.rounds {
+        for i in 0..config.pods {
+            let pod: Pod = serde_json::from_value(json!({
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": format!("hollow-bench-{round}-{i}"),
+                             "labels": {"inlet.dev/bench": "hollow-nodes"}},
+                "spec": {
+                    "nodeName": names[i % names.len()],
+                    "automountServiceAccountToken": false,
+                    "containers": [{"name": "app", "image": "busybox",
+                                    "volumeMounts": [{"name": "data", "mountPath": "/data"}]}],
+                    "volumes": [{"name": "data", "csi": {"driver": config.driver.name}}]}
+            }))
+            .map_err(|e| BenchError::Output(e.to_string()))?;
+            pods.create(&PostParams::default(), &pod)
+                .await
+                .map_err(|e| BenchError::Output(format!("creating a pod: {e}")))?;
+        }
+        wait("the round's pods Running", config.limit, async || {
+            pods.list(selector).await.is_ok_and(|l| {
+                let running = l.items.iter().filter(|p| {
+                    p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+                });
+                running.count() == config.pods
+            })
+        })
+        .await?;
+        pods.delete_collection(&DeleteParams::default(), selector)
+            .await
+            .map_err(|e| BenchError::Output(format!("deleting the pods: {e}")))?;
+        wait("the round's pods gone", config.limit, async || {
+            pods.list(selector).await.is_ok_and(|l| l.items.is_empty())
+        })
+        .await?;
+    }
+    let churn = at.elapsed();
+    let churn_cpu = millicores(cpu_time() - cpu, churn, config.nodes);
+    Ok(HollowFigures {
+        nodes: config.nodes,
+        baseline_rss_mib: baseline,
+        idle_rss_per_node_mib: idle_rss,
+        idle_cpu_per_node_millicores: idle_cpu,
+        register_seconds,
+        churn_pods: config.pods,
+        churn_rounds: config.rounds,
+        churn_pods_per_second: (config.pods * config.rounds) as f64 / churn.as_secs_f64().max(1e-9),
+        churn_cpu_per_node_millicores: churn_cpu,
+        peak_rss_mib: peak_rss_mib(),
+    })
+}
