@@ -116,9 +116,11 @@ fn answer(method: &str, path: &str) -> Result<Value, ()> {
     })
 }
 
-fn mock(requests: Requests) -> kube::Client {
+/// A mock API server; while `down` is true it answers 503 to everything, and the watches it had open end.
+fn mock(requests: Requests, down: tokio::sync::watch::Receiver<bool>) -> kube::Client {
     let service = tower::service_fn(move |request: http::Request<kube::client::Body>| {
         let requests = Arc::clone(&requests);
+        let mut down = down.clone();
         async move {
             let method = request.method().to_string();
             let path = request
@@ -127,17 +129,27 @@ fn mock(requests: Requests) -> kube::Client {
                 .map(|p| p.to_string())
                 .unwrap_or_default();
             requests.lock().push((method.clone(), path.clone()));
-            let body: BoxBody<Bytes, Infallible> = match answer(&method, &path) {
-                Ok(value) => Full::new(Bytes::from(value.to_string())).boxed(),
-                // A watch: open, and quiet.
-                Err(()) => StreamBody::new(futures::stream::pending::<
-                    Result<http_body::Frame<Bytes>, Infallible>,
-                >())
-                .boxed(),
+            let unavailable = *down.borrow();
+            let answer = match unavailable {
+                true => Ok(json!({"apiVersion": "v1", "kind": "Status", "status": "Failure",
+                    "code": 503, "reason": "ServiceUnavailable",
+                    "message": "the server is currently unable to handle the request"})),
+                false => answer(&method, &path),
             };
-            let code = match answer(&method, &path) {
-                Ok(v) if v["kind"] == "Status" => 404,
+            let code = match &answer {
+                Ok(v) if v["kind"] == "Status" => v["code"].as_u64().unwrap_or(404) as u16,
                 _ => 200,
+            };
+            let body: BoxBody<Bytes, Infallible> = match answer {
+                Ok(value) => Full::new(Bytes::from(value.to_string())).boxed(),
+                // A watch: open and quiet, until the server goes away.
+                Err(()) => {
+                    let gone = async move { drop(down.wait_for(|d| *d).await) };
+                    let stream = futures::stream::pending::<
+                        Result<http_body::Frame<Bytes>, Infallible>,
+                    >();
+                    StreamBody::new(futures::StreamExt::take_until(stream, gone)).boxed()
+                }
             };
             let response = http::Response::builder()
                 .status(code)
@@ -155,8 +167,9 @@ async fn hollow_nodes_read_only_what_their_pods_refer_to() {
     let requests: Requests = Arc::default();
     let api = Api::new();
     let (stop, stopped) = tokio::sync::watch::channel(false);
+    let (_up, never_down) = tokio::sync::watch::channel(false);
     let tasks = Cluster::start(
-        mock(Arc::clone(&requests)),
+        mock(Arc::clone(&requests), never_down),
         Arc::clone(&api),
         vec!["node-1".into(), "node-2".into()],
         "cri-fake://0.1.0".into(),
@@ -251,5 +264,64 @@ async fn hollow_nodes_read_only_what_their_pods_refer_to() {
             )),
             "{requests:#?}"
         );
+    }
+}
+
+/// An API server that goes away for a while (12 s here, past one heartbeat): the hollow nodes lose
+/// nothing (their pod and its Secret stay, nothing is torn down), and once it is back they renew their
+/// Leases and watch their pods again.
+#[tokio::test(flavor = "multi_thread")]
+async fn hollow_nodes_ride_out_an_api_server_that_goes_away() {
+    let requests: Requests = Arc::default();
+    let api = Api::new();
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let (down, down_rx) = tokio::sync::watch::channel(false);
+    let tasks = Cluster::start(
+        mock(Arc::clone(&requests), down_rx),
+        Arc::clone(&api),
+        vec!["node-1".into()],
+        "cri-fake://0.1.0".into(),
+        stopped,
+    )
+    .await
+    .expect("the node registers");
+    let held = || {
+        api.peek::<Pod>("team", "web").is_some() && api.peek::<Secret>("team", "used").is_some()
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !(api.sources_ready() && held()) {
+        assert!(Instant::now() < deadline, "{:#?}", requests.lock());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    down.send(true).unwrap();
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    assert!(held(), "the outage lost the pod or its Secret");
+    let during = requests.lock().len();
+    down.send(false).unwrap();
+
+    let renewed = |requests: &[(String, String)]| {
+        let lease = "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/node-1?";
+        let watched = requests.iter().any(|(m, p)| {
+            m == "GET" && p.starts_with("/api/v1/pods?") && p.contains("nodeName%3Dnode-1")
+        });
+        let leased = requests
+            .iter()
+            .any(|(m, p)| m == "PATCH" && p.starts_with(lease));
+        watched && leased
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !renewed(&requests.lock()[during..]) {
+        assert!(
+            Instant::now() < deadline,
+            "no Lease renewal or pod watch after the outage: {:#?}",
+            &requests.lock()[during..]
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(held(), "the pod or its Secret was lost after the outage");
+    stop.send(true).unwrap();
+    for task in tasks {
+        task.await.unwrap();
     }
 }
