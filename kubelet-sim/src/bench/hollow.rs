@@ -18,8 +18,7 @@ use super::BenchError;
 use super::stats::peak_rss_mib;
 use crate::api::manifest;
 use crate::drivers::DriverArg;
-use crate::node::BackoffPolicy;
-use crate::sim::{SimConfig, Simulation};
+use crate::sim::Simulation;
 
 /// What to run.
 pub struct HollowConfig {
@@ -128,25 +127,14 @@ async fn wait(
 /// Runs the nodes, measures, and has them leave.
 pub async fn run(config: &HollowConfig) -> Result<HollowFigures, BenchError> {
     let baseline = rss_mib();
-    let prefix = "bench-hollow";
-    let sim_config = SimConfig {
-        root: config.root.clone(),
-        nodes: config.nodes,
-        drivers: vec![config.driver.clone()],
-        cri: None,
-        gates: Default::default(),
-        allowed_inline_drivers: None,
-        backoff: BackoffPolicy::default(),
-        volume_wait_timeout: Duration::from_secs(123),
-        csi_timeout: inlet_volume::csi::CSI_TIMEOUT,
-        republish_period: Duration::from_secs(60),
-        containers: Default::default(),
-        mounter: Arc::clone(&config.mounter),
-        images: Default::default(),
-        plugins_registry: None,
-        node_name_prefix: prefix.into(),
-        cluster: Some(config.client.clone()),
-    };
+    let sim_config = super::sim_config(
+        &config.root,
+        config.nodes,
+        &config.driver,
+        &config.mounter,
+        "bench-hollow",
+        Some(config.client.clone()),
+    );
     // The driver's CSIDriver, so that its inline volumes are allowed (Ephemeral).
     let csidriver = format!(
         "apiVersion: storage.k8s.io/v1\nkind: CSIDriver\nmetadata: {{name: {}}}\nspec: {{attachRequired: false, volumeLifecycleModes: [Persistent, Ephemeral]}}\n",

@@ -68,6 +68,36 @@ pub struct Results<T: Serialize> {
 
 /// NodePublishVolume as the kubelet sends it for an inline ephemeral volume of the pod whose name and UID
 /// are `pod`, with podInfoOnMount, and the volume source's `attributes`.
+/// The simulation a bench runs: `nodes` with `driver` each, the in-process cri-fake, the kubelet's
+/// defaults, on `cluster` when given (else the embedded API).
+fn sim_config(
+    root: &std::path::Path,
+    nodes: usize,
+    driver: &crate::drivers::DriverArg,
+    mounter: &std::sync::Arc<dyn inlet_host::mount::MountLayer>,
+    node_name_prefix: &str,
+    cluster: Option<kube::Client>,
+) -> crate::sim::SimConfig {
+    crate::sim::SimConfig {
+        root: root.to_path_buf(),
+        nodes,
+        drivers: vec![driver.clone()],
+        cri: None,
+        gates: Default::default(),
+        allowed_inline_drivers: None,
+        backoff: crate::node::BackoffPolicy::default(),
+        volume_wait_timeout: Duration::from_secs(123),
+        csi_timeout: inlet_volume::csi::CSI_TIMEOUT,
+        republish_period: Duration::from_secs(60),
+        containers: Default::default(),
+        mounter: std::sync::Arc::clone(mounter),
+        images: Default::default(),
+        plugins_registry: None,
+        node_name_prefix: node_name_prefix.into(),
+        cluster,
+    }
+}
+
 fn ephemeral_publish_request(
     id: &str,
     target: &str,

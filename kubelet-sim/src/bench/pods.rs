@@ -15,9 +15,8 @@ use super::stats::{Summary, peak_rss_mib};
 use super::{BenchError, stop_if_interrupted};
 use crate::api::manifest;
 use crate::drivers::DriverArg;
-use crate::node::BackoffPolicy;
 use crate::signals::Interrupts;
-use crate::sim::{SimConfig, Simulation};
+use crate::sim::Simulation;
 
 /// What to run.
 pub struct PodsConfig {
@@ -102,24 +101,14 @@ fn manifests(config: &PodsConfig) -> Result<Vec<manifest::Manifest>, BenchError>
 /// Runs the pods, then tears them down.
 pub async fn run(config: &PodsConfig) -> Result<PodsFigures, BenchError> {
     let manifests = manifests(config)?;
-    let sim_config = SimConfig {
-        root: config.root.clone(),
-        nodes: config.nodes,
-        drivers: vec![config.driver.clone()],
-        cri: None,
-        gates: Default::default(),
-        allowed_inline_drivers: None,
-        backoff: BackoffPolicy::default(),
-        volume_wait_timeout: Duration::from_secs(123),
-        csi_timeout: inlet_volume::csi::CSI_TIMEOUT,
-        republish_period: Duration::from_secs(60),
-        containers: Default::default(),
-        mounter: Arc::clone(&config.mounter),
-        images: Default::default(),
-        plugins_registry: None,
-        node_name_prefix: "node".into(),
-        cluster: None,
-    };
+    let sim_config = super::sim_config(
+        &config.root,
+        config.nodes,
+        &config.driver,
+        &config.mounter,
+        "node",
+        None,
+    );
     let mut sim = Simulation::start(sim_config).await?;
     let applied_at = SystemTime::now();
     let started = Instant::now();

@@ -77,17 +77,6 @@ fn hollow_nodes(kit: &Kit) -> Vec<String> {
         .collect()
 }
 
-fn ready(kit: &Kit, node: &str) -> bool {
-    let out = kit.try_kubectl(&[
-        "get",
-        "node",
-        node,
-        "-o",
-        r#"jsonpath={.status.conditions[?(@.type=="Ready")].status}"#,
-    ]);
-    String::from_utf8_lossy(&out.stdout) == "True"
-}
-
 fn workload(name: &str, node: &str) -> String {
     format!(
         r#"---
@@ -130,7 +119,7 @@ pub fn hollow_nodes_as_a_deployment(kit: &mut Kit) {
 
     wait("20 hollow nodes Ready", WAIT, || {
         let nodes = hollow_nodes(kit);
-        nodes.len() == 20 && nodes.iter().all(|n| ready(kit, n))
+        nodes.len() == 20 && nodes.iter().all(|n| super::hollow_nodes::node_ready(kit, n))
     });
     let nodes = hollow_nodes(kit);
     let replicas: std::collections::BTreeSet<&str> = nodes.iter().map(|n| replica(n)).collect();
@@ -166,7 +155,7 @@ pub fn hollow_nodes_as_a_deployment(kit: &mut Kit) {
     let left = hollow_nodes(kit);
     let kept: std::collections::BTreeSet<&str> = left.iter().map(|n| replica(n)).collect();
     assert_eq!(kept.len(), 1, "the nodes of one replica stay: {left:?}");
-    assert!(left.iter().all(|n| ready(kit, n)), "{left:?}");
+    assert!(left.iter().all(|n| super::hollow_nodes::node_ready(kit, n)), "{left:?}");
     let kept = kept.into_iter().next().unwrap().to_string();
     for (pod, replica) in &placed {
         if *replica == kept {

@@ -70,7 +70,7 @@ spec:
     )
 }
 
-fn node_ready(kit: &Kit, node: &str) -> bool {
+pub fn node_ready(kit: &Kit, node: &str) -> bool {
     let out = kit.try_kubectl(&[
         "get",
         "node",
