@@ -119,7 +119,10 @@ pub fn hollow_nodes_as_a_deployment(kit: &mut Kit) {
 
     wait("20 hollow nodes Ready", WAIT, || {
         let nodes = hollow_nodes(kit);
-        nodes.len() == 20 && nodes.iter().all(|n| super::hollow_nodes::node_ready(kit, n))
+        nodes.len() == 20
+            && nodes
+                .iter()
+                .all(|n| super::hollow_nodes::node_ready(kit, n))
     });
     let nodes = hollow_nodes(kit);
     let replicas: std::collections::BTreeSet<&str> = nodes.iter().map(|n| replica(n)).collect();
@@ -155,7 +158,10 @@ pub fn hollow_nodes_as_a_deployment(kit: &mut Kit) {
     let left = hollow_nodes(kit);
     let kept: std::collections::BTreeSet<&str> = left.iter().map(|n| replica(n)).collect();
     assert_eq!(kept.len(), 1, "the nodes of one replica stay: {left:?}");
-    assert!(left.iter().all(|n| super::hollow_nodes::node_ready(kit, n)), "{left:?}");
+    assert!(
+        left.iter().all(|n| super::hollow_nodes::node_ready(kit, n)),
+        "{left:?}"
+    );
     let kept = kept.into_iter().next().unwrap().to_string();
     for (pod, replica) in &placed {
         if *replica == kept {

@@ -131,9 +131,11 @@ fn mock(requests: Requests, down: tokio::sync::watch::Receiver<bool>) -> kube::C
             requests.lock().push((method.clone(), path.clone()));
             let unavailable = *down.borrow();
             let answer = match unavailable {
-                true => Ok(json!({"apiVersion": "v1", "kind": "Status", "status": "Failure",
+                true => Ok(
+                    json!({"apiVersion": "v1", "kind": "Status", "status": "Failure",
                     "code": 503, "reason": "ServiceUnavailable",
-                    "message": "the server is currently unable to handle the request"})),
+                    "message": "the server is currently unable to handle the request"}),
+                ),
                 false => answer(&method, &path),
             };
             let code = match &answer {
@@ -145,9 +147,8 @@ fn mock(requests: Requests, down: tokio::sync::watch::Receiver<bool>) -> kube::C
                 // A watch: open and quiet, until the server goes away.
                 Err(()) => {
                     let gone = async move { drop(down.wait_for(|d| *d).await) };
-                    let stream = futures::stream::pending::<
-                        Result<http_body::Frame<Bytes>, Infallible>,
-                    >();
+                    let stream =
+                        futures::stream::pending::<Result<http_body::Frame<Bytes>, Infallible>>();
                     StreamBody::new(futures::StreamExt::take_until(stream, gone)).boxed()
                 }
             };
@@ -285,9 +286,8 @@ async fn hollow_nodes_ride_out_an_api_server_that_goes_away() {
     )
     .await
     .expect("the node registers");
-    let held = || {
-        api.peek::<Pod>("team", "web").is_some() && api.peek::<Secret>("team", "used").is_some()
-    };
+    let held =
+        || api.peek::<Pod>("team", "web").is_some() && api.peek::<Secret>("team", "used").is_some();
     let deadline = Instant::now() + Duration::from_secs(10);
     while !(api.sources_ready() && held()) {
         assert!(Instant::now() < deadline, "{:#?}", requests.lock());
