@@ -109,38 +109,72 @@ fn instance() -> &'static str {
     INSTANCE.get_or_init(|| uuid::Uuid::new_v4().to_string())
 }
 
-/// Refuses a node whose Lease another live kubelet-sim process renews: two kubelets posting one node's
-/// status and running its pods would fight over both.
+/// Claims the node's Lease for this process (its instance annotation), refusing a node whose Lease
+/// another live kubelet-sim process renews: two kubelets posting one node's status and running its pods
+/// would fight over both. The claim is conditional (a create, or a patch on the version read), so two
+/// processes starting together cannot both take it.
 async fn refuse_if_held(client: &kube::Client, name: &str) -> Result<(), ClusterError> {
     let leases = kube::Api::<Lease>::namespaced(client.clone(), LEASE_NAMESPACE);
-    let lease = leases
-        .get_opt(name)
-        .await
-        .map_err(ClusterError::request(format!(
-            "reading the lease of node {name}"
-        )))?;
-    let Some(lease) = lease else { return Ok(()) };
+    let failed = |what: &str| ClusterError::request(format!("{what} the lease of node {name}"));
+    let lease = leases.get_opt(name).await.map_err(failed("reading"))?;
+    let claimed_meanwhile = || ClusterError::NodeHeld {
+        node: name.to_string(),
+        holder: "another, at the same moment".into(),
+        seconds: 0,
+        lease_seconds: LEASE_SECONDS,
+    };
+    let Some(lease) = lease else {
+        // Claimed by creating it: of two processes starting together, one gets a conflict.
+        let claim = Lease {
+            metadata: ObjectMeta {
+                name: Some(name.to_string()),
+                namespace: Some(LEASE_NAMESPACE.into()),
+                annotations: Some(BTreeMap::from([(
+                    INSTANCE_ANNOTATION.to_string(),
+                    instance().to_string(),
+                )])),
+                ..Default::default()
+            },
+            spec: None,
+        };
+        return match leases.create(&PostParams::default(), &claim).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 409 => Err(claimed_meanwhile()),
+            Err(e) => Err(failed("claiming")(e)),
+        };
+    };
     let holder = lease
         .metadata
         .annotations
         .as_ref()
         .and_then(|a| a.get(INSTANCE_ANNOTATION))
         .cloned();
-    let Some(holder) = holder.filter(|h| h != instance()) else {
-        return Ok(());
-    };
-    let spec = lease.spec.unwrap_or_default();
-    let duration = spec.lease_duration_seconds.unwrap_or(LEASE_SECONDS);
-    let renewed = spec.renew_time.map(|t| t.0);
-    let ago = renewed.map(|t| now().0.as_second() - t.as_second());
-    match ago {
-        Some(seconds) if seconds < i64::from(duration) => Err(ClusterError::NodeHeld {
-            node: name.to_string(),
-            holder,
-            seconds,
-            lease_seconds: duration,
-        }),
-        _ => Ok(()),
+    if let Some(holder) = holder.filter(|h| h != instance()) {
+        let spec = lease.spec.clone().unwrap_or_default();
+        let duration = spec.lease_duration_seconds.unwrap_or(LEASE_SECONDS);
+        let renewed = spec.renew_time.map(|t| t.0);
+        if let Some(seconds) = renewed.map(|t| now().0.as_second() - t.as_second()) {
+            if seconds < i64::from(duration) {
+                return Err(ClusterError::NodeHeld {
+                    node: name.to_string(),
+                    holder,
+                    seconds,
+                    lease_seconds: duration,
+                });
+            }
+        }
+    }
+    // Claimed on the version read: a process that claimed it in between makes this a conflict.
+    let claim = serde_json::json!({"metadata": {
+        "resourceVersion": lease.metadata.resource_version,
+        "annotations": {INSTANCE_ANNOTATION: instance()}}});
+    match leases
+        .patch(name, &PatchParams::default(), &Patch::Merge(&claim))
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 409 => Err(claimed_meanwhile()),
+        Err(e) => Err(failed("claiming")(e)),
     }
 }
 
