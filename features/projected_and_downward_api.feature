@@ -29,6 +29,7 @@ Feature: Projected and downwardAPI volumes, and the service-account token every 
     And pod "web" has a projected volume "kube-api-access-" and 5 characters
     And container "app" of pod "web" mounts "/var/run/secrets/kubernetes.io/serviceaccount" read-only
     And the token at "/var/run/secrets/kubernetes.io/serviceaccount:token" of pod "web" authenticates as "system:serviceaccount:default:default" for audience "https://kubernetes.default.svc.cluster.local", bound to the pod and its node
+    And the token at "/var/run/secrets/kubernetes.io/serviceaccount:token" of pod "web" is signed for a year, warning after 3607 s
     And the file "/var/run/secrets/kubernetes.io/serviceaccount:..data/token" of pod "web" has mode 644
     And pod "web" reads a PEM certificate at "/var/run/secrets/kubernetes.io/serviceaccount:ca.crt"
     And pod "web" reads "default" at "/var/run/secrets/kubernetes.io/serviceaccount:namespace"

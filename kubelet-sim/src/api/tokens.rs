@@ -27,6 +27,10 @@ use super::Api;
 pub const ISSUER: &str = "https://kubernetes.default.svc.cluster.local";
 /// A TokenRequest's lifetime when it names none (the API's default).
 const DEFAULT_EXPIRATION_SECONDS: i64 = 3600;
+/// The lifetime of a `kube-api-access` token (`WarnOnlyBoundTokenExpirationSeconds`), and what it is
+/// signed for (`ExpirationExtensionSeconds`, a year).
+const WARN_ONLY_EXPIRATION_SECONDS: i64 = 3607;
+const EXTENDED_EXPIRATION_SECONDS: u64 = 365 * 24 * 3600;
 /// The shortest lifetime the API accepts (`validation.ValidateTokenRequest`).
 const MIN_EXPIRATION_SECONDS: i64 = 600;
 
@@ -127,6 +131,10 @@ pub struct KubernetesClaims {
     /// The pod's node (ServiceAccountTokenPodNodeInfo, GA in 1.32).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub node: Option<Ref>,
+    /// When a token signed for a year should have been replaced (`warnafter`: the extended
+    /// `kube-api-access` tokens).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warnafter: Option<u64>,
 }
 
 /// A name and UID.
@@ -238,6 +246,15 @@ impl Api {
         let node = spec.and_then(|s| s.node_name.clone());
         let now = self.tokens.clock.now();
         let expires = now + Duration::from_secs(expiration_seconds as u64);
+        // `--service-account-extend-token-expiration` (on by default): a kube-api-access token (3607 s,
+        // the API's own audiences) is signed for a year, and `warnafter` marks its 3607 s; the status
+        // still says 3607 s, so kubelets rotate it on time.
+        let extended =
+            expiration_seconds == WARN_ONLY_EXPIRATION_SECONDS && request.audience.is_empty();
+        let signed_until = match extended {
+            true => now + Duration::from_secs(EXTENDED_EXPIRATION_SECONDS),
+            false => expires,
+        };
         let audiences = match request.audience.as_str() {
             "" => vec![ISSUER.to_string()],
             audience => vec![audience.to_string()],
@@ -251,7 +268,7 @@ impl Api {
             aud: audiences,
             iat: seconds(now),
             nbf: seconds(now),
-            exp: seconds(expires),
+            exp: seconds(signed_until),
             jti: uuid::Uuid::new_v4().to_string(),
             kubernetes: KubernetesClaims {
                 namespace: namespace.clone(),
@@ -270,6 +287,7 @@ impl Api {
                         .unwrap_or_default(),
                     name,
                 }),
+                warnafter: extended.then(|| seconds(expires)),
             },
         };
         let keys = self.tokens.keys()?;

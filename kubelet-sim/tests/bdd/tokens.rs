@@ -62,6 +62,25 @@ fn token_authenticates(w: &mut Sim, path: String, pod: String, user: String, aud
     assert!(claims.kubernetes.node.is_some(), "names its node");
 }
 
+/// `--service-account-extend-token-expiration`: signed for a year, `warnafter` at the lifetime asked.
+#[then(
+    regex = r#"^the token at "([^"]+)" of pod "([^"]+)" is signed for a year, warning after (\d+) s$"#
+)]
+fn token_extended(w: &mut Sim, path: String, pod: String, warn: u64) {
+    let token = read_token(w, &pod, &path);
+    let audience = kubelet_sim::api::tokens::ISSUER;
+    let claims = w
+        .sim()
+        .api
+        .review_token(&token, audience)
+        .expect("accepted");
+    assert_eq!(claims.exp - claims.iat, 365 * 24 * 3600);
+    assert_eq!(
+        claims.kubernetes.warnafter.map(|w| w - claims.iat),
+        Some(warn)
+    );
+}
+
 #[then(regex = r#"^the noted token is refused for audience "([^"]+)"$"#)]
 fn noted_token_refused(w: &mut Sim, audience: String) {
     let token = w.noted_token.clone().expect("a noted token");
