@@ -7,6 +7,7 @@
 //!   test process; its binaries (kubectl, csi-sanity); stopping child processes with SIGTERM first.
 //! - [`local`]: inlet's local driver served from the test process on a socket of its own (an external
 //!   driver, as a user's would be), and the mount layer a test may use (real as root).
+//! - [`images`]: the container images `deploy/build-images.sh` builds, for the tests that run them.
 //! - [`hostile`]: a CSI driver that lies (a symlink for a target, a publish that never answers, an error
 //!   meant for a terminal), for what the kubelet side and conform must refuse or survive.
 //!
@@ -15,5 +16,6 @@
 //! runs them too.
 
 pub mod hostile;
+pub mod images;
 pub mod kit;
 pub mod local;

@@ -15,6 +15,8 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::api::storage::v1::CSIDriver;
 
 use inlet_host::names::{csi_driver_name_errors, dns1123_subdomain_errors};
+// Field errors as the API server joins them: one alone, several in brackets.
+use inlet_volume::aggregate;
 
 use super::{Api, now};
 
@@ -56,14 +58,6 @@ fn dns_label_errors(name: &str) -> Vec<&'static str> {
         });
     }
     errors
-}
-
-/// Field errors as the API server joins them: one alone, several in brackets.
-fn aggregate(errors: &[String]) -> String {
-    match errors {
-        [one] => one.clone(),
-        many => format!("[{}]", many.join(", ")),
-    }
 }
 
 fn sources(volume: &Volume) -> usize {

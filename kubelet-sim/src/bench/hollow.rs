@@ -69,39 +69,12 @@ pub struct HollowFigures {
 
 /// The process's resident memory, in MiB.
 fn rss_mib() -> f64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let kib = status
-        .lines()
-        .find(|l| l.starts_with("VmRSS:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|kb| kb.parse::<f64>().ok())
-        .unwrap_or(0.0);
-    kib / 1024.0
+    inlet_host::metrics::process::resident_bytes().unwrap_or(0) as f64 / (1 << 20) as f64
 }
 
-/// The process's CPU time (user and system): `utime` and `stime` of `/proc/self/stat`, in clock ticks.
+/// The process's CPU time (user and system).
 fn cpu_time() -> Duration {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    // The fields after the command (which may hold spaces) and its closing parenthesis.
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map_or("", |(_, rest)| rest)
-        .split_whitespace()
-        .collect();
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|f| f.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    // utime and stime are fields 14 and 15; `fields` starts at field 3.
-    let used = ticks(11) + ticks(12);
-    let per_second = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
-        .ok()
-        .flatten()
-        .filter(|t| *t > 0)
-        .unwrap_or(100) as f64;
-    Duration::from_secs_f64(used as f64 / per_second)
+    Duration::from_secs_f64(inlet_host::metrics::process::cpu_seconds().unwrap_or(0.0))
 }
 
 /// Millicores per node used over `wall`.

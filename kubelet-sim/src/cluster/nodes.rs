@@ -103,6 +103,19 @@ pub async fn register(
     Ok(uids)
 }
 
+/// The metadata of node `name`'s Lease held by this process.
+fn held_lease(name: &str) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name.to_string()),
+        namespace: Some(LEASE_NAMESPACE.into()),
+        annotations: Some(BTreeMap::from([(
+            INSTANCE_ANNOTATION.to_string(),
+            instance().to_string(),
+        )])),
+        ..Default::default()
+    }
+}
+
 /// This process's instance, written on the Leases it holds.
 fn instance() -> &'static str {
     static INSTANCE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
@@ -126,15 +139,7 @@ async fn refuse_if_held(client: &kube::Client, name: &str) -> Result<(), Cluster
     let Some(lease) = lease else {
         // Claimed by creating it: of two processes starting together, one gets a conflict.
         let claim = Lease {
-            metadata: ObjectMeta {
-                name: Some(name.to_string()),
-                namespace: Some(LEASE_NAMESPACE.into()),
-                annotations: Some(BTreeMap::from([(
-                    INSTANCE_ANNOTATION.to_string(),
-                    instance().to_string(),
-                )])),
-                ..Default::default()
-            },
+            metadata: held_lease(name),
             spec: None,
         };
         return match leases.create(&PostParams::default(), &claim).await {
@@ -426,12 +431,6 @@ async fn renew_lease(
 ) -> Result<(), ClusterError> {
     let lease = Lease {
         metadata: ObjectMeta {
-            name: Some(name.to_string()),
-            namespace: Some(LEASE_NAMESPACE.into()),
-            annotations: Some(BTreeMap::from([(
-                INSTANCE_ANNOTATION.to_string(),
-                instance().to_string(),
-            )])),
             owner_references: (!node_uid.is_empty()).then(|| {
                 vec![
                     k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
@@ -443,7 +442,7 @@ async fn renew_lease(
                     },
                 ]
             }),
-            ..Default::default()
+            ..held_lease(name)
         },
         spec: Some(LeaseSpec {
             holder_identity: Some(name.to_string()),

@@ -11,7 +11,7 @@
 
 use std::collections::BTreeMap;
 
-use inlet_volume::PodInfo;
+use inlet_volume::container_resources;
 use inlet_volume::fieldpath::{
     NodeAllocatable, container_resource_value, extract_field_path_as_string,
 };
@@ -168,14 +168,13 @@ fn container_resource(
     selector: &ResourceFieldSelector,
     allocatable: &NodeAllocatable,
 ) -> Result<String, String> {
-    let info = PodInfo::from_pod(pod);
     // The named container's, when the selector names one.
     let name = selector
         .container_name
         .as_deref()
         .filter(|n| !n.is_empty())
         .unwrap_or(&container.name);
-    container_resource_value(selector, &info.containers, name, allocatable)
+    container_resource_value(selector, &container_resources(pod), name, allocatable)
 }
 
 /// `expansion.Expand`: `$(NAME)` replaced by `mapping(NAME)` when known, else kept as written; `$$` is `$`;

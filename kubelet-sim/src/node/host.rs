@@ -68,10 +68,6 @@ impl VolumeHost for NodeHost {
             .map(Arc::unwrap_or_clone))
     }
 
-    fn node_allocatable_memory(&self) -> Option<u64> {
-        allocatable().memory
-    }
-
     fn node_allocatable(&self) -> NodeAllocatable {
         allocatable()
     }

@@ -23,23 +23,6 @@ fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-/// `target/images/kubelet-sim.tar`, built now (cargo rebuilds only what changed); why not, when podman is
-/// missing.
-fn image_archive() -> Result<PathBuf, String> {
-    if Command::new("podman").arg("--version").output().is_err() {
-        return Err("podman is not installed (deploy/build-images.sh needs it)".into());
-    }
-    let status = Command::new(repo().join("deploy/build-images.sh"))
-        .arg("kubelet-sim")
-        .status()
-        .expect("build-images.sh runs");
-    assert!(
-        status.success(),
-        "deploy/build-images.sh kubelet-sim failed"
-    );
-    Ok(repo().join("target/images/kubelet-sim.tar"))
-}
-
 /// `deploy/hollow-nodes` rendered by the kit's kubectl, with the kit's changes (see the module's doc).
 fn manifests(kit: &Kit) -> Value {
     let rendered = kit.kubectl(&[
@@ -77,27 +60,13 @@ fn hollow_nodes(kit: &Kit) -> Vec<String> {
         .collect()
 }
 
-fn workload(name: &str, node: &str) -> String {
-    format!(
-        r#"---
-apiVersion: v1
-kind: Pod
-metadata: {{name: {name}}}
-spec:
-  nodeName: {node}
-  containers: [{{name: app, image: busybox, volumeMounts: [{{name: data, mountPath: /data}}]}}]
-  volumes: [{{name: data, csi: {{driver: local.inlet.dev, volumeAttributes: {{size: 8Mi}}}}}}]
-"#
-    )
-}
-
 /// The replica a hollow node belongs to: its name less `-<n>`.
 fn replica(node: &str) -> &str {
     node.rsplit_once('-').map_or(node, |(pod, _)| pod)
 }
 
 pub fn hollow_nodes_as_a_deployment(kit: &mut Kit) {
-    let archive = match image_archive() {
+    let archive = match inlet_testkit::images::archive("kubelet-sim") {
         Ok(archive) => archive,
         Err(why) => {
             println!("SKIPPED hollow-node Deployment: {why}");
@@ -133,7 +102,7 @@ pub fn hollow_nodes_as_a_deployment(kit: &mut Kit) {
     for (i, replica) in replicas.iter().enumerate() {
         for n in [1, 10] {
             let (pod, node) = (format!("work-{i}-{n}"), format!("{replica}-{n}"));
-            manifest.push_str(&workload(&pod, &node));
+            manifest.push_str(&super::hollow_nodes::pod(&pod, &node, false));
             placed.push((pod, replica.to_string()));
         }
     }

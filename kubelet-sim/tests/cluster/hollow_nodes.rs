@@ -51,7 +51,8 @@ metadata: {name: unused}
 stringData: {token: s3cr3t-unused}
 "#;
 
-fn pod(name: &str, node: &str, secret: bool) -> String {
+/// A pod bound to `node` with an inline CSI volume of the local driver (and its secret reference).
+pub fn pod(name: &str, node: &str, secret: bool) -> String {
     let secret_ref = if secret {
         ", nodePublishSecretRef: {name: used}"
     } else {

@@ -26,22 +26,7 @@ fn archive(name: &str) -> Result<PathBuf, String> {
     if !nix::unistd::geteuid().is_root() {
         return Err("not root (podman's rootful storage)".into());
     }
-    if Command::new("podman").arg("--version").output().is_err() {
-        return Err("podman is not installed".into());
-    }
-    // Built once per test binary (the tests of this file share it), and always: cargo rebuilds only
-    // what changed, so the image is never older than the code.
-    static BUILT: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
-    let mut built = BUILT.lock().unwrap_or_else(|p| p.into_inner());
-    if !built.iter().any(|b| b == name) {
-        let status = Command::new(repo().join("deploy/build-images.sh"))
-            .arg(name)
-            .status()
-            .expect("build-images.sh runs");
-        assert!(status.success(), "deploy/build-images.sh {name} failed");
-        built.push(name.to_string());
-    }
-    Ok(repo().join(format!("target/images/{name}.tar")))
+    inlet_testkit::images::archive(name)
 }
 
 /// podman's rlimit defaults (nofile 1048576) exceed this sandbox's hard limits (no CAP_SYS_RESOURCE):
@@ -63,8 +48,8 @@ fn ulimits() -> Vec<String> {
 #[test]
 fn the_archives_run_under_podman() {
     for name in ["inlet-plugin", "kubelet-sim"] {
-        // The kubelet-sim image is checked when it was built (`deploy/build-images.sh` builds both); the
-        // test command builds only the drivers' image, which the real-node test needs too.
+        // The kubelet-sim image is checked when it was built (`deploy/build-images.sh` builds both; in the
+        // test command, kubelet-sim's hollow-node test builds it, after this one).
         let built = repo().join(format!("target/images/{name}.tar"));
         if name == "kubelet-sim" && !built.exists() {
             println!("SKIPPED the kubelet-sim image: not built (run deploy/build-images.sh)");

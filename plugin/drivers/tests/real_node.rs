@@ -55,21 +55,6 @@ fn tag(suffix: &str) -> String {
     format!("localhost/inlet-plugin:{VERSION}{suffix}")
 }
 
-/// `target/images/inlet-plugin.tar`, built with `deploy/build-images.sh` when missing; None (with why)
-/// when it cannot be built here.
-fn image_archive() -> Result<PathBuf, String> {
-    if Command::new("podman").arg("--version").output().is_err() {
-        return Err("podman is not installed (deploy/build-images.sh needs it)".into());
-    }
-    // Always: cargo rebuilds only what changed, so the image is never older than the code.
-    let status = Command::new(repo().join("deploy/build-images.sh"))
-        .arg("inlet-plugin")
-        .status()
-        .expect("build-images.sh runs");
-    assert!(status.success(), "deploy/build-images.sh failed");
-    Ok(repo().join("target/images/inlet-plugin.tar"))
-}
-
 /// The test's dir as a shared bind mount of itself, so that `mountPropagation` works for everything
 /// under it (the kit's stores, the drivers' state dirs), as it does under a systemd host's shared `/`.
 struct SharedDir(tempfile::TempDir);
@@ -629,7 +614,7 @@ fn inlets_daemonsets_serve_a_real_kubelet_on_containerd_and_cri_o() {
         );
         return;
     }
-    let archive = match image_archive() {
+    let archive = match inlet_testkit::images::archive("inlet-plugin") {
         Ok(archive) => archive,
         Err(why) => return println!("SKIPPED real-node test: {why}"),
     };

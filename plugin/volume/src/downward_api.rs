@@ -14,8 +14,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use super::atomic_writer::FileProjection;
 use super::empty_dir::{DirPlugin, DirVolume};
 use super::fieldpath::{container_resource_value, extract_field_path_as_string};
-use super::secret::{DEFAULT_MODE, aggregate, set_up_projected};
-use super::{Mounter, MounterArgs, PodInfo, VolumeError, VolumeHost};
+use super::secret::{DEFAULT_MODE, set_up_projected};
+use super::{Mounter, MounterArgs, PodInfo, VolumeError, VolumeHost, aggregate};
 
 /// `downwardAPI`.
 pub struct DownwardApiVolume;

@@ -144,7 +144,7 @@ impl DirVolume for EmptyDir {
             .and_then(|s| s.size_limit.as_ref())
             .and_then(|q| inlet_host::quantity::parse_bytes(&q.0).ok());
         let size = memory.then(|| {
-            empty_dir_memory_size(host.node_allocatable_memory(), pod.memory_limit, size_limit)
+            empty_dir_memory_size(host.node_allocatable().memory, pod.memory_limit, size_limit)
         });
         Box::new(EmptyDirMounter {
             host,

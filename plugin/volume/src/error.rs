@@ -77,6 +77,14 @@ impl VolumeError {
     }
 }
 
+/// `utilerrors.NewAggregate(...).Error()`: one error as it is, more as `[a, b]`.
+pub fn aggregate(errors: &[String]) -> String {
+    match errors {
+        [one] => one.clone(),
+        many => format!("[{}]", many.join(", ")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -52,19 +52,10 @@ pub trait VolumeHost: Send + Sync {
     async fn secret(&self, namespace: &str, name: &str) -> Result<Option<Secret>, String>;
     /// Reads a ConfigMap; `Ok(None)` when it does not exist.
     async fn config_map(&self, namespace: &str, name: &str) -> Result<Option<ConfigMap>, String>;
-    /// The node's allocatable memory in bytes (`GetNodeAllocatable`): the largest a memory-backed emptyDir
-    /// may be. None when the node cannot tell.
-    fn node_allocatable_memory(&self) -> Option<u64>;
-    /// The node's allocatable CPU and memory (`GetNodeAllocatable`): the downward API's value of a limit a
-    /// container leaves unset.
-    fn node_allocatable(&self) -> NodeAllocatable {
-        NodeAllocatable {
-            cpu_millis: std::thread::available_parallelism()
-                .ok()
-                .map(|n| n.get() as u64 * 1000),
-            memory: self.node_allocatable_memory(),
-        }
-    }
+    /// The node's allocatable CPU and memory (`GetNodeAllocatable`): the largest a memory-backed emptyDir
+    /// may be, and the downward API's value of a limit a container leaves unset. None where the node cannot
+    /// tell.
+    fn node_allocatable(&self) -> NodeAllocatable;
     /// Reads a CSIDriver object; `Ok(None)` when it does not exist.
     async fn csi_driver(&self, name: &str) -> Result<Option<CSIDriver>, String>;
     /// A client for a registered CSI driver; the error when it is not registered is upstream's

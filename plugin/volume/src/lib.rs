@@ -34,9 +34,9 @@ use std::path::{Path, PathBuf};
 
 use async_trait::async_trait;
 
-pub use error::{ErrorClass, VolumeError};
+pub use error::{ErrorClass, VolumeError, aggregate};
 pub use host::{TokenRequestArgs, VolumeHost};
-pub use spec::{InlineCsi, PodInfo, SecretRef, Spec};
+pub use spec::{InlineCsi, PodInfo, SecretRef, Spec, container_resources};
 
 /// A kind of volume. One instance serves every volume of its kind on a node.
 #[async_trait]

@@ -14,8 +14,8 @@ use super::atomic_writer::FileProjection;
 use super::config_map::config_map_data;
 use super::downward_api::collect_data;
 use super::empty_dir::{DirPlugin, DirVolume};
-use super::secret::{DEFAULT_MODE, aggregate, make_payload, secret_data, set_up_projected};
-use super::{Mounter, MounterArgs, PodInfo, TokenRequestArgs, VolumeError, VolumeHost};
+use super::secret::{DEFAULT_MODE, make_payload, secret_data, set_up_projected};
+use super::{Mounter, MounterArgs, PodInfo, TokenRequestArgs, VolumeError, VolumeHost, aggregate};
 
 /// `projected`.
 pub struct ProjectedVolume;

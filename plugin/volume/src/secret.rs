@@ -141,14 +141,6 @@ pub(crate) fn make_payload(
     Ok(payload)
 }
 
-/// `utilerrors.NewAggregate(...).Error()`: one error as it is, more as `[a, b]`.
-pub(crate) fn aggregate(errors: &[String]) -> String {
-    match errors {
-        [one] => one.clone(),
-        many => format!("[{}]", many.join(", ")),
-    }
-}
-
 /// Sets up the directory volume at `dir` (a tmpfs when `memory` is given) and projects `payload` into it.
 /// A first set-up that fails is torn down again, as `secret.go` and `configmap.go` SetUpAt do with
 /// their `setupSuccess` defer: else a refused payload (an item path with `..`) would leave its tmpfs

@@ -108,17 +108,22 @@ impl PodInfo {
             memory_limit: pod_memory_limit(pod),
             labels: pod.metadata.labels.clone().unwrap_or_default(),
             annotations: pod.metadata.annotations.clone().unwrap_or_default(),
-            containers: spec
-                .into_iter()
-                .flat_map(|s| {
-                    s.containers
-                        .iter()
-                        .chain(s.init_containers.iter().flatten())
-                })
-                .map(|c| (c.name.clone(), c.resources.clone()))
-                .collect(),
+            containers: container_resources(pod),
         }
     }
+}
+
+/// Each container's name and resources, init containers too: what the downward API's
+/// `resourceFieldRef` reads.
+pub fn container_resources(pod: &Pod) -> Vec<(String, Option<ResourceRequirements>)> {
+    let spec = pod.spec.iter();
+    spec.flat_map(|s| {
+        s.containers
+            .iter()
+            .chain(s.init_containers.iter().flatten())
+    })
+    .map(|c| (c.name.clone(), c.resources.clone()))
+    .collect()
 }
 
 /// The pod's memory limit as `ResourceConfigForPod` (`pkg/kubelet/cm/helpers_linux.go`) sets its cgroup's:

@@ -42,6 +42,18 @@ impl Collector for ProcessCollector {
     }
 }
 
+/// This process's user and system CPU time so far, in seconds (`process_cpu_seconds_total`).
+pub fn cpu_seconds() -> Option<f64> {
+    let stat = procfs::process::Process::myself().ok()?.stat().ok()?;
+    Some((stat.utime + stat.stime) as f64 / procfs::ticks_per_second() as f64)
+}
+
+/// This process's resident memory now, in bytes (`process_resident_memory_bytes`).
+pub fn resident_bytes() -> Option<u64> {
+    let stat = procfs::process::Process::myself().ok()?.stat().ok()?;
+    Some(stat.rss * procfs::page_size())
+}
+
 /// Each figure `/proc/self` gives now: name, client_golang's help text, value.
 fn figures() -> Vec<(&'static str, &'static str, f64)> {
     let mut figures = Vec::new();
