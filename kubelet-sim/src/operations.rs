@@ -1,7 +1,10 @@
 //! The operation table: at most one operation per volume at a time (a pod-less operation, such as staging,
 //! excludes every other on its volume; pod operations on one volume exclude only the same pod's), and
-//! exponential backoff after a failure (`nestedpendingoperations.go`, `exponentialbackoff.go`). Each
-//! node's volume manager and pod workers keep one, and so does the attach/detach controller.
+//! exponential backoff after a failure (`nestedpendingoperations.go`, `exponentialbackoff.go`). The backoff
+//! holds only the operation that failed: a different operation on the same key (a TearDown after failed
+//! SetUps) starts at once and resets it, as `NestedPendingOperations.Run` resets `expBackoff` when the
+//! operation name differs. Each node's volume manager and pod workers keep one, and so does the
+//! attach/detach controller.
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -122,7 +125,18 @@ pub struct Operations {
     /// Running operations by what they run on: the pods they are for (None for a node-wide one).
     /// Indexed so a conflict check costs one lookup, not a scan of every running operation.
     pending: HashMap<Resource, HashSet<Option<String>>>,
-    backoff: HashMap<OpKey, (Instant, Duration)>,
+    backoff: HashMap<OpKey, Failed>,
+}
+
+/// The backoff of a key's last failed operation.
+#[derive(Debug, Clone, Copy)]
+struct Failed {
+    /// Upstream's operation name (`volume_mount`, `volume_unmount`, ...).
+    operation: &'static str,
+    /// Not retried before.
+    until: Instant,
+    /// The wait that ends at `until`.
+    wait: Duration,
 }
 
 impl Operations {
@@ -134,26 +148,28 @@ impl Operations {
         }
     }
 
-    /// Starts an operation unless a conflicting one runs or its backoff has not expired.
-    pub fn try_start(&mut self, key: &OpKey) -> bool {
+    /// Starts `operation` on `key` unless a conflicting one runs or the same operation's backoff has not
+    /// expired; a different operation forgets that backoff.
+    pub fn try_start(&mut self, key: &OpKey, operation: &'static str) -> bool {
         let (resource, pod) = key.slot();
         let conflicts = self
             .pending
             .get(&resource)
             .is_some_and(|pods| pod.is_none() || pods.contains(&None) || pods.contains(&pod));
-        let waiting = self
-            .backoff
-            .get(key)
-            .is_some_and(|(until, _)| Instant::now() < *until);
-        if conflicts || waiting {
+        if conflicts {
             return false;
+        }
+        match self.backoff.get(key) {
+            Some(f) if f.operation != operation => drop(self.backoff.remove(key)),
+            Some(f) if Instant::now() < f.until => return false,
+            _ => {}
         }
         self.pending.entry(resource).or_default().insert(pod);
         true
     }
 
-    /// Ends an operation: success clears its backoff, failure doubles it.
-    pub fn finish(&mut self, key: &OpKey, ok: bool) {
+    /// Ends `operation` on `key`: success clears its backoff, failure doubles it.
+    pub fn finish(&mut self, key: &OpKey, operation: &'static str, ok: bool) {
         let (resource, pod) = key.slot();
         if let Some(pods) = self.pending.get_mut(&resource) {
             pods.remove(&pod);
@@ -165,12 +181,19 @@ impl Operations {
             self.backoff.remove(key);
             return;
         }
-        let next = match self.backoff.get(key) {
-            Some((_, last)) => (*last * 2).min(self.policy.max),
-            None => self.policy.initial,
+        let wait = match self.backoff.get(key) {
+            Some(f) if f.operation == operation => (f.wait * 2).min(self.policy.max),
+            _ => self.policy.initial,
         };
-        self.backoff
-            .insert(key.clone(), (Instant::now() + next, next));
+        let until = Instant::now() + wait;
+        self.backoff.insert(
+            key.clone(),
+            Failed {
+                operation,
+                until,
+                wait,
+            },
+        );
     }
 
     /// Whether any operation runs on the volume `name` (for any pod, or node-wide).
@@ -179,17 +202,11 @@ impl Operations {
             .contains_key(&Resource::Volume(name.to_string()))
     }
 
-    /// Forgets `key`'s backoff, so its next operation may start at once: a deleted pod is stopped without
-    /// waiting out the back-off of its failed starts (upstream's pod worker moves it to terminating at once).
-    pub fn forget_backoff(&mut self, key: &OpKey) {
-        self.backoff.remove(key);
-    }
-
     /// When the earliest backoff expires (the reconciler should look again then).
     pub fn next_retry(&self) -> Option<Instant> {
         self.backoff
             .values()
-            .map(|(until, _)| *until)
+            .map(|f| f.until)
             .filter(|u| *u > Instant::now())
             .min()
     }
@@ -212,19 +229,29 @@ mod tests {
     }
 
     #[test]
-    fn a_volume_is_busy_while_any_operation_runs_on_it_and_a_backoff_can_be_forgotten() {
+    fn a_volume_is_busy_while_any_operation_runs_on_it() {
         let mut ops = Operations::new(BackoffPolicy::default());
         assert!(!ops.volume_busy("v"));
-        assert!(ops.try_start(&key("v", Some("pod-a"))));
+        assert!(ops.try_start(&key("v", Some("pod-a")), "volume_mount"));
         assert!(ops.volume_busy("v") && !ops.volume_busy("w"));
-        ops.finish(&key("v", Some("pod-a")), true);
+        ops.finish(&key("v", Some("pod-a")), "volume_mount", true);
         assert!(!ops.volume_busy("v"));
+    }
+
+    #[test]
+    fn a_backoff_holds_only_the_operation_that_failed() {
+        let mut ops = Operations::new(BackoffPolicy::default());
         let pod = OpKey::Pod("uid".into());
-        assert!(ops.try_start(&pod));
-        ops.finish(&pod, false);
-        assert!(!ops.try_start(&pod), "backing off");
-        ops.forget_backoff(&pod);
-        assert!(ops.try_start(&pod), "a deleted pod is stopped at once");
+        assert!(ops.try_start(&pod, "start"));
+        ops.finish(&pod, "start", false);
+        assert!(!ops.try_start(&pod, "start"), "backing off");
+        assert!(
+            ops.try_start(&pod, "kill"),
+            "a deleted pod is stopped at once"
+        );
+        ops.finish(&pod, "kill", false);
+        assert!(!ops.try_start(&pod, "kill"), "a failed stop backs off");
+        assert_eq!(ops.backoff[&pod].wait, Duration::from_millis(500), "reset");
     }
 
     #[test]
@@ -233,28 +260,29 @@ mod tests {
             initial: Duration::from_millis(40),
             max: Duration::from_millis(60),
         });
-        assert!(ops.try_start(&key("v", Some("a"))));
+        let mount = |ops: &mut Operations, pod| ops.try_start(&key("v", pod), "volume_mount");
+        assert!(mount(&mut ops, Some("a")));
         assert!(
-            ops.try_start(&key("v", Some("b"))),
+            mount(&mut ops, Some("b")),
             "other pods on the volume may proceed"
         );
         assert!(
-            !ops.try_start(&key("v", None)),
+            !mount(&mut ops, None),
             "a node-wide operation waits for them"
         );
         assert!(
-            !ops.try_start(&key("v", Some("a"))),
+            !mount(&mut ops, Some("a")),
             "the same operation is not started twice"
         );
-        ops.finish(&key("v", Some("a")), false);
-        ops.finish(&key("v", Some("b")), true);
-        assert!(!ops.try_start(&key("v", Some("a"))), "backing off");
+        ops.finish(&key("v", Some("a")), "volume_mount", false);
+        ops.finish(&key("v", Some("b")), "volume_mount", true);
+        assert!(!mount(&mut ops, Some("a")), "backing off");
         assert!(ops.next_retry().is_some());
         std::thread::sleep(Duration::from_millis(45));
-        assert!(ops.try_start(&key("v", Some("a"))));
-        ops.finish(&key("v", Some("a")), false);
+        assert!(mount(&mut ops, Some("a")));
+        ops.finish(&key("v", Some("a")), "volume_mount", false);
         assert_eq!(
-            ops.backoff[&key("v", Some("a"))].1,
+            ops.backoff[&key("v", Some("a"))].wait,
             Duration::from_millis(60),
             "doubled, capped"
         );

@@ -208,11 +208,13 @@ impl AttachDetach {
                     pod: info.uid.clone(),
                     volume: outer.clone(),
                 };
-                if !self.ops.lock().try_start(&key) {
+                if !self.ops.lock().try_start(&key, "volume_attach") {
                     continue;
                 }
                 let result = attachable.new_attacher().attach(&spec, &info, &node).await;
-                self.ops.lock().finish(&key, result.is_ok());
+                self.ops
+                    .lock()
+                    .finish(&key, "volume_attach", result.is_ok());
                 match result {
                     Ok(name) => waiting.entry(name).or_default().push((pod.clone(), outer)),
                     Err(e) => {
@@ -299,14 +301,19 @@ impl AttachDetach {
             return;
         }
         let key = OpKey::VolumeAttachment(name.clone());
-        if !self.ops.lock().try_start(&key) {
+        // A deletion is an update the attacher's queue takes at once, whatever the attach's back-off.
+        let operation = match deleting {
+            false => "ControllerPublishVolume",
+            true => "ControllerUnpublishVolume",
+        };
+        if !self.ops.lock().try_start(&key, operation) {
             return;
         }
         let result = match deleting {
             false => self.publish(attachment).await.map(Some),
             true => self.unpublish(attachment).await.map(|()| None),
         };
-        self.ops.lock().finish(&key, result.is_ok());
+        self.ops.lock().finish(&key, operation, result.is_ok());
         match (deleting, result) {
             (false, Ok(context)) => {
                 self.api.update::<VolumeAttachment>("", &name, |va| {

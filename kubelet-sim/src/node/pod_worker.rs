@@ -45,8 +45,6 @@ pub struct PodRuntime {
     pub containers: Vec<ContainerReport>,
     /// The pod object as last seen, to stop it if it leaves the API without a graceful deletion.
     pub pod: Option<Arc<Pod>>,
-    /// A stop was asked for: its start back-off is forgotten once, a failed stop still backs off.
-    pub kill_requested: bool,
 }
 
 impl PodRuntime {
@@ -95,7 +93,8 @@ impl Kubelet {
                 Ok(()) => {
                     self.set_state(&uid, PodState::Starting);
                     let object = pod.clone();
-                    self.spawn_pod_op(key, &uid, PodState::Waiting, move |me| me.start(object));
+                    let start = move |me: Arc<Self>| me.start(object);
+                    self.spawn_pod_op(key, "start", &uid, PodState::Waiting, start);
                 }
                 Err(_) if !warned && seen_at.elapsed() >= self.config.volume_wait_timeout => {
                     self.warn_volume_timeout(&pod, &uid);
@@ -171,28 +170,21 @@ impl Kubelet {
         }
     }
 
-    /// Stops a pod (`kill`) now: the back-off of its failed starts is forgotten (the first time only: a
-    /// failed stop backs off as any operation), as upstream's pod worker moves a deleted pod to terminating
+    /// Stops a pod (`kill`) now: the back-off of its failed starts does not hold a stop (a failed stop
+    /// backs off as any operation), as upstream's pod worker moves a deleted pod to terminating
     /// at once (`pod_workers.go` UpdatePod); a start still running keeps it out until it ends. On failure
     /// the pod goes back to `retry_state`.
     pub(super) fn spawn_kill(self: &Arc<Self>, uid: &str, retry_state: PodState, pod: Arc<Pod>) {
         let key = OpKey::Pod(uid.to_string());
-        let first = self
-            .pods
-            .lock()
-            .get_mut(uid)
-            .is_some_and(|rt| !std::mem::replace(&mut rt.kill_requested, true));
-        if first {
-            self.pod_ops.lock().forget_backoff(&key);
-        }
         self.set_state(uid, PodState::Killing);
-        self.spawn_pod_op(key, uid, retry_state, move |me| me.kill(pod));
+        self.spawn_pod_op(key, "kill", uid, retry_state, move |me| me.kill(pod));
     }
 
     /// Runs a pod operation; on failure the pod goes back to `retry_state` and is retried after backoff.
     pub(super) fn spawn_pod_op<F, Fut>(
         self: &Arc<Self>,
         key: OpKey,
+        operation: &'static str,
         uid: &str,
         retry_state: PodState,
         op: F,
@@ -200,7 +192,7 @@ impl Kubelet {
         F: FnOnce(Arc<Self>) -> Fut,
         Fut: std::future::Future<Output = bool> + Send + 'static,
     {
-        if !self.pod_ops.lock().try_start(&key) {
+        if !self.pod_ops.lock().try_start(&key, operation) {
             self.set_state(uid, retry_state);
             return;
         }
@@ -212,7 +204,7 @@ impl Kubelet {
             if !ok {
                 me.set_state(&uid, retry_state);
             }
-            me.pod_ops.lock().finish(&key, ok);
+            me.pod_ops.lock().finish(&key, operation, ok);
             me.kick.notify_one();
         });
     }

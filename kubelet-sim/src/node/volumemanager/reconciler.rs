@@ -102,16 +102,16 @@ impl VolumeManager {
                     spec,
                 } => {
                     let key = OpKey::volume(&unique, &mount.pod.uid);
-                    if self.start(&key) {
-                        let named = self.named(&spec, "volume_unmount", "unmap_volume");
+                    let named = self.named(&spec, "volume_unmount", "unmap_volume");
+                    if self.start(&key, named.1) {
                         let named = Recorded::Always(named);
                         self.spawn_op(key, named, move |me| me.tear_down(unique, *mount, spec));
                     }
                 }
                 Action::UnmountDevice { unique, spec, path } => {
                     let key = OpKey::device(&unique);
-                    if self.start(&key) {
-                        let named = self.named(&spec, "unmount_device", "unmap_device");
+                    let named = self.named(&spec, "unmount_device", "unmap_device");
+                    if self.start(&key, named.1) {
                         let named = Recorded::Always(named);
                         self.spawn_op(key, named, move |me| me.unmount_device(unique, spec, path));
                     }
@@ -124,8 +124,8 @@ impl VolumeManager {
                     // Upstream stages inside its mount operation: a staging that fails ends that
                     // `volume_mount` (`map_volume`); one that succeeds is counted with the SetUp after it.
                     let key = OpKey::device(&unique);
-                    if self.start(&key) {
-                        let named = self.named(&volume.spec, "volume_mount", "map_volume");
+                    let named = self.named(&volume.spec, "volume_mount", "map_volume");
+                    if self.start(&key, named.1) {
                         let named = Recorded::Failure(named);
                         self.spawn_op(key, named, move |me| {
                             me.mount_device(unique, volume, waiting)
@@ -141,8 +141,8 @@ impl VolumeManager {
                         true => OpKey::device(&unique),
                         false => OpKey::volume(&unique, &volume.pod.uid),
                     };
-                    if self.start(&key) {
-                        let named = self.named(&volume.spec, "volume_mount", "map_volume");
+                    let named = self.named(&volume.spec, "volume_mount", "map_volume");
+                    if self.start(&key, named.1) {
                         let named = Recorded::Always(named);
                         self.spawn_op(key, named, move |me| me.set_up(unique, volume));
                     }
@@ -231,8 +231,8 @@ impl VolumeManager {
 
     /// Marks the operation of `key` started, unless one conflicts or backs off. Asked before anything is
     /// prepared for it: the loop plans the same actions again on each pass while their operations run.
-    fn start(&self, key: &OpKey) -> bool {
-        self.ops.lock().try_start(key)
+    fn start(&self, key: &OpKey, operation: &'static str) -> bool {
+        self.ops.lock().try_start(key, operation)
     }
 
     /// Runs an operation [`Self::start`] started; when it ends, records the outcome (and, as
@@ -248,16 +248,19 @@ impl VolumeManager {
             let started = std::time::Instant::now();
             let ok = run.await;
             let took = started.elapsed();
-            match named {
+            let operation = match named {
                 Recorded::Always((plugin, operation)) => {
-                    crate::metrics::METRICS.operation(plugin, operation, ok, took)
+                    crate::metrics::METRICS.operation(plugin, operation, ok, took);
+                    operation
                 }
-                Recorded::Failure((plugin, operation)) if !ok => {
-                    crate::metrics::METRICS.operation(plugin, operation, false, took)
+                Recorded::Failure((plugin, operation)) => {
+                    if !ok {
+                        crate::metrics::METRICS.operation(plugin, operation, false, took);
+                    }
+                    operation
                 }
-                Recorded::Failure(_) => {}
-            }
-            me.ops.lock().finish(&key, ok);
+            };
+            me.ops.lock().finish(&key, operation, ok);
             me.kick.notify_one();
         });
     }
