@@ -24,6 +24,11 @@ pub struct ConformArgs {
     /// printed on stderr.
     #[arg(long, value_name = "FILE.yaml")]
     csidriver: Option<PathBuf>,
+    /// The driver's definition for Kubernetes' e2e external storage tests (test/e2e/storage/external),
+    /// used unchanged: its capabilities and InlineVolumes (attributes, Shared, ReadOnly). What e2e would
+    /// ignore in it (a misspelt key or capability) is reported.
+    #[arg(long, value_name = "FILE")]
+    testdriver: Option<PathBuf>,
     /// Run only the checks whose id matches GLOB (`ephemeral/*`). Repeatable.
     #[arg(long, value_name = "GLOB", value_parser = parse_glob)]
     only: Vec<glob::Pattern>,
@@ -102,6 +107,7 @@ pub async fn run(args: ConformArgs) -> ExitCode {
     let options = ConformOptions {
         driver,
         csi_driver: args.csidriver,
+        testdriver: args.testdriver,
         only: args.only,
         root: args.root,
         attributes: args.attributes.into_iter().collect::<BTreeMap<_, _>>(),

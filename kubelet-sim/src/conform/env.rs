@@ -8,14 +8,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use inlet_host::mount::MountLayer;
-use inlet_proto::csi::v1::{self as csi, controller_client::ControllerClient};
+use inlet_proto::csi::v1::{
+    self as csi, controller_client::ControllerClient, node_client::NodeClient,
+};
 use inlet_proto::csi_call::CsiCall;
 use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::api::storage::v1::{CSIDriver, CSIDriverSpec};
 use serde_json::json;
 
 use super::ConformError;
 use super::driver::{DriverInfo, DriverRun, DriverSetup};
 use super::proxy::{FaultProxy, INJECTED_DEADLINE};
+use super::testdriver::{InlineDefinition, TestDriver};
 use crate::api::manifest::{Manifest, Object};
 use crate::drivers::DriverSource;
 use crate::node::{BackoffPolicy, ContainerTiming};
@@ -41,14 +45,48 @@ pub struct Conformance {
     pub info: DriverInfo,
     /// Each check runs under `<root>/<check>/`.
     pub root: PathBuf,
-    /// `--volume-attribute`: what every inline volume of the checks carries.
-    pub attributes: BTreeMap<String, String>,
+    /// `--testdriver`'s definition.
+    pub testdriver: Option<TestDriver>,
+    /// The inline volume definitions a pod's volumes cycle through (see [`Conformance::inline`]).
+    pub inline_volumes: Vec<InlineDefinition>,
     /// How long one step waits.
     pub wait: Duration,
     /// Images for the in-process runtime.
     pub images: SimImages,
     /// The mount layer, and whether its mounts are real.
     pub mounter: (Arc<dyn MountLayer>, bool),
+}
+
+impl Conformance {
+    /// A pod's inline volume number `i`: `InlineVolumes[i % len]` of the test driver file, as e2e's
+    /// `GetVolume` picks it, with the `--volume-attribute`s.
+    pub fn inline(&self, i: usize) -> &InlineDefinition {
+        &self.inline_volumes[i % self.inline_volumes.len()]
+    }
+
+    /// Whether the test driver file declares capability `name`.
+    pub fn declares(&self, name: &str) -> bool {
+        self.testdriver.as_ref().is_some_and(|t| t.has(name))
+    }
+}
+
+/// The inline volume definitions: the test driver file's (none when it lists none), or one with the
+/// `--volume-attribute`s; the flags' attributes are added to each.
+pub fn inline_volumes(
+    testdriver: Option<&TestDriver>,
+    attributes: &BTreeMap<String, String>,
+) -> Vec<InlineDefinition> {
+    let listed = match testdriver {
+        Some(t) => t.inline_volumes.clone(),
+        None => vec![InlineDefinition::default()],
+    };
+    listed
+        .into_iter()
+        .map(|mut definition| {
+            definition.attributes.extend(attributes.clone());
+            definition
+        })
+        .collect()
 }
 
 /// An inline CSI volume of a check's pod.
@@ -60,8 +98,12 @@ pub struct InlineVolume {
     pub extra_attributes: BTreeMap<String, String>,
     /// `csi.readOnly`.
     pub read_only: bool,
+    /// `volumeMounts[].readOnly` (also set for a definition the driver mounts read-only only).
+    pub mount_read_only: bool,
     /// `csi.nodePublishSecretRef.name`.
     pub secret: Option<String>,
+    /// `csi.fsType`.
+    pub fs_type: Option<String>,
 }
 
 impl InlineVolume {
@@ -183,13 +225,15 @@ impl CheckEnv {
     }
 
     /// A pod `name` in the conform namespace whose one container mounts each volume at `/mnt/<volume>`;
-    /// `spec` is merged into the pod's spec (a securityContext, a nodeName).
+    /// `spec` is merged into the pod's spec (a securityContext, a nodeName). Volume `i` is the run's
+    /// inline definition `i` ([`Conformance::inline`]).
     pub fn pod(&self, name: &str, volumes: &[InlineVolume], spec: serde_json::Value) -> Pod {
         let driver = self.conf.setup.name();
         let pod_volumes: Vec<_> = volumes
             .iter()
-            .map(|v| {
-                let mut attributes = self.conf.attributes.clone();
+            .enumerate()
+            .map(|(i, v)| {
+                let mut attributes = self.conf.inline(i).attributes.clone();
                 attributes.extend(v.extra_attributes.clone());
                 let mut source = json!({"driver": driver, "readOnly": v.read_only});
                 if !attributes.is_empty() {
@@ -198,12 +242,19 @@ impl CheckEnv {
                 if let Some(secret) = &v.secret {
                     source["nodePublishSecretRef"] = json!({"name": secret});
                 }
+                if let Some(fs_type) = &v.fs_type {
+                    source["fsType"] = json!(fs_type);
+                }
                 json!({"name": v.name, "csi": source})
             })
             .collect();
         let mounts: Vec<_> = volumes
             .iter()
-            .map(|v| json!({"name": v.name, "mountPath": format!("/mnt/{}", v.name)}))
+            .enumerate()
+            .map(|(i, v)| {
+                let read_only = v.mount_read_only || self.conf.inline(i).read_only;
+                json!({"name": v.name, "mountPath": format!("/mnt/{}", v.name), "readOnly": read_only})
+            })
             .collect();
         let mut pod = json!({
             "metadata": {"name": name, "namespace": NAMESPACE},
@@ -231,6 +282,25 @@ impl CheckEnv {
             "stringData": {key: value},
         }))
         .unwrap_or_default()
+    }
+
+    /// Changes the driver's CSIDriver object in the API, as an administrator would on a live cluster
+    /// (the kubelet reads it at each SetUp).
+    pub fn edit_csi_driver(&self, edit: impl FnOnce(&mut CSIDriverSpec)) {
+        let name = self.conf.setup.name();
+        self.sim
+            .api
+            .update::<CSIDriver>("", name, |d| edit(&mut d.spec));
+    }
+
+    /// Deletes the driver's CSIDriver object.
+    pub fn delete_csi_driver(&self) {
+        self.sim.api.remove::<CSIDriver>("", self.conf.setup.name());
+    }
+
+    /// Waits until `done` holds or the step's wait is over; says which.
+    pub async fn until(&self, done: impl Fn(&Self) -> bool) -> bool {
+        self.sim.wait_for(self.conf.wait, |_| done(self)).await
     }
 
     /// Creates objects (pods after the rest, as `kubelet-sim run` does); a refused one fails the step.
@@ -270,14 +340,16 @@ impl CheckEnv {
         Ok(())
     }
 
+    /// Pod `name`'s phase, if it has one.
+    pub fn phase(&self, name: &str) -> Option<String> {
+        let pod = self.sim.api.peek::<Pod>(NAMESPACE, name)?;
+        pod.status.as_ref()?.phase.clone()
+    }
+
     /// Waits until pod `name` is Running. Fails on a warning the kubelet repeated (the driver keeps
     /// answering the same), or when the wait is over, with the pod's warnings.
     pub async fn running(&self, name: &str) -> Result<(), String> {
-        let phase = |sim: &Simulation| {
-            sim.api
-                .peek::<Pod>(NAMESPACE, name)
-                .and_then(|p| p.status.as_ref().and_then(|s| s.phase.clone()))
-        };
+        let phase = |_: &Simulation| self.phase(name);
         let done = |sim: &Simulation| {
             phase(sim).as_deref() == Some("Running")
                 || self
@@ -364,7 +436,7 @@ impl CheckEnv {
 
     /// The last CSI call for pod `name`'s volumes that failed, as `; Method Code: message` (a teardown's
     /// failures are not pod events, as upstream's are not).
-    fn last_failure(&self, name: &str) -> String {
+    pub fn last_failure(&self, name: &str) -> String {
         let dir = format!("/pods/{}/", self.uid(name));
         self.calls()
             .into_iter()
@@ -468,10 +540,18 @@ impl CheckEnv {
     /// A Controller client straight to the driver (for what an administrator or provisioner does, such as
     /// creating the volume a PV names).
     pub async fn controller(&self) -> Result<ControllerClient<tonic::transport::Channel>, String> {
-        let channel = inlet_proto::uds::connect(&self.driver_socket)
+        Ok(ControllerClient::new(self.channel().await?))
+    }
+
+    /// A Node client straight to the driver, for the call-level checks.
+    pub async fn node(&self) -> Result<NodeClient<tonic::transport::Channel>, String> {
+        Ok(NodeClient::new(self.channel().await?))
+    }
+
+    async fn channel(&self) -> Result<tonic::transport::Channel, String> {
+        inlet_proto::uds::connect(&self.driver_socket)
             .await
-            .map_err(|e| e.to_string())?;
-        Ok(ControllerClient::new(channel))
+            .map_err(|e| format!("the driver's socket: {e}"))
     }
 
     /// What the driver still holds of `volume_ids`: files named after them in an in-process driver's
@@ -523,7 +603,17 @@ impl CheckEnv {
 
     /// Stops the node's kubelet and starts a new one on the same root (reconstruction).
     pub async fn restart_kubelet(&mut self) -> Result<(), String> {
+        self.stop_kubelet().await;
+        self.start_kubelet().await
+    }
+
+    /// Stops the node's kubelet; its mounts, the driver and the pods' sandboxes stay.
+    pub async fn stop_kubelet(&mut self) {
         self.sim.stop_node(NODE).await;
+    }
+
+    /// Starts a new kubelet on the node's root, which reconstructs what the last one left.
+    pub async fn start_kubelet(&mut self) -> Result<(), String> {
         self.sim.start_node(NODE).await.map_err(|e| e.to_string())
     }
 

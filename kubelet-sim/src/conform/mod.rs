@@ -8,6 +8,7 @@
 //! ```text
 //! driver.rs   the driver under test: identity, capabilities, its CSIDriver (given or suggested); where it
 //!             runs (in-process, or on a socket) and how it restarts
+//! testdriver.rs  --testdriver: e2e's external driver definition (capabilities, InlineVolumes)
 //! proxy.rs    FaultProxy: between the kubelet and the driver, turns chosen OK answers into deadlines
 //! env.rs      CheckEnv: one check's fresh node, driver and proxy, and the steps checks are written in
 //! checks/     the catalogue (mod.rs: id, what it expects, its upstream source, when it applies), and
@@ -23,6 +24,7 @@ pub mod env;
 mod error;
 pub mod output;
 pub mod proxy;
+pub mod testdriver;
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -40,6 +42,7 @@ use checks::Check;
 use driver::{DriverInfo, DriverSetup};
 use env::{CheckEnv, Conformance};
 pub use error::ConformError;
+use testdriver::TestDriver;
 
 /// How conform is run.
 pub struct ConformOptions {
@@ -47,6 +50,8 @@ pub struct ConformOptions {
     pub driver: DriverArg,
     /// `--csidriver`: the CSIDriver object's YAML file; None uses the suggested one.
     pub csi_driver: Option<PathBuf>,
+    /// `--testdriver`: e2e's driver definition file.
+    pub testdriver: Option<PathBuf>,
     /// `--only`: the checks whose id matches one of these globs; empty runs them all.
     pub only: Vec<glob::Pattern>,
     /// `--root`: where each check's node lives; None uses a temp dir removed afterwards.
@@ -107,6 +112,9 @@ pub struct ConformReport {
     pub driver: DriverInfo,
     /// The CSIDriver object the checks ran with.
     pub csi_driver: k8s_openapi::api::storage::v1::CSIDriver,
+    /// `--testdriver`'s definition, with what e2e would have ignored in it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub testdriver: Option<TestDriver>,
     /// Every selected check.
     pub checks: Vec<CheckResult>,
     /// How many passed.
@@ -175,11 +183,17 @@ pub async fn run(
     };
     info.csi_driver =
         driver::csi_driver_from(&csi_driver_yaml, &info.csi_driver_source, &info.name)?;
+    let testdriver = options
+        .testdriver
+        .as_deref()
+        .map(|path| load_testdriver(path, &info.name))
+        .transpose()?;
     let conf = Arc::new(Conformance {
         setup,
         info: info.clone(),
         root: root.clone(),
-        attributes: options.attributes.clone(),
+        inline_volumes: env::inline_volumes(testdriver.as_ref(), &options.attributes),
+        testdriver: testdriver.clone(),
         wait: options.wait,
         images: options.images.clone(),
         mounter: options.mounter.clone(),
@@ -199,6 +213,7 @@ pub async fn run(
     let count = |v: Verdict| results.iter().filter(|r| r.result == v).count();
     let report = ConformReport {
         csi_driver: info.csi_driver.clone(),
+        testdriver,
         driver: info,
         passed: count(Verdict::Pass),
         failed: count(Verdict::Fail),
@@ -217,6 +232,25 @@ pub async fn run(
         );
     }
     Ok(report)
+}
+
+/// Reads `--testdriver`: it must describe the driver under test; what e2e would ignore in it is said.
+fn load_testdriver(path: &std::path::Path, name: &str) -> Result<TestDriver, ConformError> {
+    let testdriver = TestDriver::load(path)?;
+    if testdriver.name != name {
+        return Err(ConformError::Usage(format!(
+            "{}: DriverInfo.Name is {:?}, but the driver under test is {name:?}",
+            path.display(),
+            testdriver.name
+        )));
+    }
+    for ignored in &testdriver.ignored {
+        eprintln!(
+            "kubelet-sim conform: {}: {ignored}: unknown, e2e would ignore it",
+            path.display()
+        );
+    }
+    Ok(testdriver)
 }
 
 /// Starts the driver once (an in-process one on a node of its own) and asks it who it is.

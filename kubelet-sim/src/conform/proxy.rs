@@ -1,7 +1,8 @@
 //! A CSI proxy between the simulated kubelet and the driver under test, so a check can make the kubelet
 //! see what it sees on a busy node: a call whose deadline passed after the driver had done its work. The
 //! kubelet then retries (`operation_generator.go` marks the mount uncertain on a timeout), and the driver
-//! must answer the repeat as the CSI spec's idempotency section asks: OK, with nothing done twice.
+//! must answer the repeat as the CSI spec's idempotency section asks: OK, with nothing done twice. It can
+//! also turn an OK into a final error (INTERNAL), as a driver whose republish fails would answer.
 //!
 //! Every other call passes through unchanged. Like the kubelet's `csi_client.go`, the proxy dials the
 //! driver's socket for each call, so a restarted driver is reached again with no reconnect logic.
@@ -20,17 +21,23 @@ use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
 /// What a check asks the proxy to do to the next successful answers of one RPC.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct Fault {
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Fault {
     /// The RPC (`NodePublishVolume`).
-    pub method: &'static str,
-    /// How many more successful answers become DEADLINE_EXCEEDED.
-    pub times: usize,
+    method: &'static str,
+    /// How many more successful answers are replaced.
+    times: usize,
+    /// What replaces them: DEADLINE_EXCEEDED or INTERNAL.
+    code: tonic::Code,
 }
 
-/// The message the kubelet sees in place of the driver's OK.
+/// The message the kubelet sees in place of the driver's OK, as DEADLINE_EXCEEDED.
 pub const INJECTED_DEADLINE: &str =
     "context deadline exceeded (injected by kubelet-sim conform after the driver answered OK)";
+
+/// The message the kubelet sees in place of the driver's OK, as INTERNAL.
+pub const INJECTED_FAILURE: &str =
+    "failure injected by kubelet-sim conform after the driver answered OK";
 
 /// The proxy's state, shared by its server and the check that drives it.
 #[derive(Clone)]
@@ -55,7 +62,22 @@ impl FaultProxy {
 
     /// The next `times` successful answers to `method` reach the kubelet as DEADLINE_EXCEEDED.
     pub fn deadline_after_success(&self, method: &'static str, times: usize) {
-        self.faults.lock().push(Fault { method, times });
+        let code = tonic::Code::DeadlineExceeded;
+        self.faults.lock().push(Fault {
+            method,
+            times,
+            code,
+        });
+    }
+
+    /// The next `times` successful answers to `method` reach the kubelet as INTERNAL, a final error.
+    pub fn fail_after_success(&self, method: &'static str, times: usize) {
+        let code = tonic::Code::Internal;
+        self.faults.lock().push(Fault {
+            method,
+            times,
+            code,
+        });
     }
 
     /// The RPCs whose answers were replaced so far, in order.
@@ -75,7 +97,7 @@ impl FaultProxy {
         request
     }
 
-    /// The driver's answer, or DEADLINE_EXCEEDED in its place when a fault asks for it.
+    /// The driver's answer, or the fault's error in its place when one asks for it.
     fn answer<T>(
         &self,
         method: &'static str,
@@ -89,7 +111,10 @@ impl FaultProxy {
             {
                 fault.times -= 1;
                 self.injected.lock().push(method);
-                return Err(Status::deadline_exceeded(INJECTED_DEADLINE));
+                return Err(match fault.code {
+                    tonic::Code::DeadlineExceeded => Status::deadline_exceeded(INJECTED_DEADLINE),
+                    code => Status::new(code, INJECTED_FAILURE),
+                });
             }
         }
         reply

@@ -29,11 +29,17 @@ const LOCAL_CSIDRIVER: &str = "apiVersion: storage.k8s.io/v1\nkind: CSIDriver\nm
     spec:\n  attachRequired: true\n  podInfoOnMount: true\n  volumeLifecycleModes: [Persistent, Ephemeral]\n  \
     fsGroupPolicy: File\n  requiresRepublish: true\n  tokenRequests: [{audience: conform.inlet.dev}]\n";
 
+/// The local driver's e2e driver definition: a filesystem type, so fsGroup's ReadWriteOnceWithFSType runs.
+const LOCAL_TESTDRIVER: &str = "DriverInfo:\n  Name: local.inlet.dev\n  SupportedFsType: {\"\": {}, ext4: {}}\n  \
+    Capabilities: {persistence: true, fsGroup: true, exec: true}\nInlineVolumes:\n- Attributes: {}\n";
+
 #[test]
 fn the_local_driver_passes_every_check_and_the_junit_file_says_so() {
     let dir = tempfile::tempdir().unwrap();
     let csidriver = dir.path().join("csidriver.yaml");
     std::fs::write(&csidriver, LOCAL_CSIDRIVER).unwrap();
+    let testdriver = dir.path().join("testdriver.yaml");
+    std::fs::write(&testdriver, LOCAL_TESTDRIVER).unwrap();
     let (junit, report, root) = (
         dir.path().join("conform.xml"),
         dir.path().join("conform.json"),
@@ -44,6 +50,8 @@ fn the_local_driver_passes_every_check_and_the_junit_file_says_so() {
         "local.inlet.dev=local:attach,mount-group",
         "--csidriver",
         csidriver.to_str().unwrap(),
+        "--testdriver",
+        testdriver.to_str().unwrap(),
         "--junit",
         junit.to_str().unwrap(),
         "--report",
@@ -80,12 +88,14 @@ fn the_local_driver_passes_every_check_and_the_junit_file_says_so() {
             !case.children().any(|c| c.has_tag_name("failure")),
             "{name} failed: {xml}"
         );
-        // Without root the read-only check cannot look at the mount; everything else runs.
+        // The CSIDriver sets podInfoOnMount, and without root the checks that look at a mount cannot;
+        // everything else runs.
         if let Some(skipped) = case.children().find(|c| c.has_tag_name("skipped")) {
+            let reason = skipped.attribute("message").unwrap_or_default();
             assert!(
-                name == "ephemeral/read-only" && !inlet_host::mount::can_mount(),
-                "{name} skipped: {:?}",
-                skipped.attribute("message")
+                name == "pod-info/disabled"
+                    || (reason == "needs real mounts (root)" && !inlet_host::mount::can_mount()),
+                "{name} skipped: {reason}"
             );
         }
     }
@@ -94,6 +104,7 @@ fn the_local_driver_passes_every_check_and_the_junit_file_says_so() {
     assert_eq!(json["failed"], 0);
     assert_eq!(json["driver"]["name"], "local.inlet.dev");
     assert_eq!(json["csi_driver"]["spec"]["requiresRepublish"], true);
+    assert_eq!(json["testdriver"]["name"], "local.inlet.dev");
     // Each check removed its node once nothing was mounted below it.
     let left: Vec<_> = std::fs::read_dir(&root)
         .unwrap()
@@ -260,6 +271,52 @@ fn bad_flags_and_an_unknown_check_exit_2() {
     assert!(stderr.contains("expected KEY=VALUE"), "{stderr}");
 }
 
+/// `--testdriver` takes e2e's file unchanged, says what e2e would ignore in it, and refuses one that
+/// describes another driver.
+#[test]
+fn a_test_driver_file_is_checked_against_the_driver() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("testdriver.yaml");
+    std::fs::write(
+        &file,
+        "DriverInfo:\n  Name: local.inlet.dev\n  Capabilites: {block: true}\nInlineVolumes:\n- Attributes: {}\n  ReadOnly: true\n",
+    )
+    .unwrap();
+    let (code, stdout, stderr) = conform(&[
+        "--driver",
+        "local.inlet.dev=local",
+        "--testdriver",
+        file.to_str().unwrap(),
+        "--only",
+        "ephemeral/read-write",
+    ]);
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("DriverInfo.Capabilites: unknown, e2e would ignore it"),
+        "{stderr}"
+    );
+    assert!(
+        stdout.contains(
+            "inline ephemeral volume #0 is read-only, but the test needs a read/write volume"
+        ),
+        "{stdout}"
+    );
+    std::fs::write(&file, "DriverInfo: {Name: other.example}\n").unwrap();
+    let (code, _, stderr) = conform(&[
+        "--driver",
+        "local.inlet.dev=local",
+        "--testdriver",
+        file.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 2);
+    assert!(
+        stderr.contains(
+            "DriverInfo.Name is \"other.example\", but the driver under test is \"local.inlet.dev\""
+        ),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn every_check_is_documented() {
     let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/conform.md")).unwrap();
@@ -368,22 +425,24 @@ fn csi_driver_host_path_results_are_those_conform_md_records() {
             .map(|c| c["id"].as_str().unwrap().to_string())
             .collect()
     };
-    assert_eq!(
-        with("fail"),
-        [
-            "ephemeral/unknown-attribute-refused",
-            "idempotency/unpublish-repeated"
-        ],
-        "{stdout}"
-    );
+    assert_eq!(with("fail"), ["idempotency/unpublish-repeated"], "{stdout}");
     assert_eq!(
         with("skip"),
-        ["ephemeral/fs-group-mount-group", "republish/tokens"],
+        [
+            "ephemeral/fs-group-mount-group",
+            "republish/tokens",
+            "pod-info/disabled",
+            "fsgroup/read-write-once-with-fstype",
+            "regression/121271-failed-republish"
+        ],
         "{stdout}"
     );
     let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/conform.md")).unwrap();
     assert!(
         doc.contains("csi-driver-host-path v1.16.1")
-            && doc.contains("14 passed, 2 failed, 2 skipped")
+            && doc.contains(&format!(
+                "{} passed, 1 failed, 5 skipped",
+                catalogue().len() - 6
+            ))
     );
 }

@@ -97,6 +97,11 @@ pub trait DeviceMountableVolumePlugin: Send + Sync {
 pub struct MounterArgs {
     /// The pod's fsGroup, applied when the plugin's policy says so.
     pub fs_group: Option<i64>,
+    /// The volume is already (possibly) set up for the pod: a republish, one reconstructed after a
+    /// restart, or one a timeout left uncertain. A failed SetUp then leaves the directory, the record and
+    /// what the pod sees where they are (`MounterArgs.IsRemount` and `ReconstructedVolume`, 1.35 patch
+    /// releases: kubernetes/kubernetes#121271, #136591).
+    pub remount: bool,
 }
 
 /// Mounts one volume for one pod.

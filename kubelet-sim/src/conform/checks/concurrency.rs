@@ -2,6 +2,32 @@
 
 use super::*;
 
+/// The concurrency/* checks.
+pub(super) fn checks() -> Vec<Check> {
+    vec![
+        Check {
+            id: "concurrency/many-pods",
+            expects: "ten pods with two inline volumes each, created and deleted at once on one node, all \
+                  run with twenty distinct volumes and leave nothing",
+            source: "e2e testsuites/ephemeral.go \"should support multiple inline ephemeral volumes\"; \
+                 operation_executor.go (operations on different volumes run in parallel)",
+            applies: |c| ephemeral(c).and(needs_read_write(c, 2)),
+            run: |env| Box::pin(concurrency::many_pods(env)),
+        },
+        Check {
+            id: "concurrency/same-definition",
+            expects: "two pods with the same inline volume definition get two volume ids and both run; as \
+                  root, a file one writes does not show in the other unless the definition is declared \
+                  Shared (or ReadOnly) in --testdriver",
+            source: "e2e testsuites/ephemeral.go \"should support two pods which have the same volume \
+                 definition\" (isolation unless the driver is `shared`); KEP-596 Design 2 (a handle per \
+                 pod); storage/v1 VolumeLifecycleEphemeral (reference counting of identical volumes)",
+            applies: |c| ephemeral(c).and(needs_read_write(c, 1)),
+            run: |env| Box::pin(concurrency::same_definition(env)),
+        },
+    ]
+}
+
 pub(super) async fn many_pods(env: &mut CheckEnv) -> Outcome {
     let names: Vec<String> = (1..=10).map(|i| format!("many-{i}")).collect();
     let volumes = [InlineVolume::named("one"), InlineVolume::named("two")];
@@ -40,20 +66,26 @@ pub(super) async fn same_definition(env: &mut CheckEnv) -> Outcome {
     if first.volume_id == second.volume_id {
         return Err(format!("both pods got volume id {}", first.volume_id));
     }
-    let mut note = String::new();
-    if env.conf.mounter.1 {
-        let written = env.target("first", "data").join("conform-first");
-        match std::fs::write(&written, b"first") {
-            Ok(()) if env.target("second", "data").join("conform-first").exists() => {
-                note = "the two volumes share their content (a shared driver, as e2e's `shared`)"
-                    .into();
+    // e2e looks at the data only for a definition neither shared nor read-only.
+    let definition = env.conf.inline(0);
+    let note = match (definition.shared, definition.read_only, env.conf.mounter.1) {
+        (true, _, _) => "the definition is Shared: isolation not looked at".to_string(),
+        (_, true, _) => "the definition is ReadOnly: isolation not looked at".to_string(),
+        (_, _, false) => "not root: isolation not looked at".to_string(),
+        _ => {
+            let written = env.target("first", "data").join("hello-world");
+            std::fs::write(&written, b"first")
+                .map_err(|e| format!("writing in the first pod's volume: {e}"))?;
+            if env.target("second", "data").join("hello-world").exists() {
+                return Err(
+                    "a file the first pod wrote shows in the second pod's volume: the \
+                            definition must be declared Shared (--testdriver, InlineVolumes[0])"
+                        .into(),
+                );
             }
-            Ok(()) => {}
-            Err(e) => note = format!("the volume is not writable ({e}): isolation not looked at"),
+            String::new()
         }
-    } else {
-        note = "not root: isolation not looked at".into();
-    }
+    };
     env.nothing_left(&[first.volume_id, second.volume_id])
         .await?;
     Ok(note)

@@ -2,6 +2,115 @@
 
 use super::*;
 
+/// The ephemeral/* checks.
+pub(super) fn checks() -> Vec<Check> {
+    vec![
+        Check {
+            id: "ephemeral/lifecycle",
+            expects: "an inline volume is published once at the kubelet's target path, never staged or attached; \
+                  the pod runs; once the pod is deleted the volume is unpublished and nothing is left: no \
+                  mount, no directory, no volume in the driver",
+            source: "KEP-596 Design (NodePublishVolume creates, NodeUnpublishVolume deletes); csi_plugin.go \
+                 CanAttach, CanDeviceMount (no attach or stage for Ephemeral)",
+            applies: ephemeral,
+            run: |env| Box::pin(ephemeral::lifecycle(env)),
+        },
+        Check {
+            id: "ephemeral/pod-info",
+            expects: "with podInfoOnMount the driver gets pod.name, pod.namespace, pod.uid, serviceAccount.name \
+                  and ephemeral=\"true\" and publishes with them (both modes without podInfoOnMount is \
+                  noted: KEP-596's way to tell the modes apart is that flag)",
+            source: "csi_mounter.go SetUpAt (podInfoOnMount keys, csi.storage.k8s.io/ephemeral); KEP-596 \
+                 Design 9",
+            applies: ephemeral,
+            run: |env| Box::pin(ephemeral::pod_info(env)),
+        },
+        Check {
+            id: "ephemeral/attributes-passed",
+            expects: "every volumeAttribute of the pod reaches NodePublishVolume's volume_context unchanged, \
+                  and the driver publishes with them",
+            source: "KEP-596 Design 7 (volumeAttributes become volume_context); csi_mounter.go SetUpAt",
+            applies: ephemeral,
+            run: |env| Box::pin(ephemeral::attributes_passed(env)),
+        },
+        Check {
+            id: "ephemeral/unknown-attribute-refused",
+            expects: "a pod whose volume carries an attribute the driver does not know runs if the driver \
+                  accepts it, can be deleted and leaves nothing either way; how it answered is noted \
+                  (neither the CSI spec nor the kubelet requires a refusal; a refusal other than \
+                  INVALID_ARGUMENT, or one that does not name the attribute, is noted too)",
+            source: "CSI spec, Error Scheme (\"Invalid or unsupported field in the request\": \
+                 INVALID_ARGUMENT); KEP-596 Design 7 (attributes are driver-defined, so only the driver \
+                 can refuse a typo)",
+            applies: ephemeral,
+            run: |env| Box::pin(ephemeral::unknown_attribute(env)),
+        },
+        Check {
+            id: "ephemeral/read-only",
+            expects: "csi.readOnly: true reaches the driver as readonly and the container's mount is \
+                  read-only (a target that takes writes is noted: KEP-596 lets a driver ignore the flag)",
+            source: "CSI NodePublishVolumeRequest.readonly; csi_plugin.go getReadOnlyFromSpec (an inline \
+                 volume's csi.readOnly); KEP-596 (read-only volumes)",
+            applies: ephemeral,
+            run: |env| Box::pin(ephemeral::read_only(env)),
+        },
+        Check {
+            id: "ephemeral/read-only-mount",
+            expects: "a volume mounted with volumeMounts[].readOnly runs its pod with a read-only container \
+                  mount (the driver publishes it as usual: readonly follows csi.readOnly only)",
+            source: "e2e testsuites/ephemeral.go \"should create read-only inline ephemeral volume\"",
+            applies: ephemeral,
+            run: |env| Box::pin(ephemeral::read_only_mount(env)),
+        },
+        Check {
+            id: "ephemeral/read-write",
+            expects: "a volume mounted read/write runs its pod with a read/write container mount, and (as \
+                  root) takes writes",
+            source: "e2e testsuites/ephemeral.go \"should create read/write inline ephemeral volume\" \
+                 (skipped for a ReadOnly InlineVolumes entry)",
+            applies: |c| ephemeral(c).and(needs_read_write(c, 1)),
+            run: |env| Box::pin(ephemeral::read_write(env)),
+        },
+        Check {
+            id: "ephemeral/symlinked-target",
+            expects: "the driver publishes at the target path it is given: after NodePublishVolume the target is \
+                  a directory (as root, a mount point), never a symlink put in its place, which would lead \
+                  the kubelet's fsGroup walk, the container's bind and the teardown out of the kubelet dir",
+            source: "CSI spec, NodePublishVolume (\"the SP SHALL place the mounted directory at target_path\"); \
+                 volume_linux.go SetVolumeOwnership (walks the target); RELIABILITY.md",
+            applies: ephemeral,
+            run: |env| Box::pin(ephemeral::symlinked_target(env)),
+        },
+        Check {
+            id: "ephemeral/outside-path",
+            expects: "nothing the driver mounts for an inline volume lies outside the kubelet dir: the target \
+                  resolves below it, and (as root) the volume mounted there is not also mounted outside it",
+            source: "CSI spec, NodePublishVolume (target_path is the CO's); kubelet's volume layout \
+                 (pods/<uid>/volumes/kubernetes.io~csi/<volume>/mount)",
+            applies: ephemeral,
+            run: |env| Box::pin(ephemeral::outside_path(env)),
+        },
+        Check {
+            id: "ephemeral/fs-group-mount-group",
+            expects: "a driver with VOLUME_MOUNT_GROUP gets the pod's fsGroup as volume_mount_group, and a \
+                  file made in the volume belongs to that group (the kubelet chowns nothing)",
+            source: "CSI VolumeCapability.MountVolume.volume_mount_group; csi_mounter.go SetUpAt \
+                 (NodeSupportsVolumeMountGroup)",
+            applies: |c| {
+                ephemeral(c)?;
+                if c.info.node_has("VOLUME_MOUNT_GROUP") {
+                    Ok(())
+                } else {
+                    Err("the driver does not advertise VOLUME_MOUNT_GROUP (the kubelet applies fsGroup \
+                     itself, per fsGroupPolicy)"
+                    .into())
+                }
+            },
+            run: |env| Box::pin(ephemeral::mount_group(env)),
+        },
+    ]
+}
+
 pub(super) async fn lifecycle(env: &mut CheckEnv) -> Outcome {
     let publish = one_pod(env, "lifecycle", InlineVolume::named("data")).await?;
     let target = env.target("lifecycle", "data");
@@ -144,7 +253,8 @@ pub(super) async fn pod_info(env: &mut CheckEnv) -> Outcome {
 
 pub(super) async fn attributes_passed(env: &mut CheckEnv) -> Outcome {
     let publish = one_pod(env, "attributes", InlineVolume::named("data")).await?;
-    for (key, value) in &env.conf.attributes {
+    let attributes = &env.conf.inline(0).attributes;
+    for (key, value) in attributes {
         if publish.volume_context.get(key) != Some(value) {
             return Err(format!(
                 "volume_context[{key:?}] is {:?}, expected {value:?}",
@@ -153,8 +263,10 @@ pub(super) async fn attributes_passed(env: &mut CheckEnv) -> Outcome {
         }
     }
     env.nothing_left(&[publish.volume_id]).await?;
-    if env.conf.attributes.is_empty() {
-        return Ok("no --volume-attribute given: published without attributes".into());
+    if attributes.is_empty() {
+        return Ok(
+            "no attributes given (--volume-attribute, --testdriver): published without".into(),
+        );
     }
     Ok(String::new())
 }
@@ -178,64 +290,86 @@ pub(super) async fn unknown_attribute(env: &mut CheckEnv) -> Outcome {
     };
     env.sim.wait_for(env.conf.wait, |_| answered(env)).await;
     let publishes = env.calls_at("NodePublishVolume", "unknown-attribute", "data");
-    if publishes.iter().any(|c| c.code == "OK") {
-        return Err(format!(
-            "NodePublishVolume with the attribute {UNKNOWN_ATTRIBUTE:?} was answered OK"
-        ));
-    }
-    let first = publishes.first().ok_or("no NodePublishVolume was made")?;
-    if first.code != "InvalidArgument" {
-        return Err(format!(
-            "NodePublishVolume failed with {} ({}), not InvalidArgument",
-            first.code, first.message
-        ));
+    let first = publishes
+        .first()
+        .cloned()
+        .ok_or("no NodePublishVolume was made")?;
+    // Neither the CSI spec nor the kubelet requires a refusal: how the driver answers is a note.
+    let note = match first.code.as_str() {
+        "OK" => format!(
+            "note: the driver accepted the unknown attribute {UNKNOWN_ATTRIBUTE:?}: a misspelt attribute \
+             in a pod goes unnoticed"
+        ),
+        "InvalidArgument" if first.message.contains(UNKNOWN_ATTRIBUTE) => String::new(),
+        "InvalidArgument" => format!(
+            "note: the refusal does not name the attribute {UNKNOWN_ATTRIBUTE:?}: {}",
+            first.message
+        ),
+        code => format!(
+            "note: refused with {code} ({}), where the CSI spec's error scheme says INVALID_ARGUMENT",
+            first.message
+        ),
+    };
+    // Accepted, the volume must work as any other.
+    if first.code == "OK" {
+        env.running("unknown-attribute").await?;
     }
     env.delete(&["unknown-attribute"]).await?;
     env.nothing_left(std::slice::from_ref(&first.volume_id))
         .await?;
-    if first.message.contains(UNKNOWN_ATTRIBUTE) {
-        Ok(String::new())
-    } else {
-        Ok(format!(
-            "the error does not name the attribute {UNKNOWN_ATTRIBUTE:?}: {}",
-            first.message
-        ))
-    }
+    Ok(note)
 }
 
 pub(super) async fn read_only(env: &mut CheckEnv) -> Outcome {
-    let volumes = [
-        InlineVolume::named("rw"),
-        InlineVolume {
-            read_only: true,
-            ..InlineVolume::named("ro")
-        },
-    ];
-    let pod = env.pod("read-only", &volumes, json!({}));
-    env.run_pods(vec![pod]).await?;
-    let (rw, ro) = (
-        env.published("read-only", "rw")?,
-        env.published("read-only", "ro")?,
-    );
-    if !ro.readonly || rw.readonly {
-        return Err(format!(
-            "the kubelet sent readonly={} for the read-only volume and {} for the other",
-            ro.readonly, rw.readonly
-        ));
+    let volume = InlineVolume {
+        read_only: true,
+        ..InlineVolume::named("ro")
+    };
+    let ro = one_pod(env, "read-only", volume).await?;
+    if !ro.readonly {
+        return Err("the kubelet did not send readonly for csi.readOnly: true".into());
     }
     if !env.container_mount_read_only("read-only", "/mnt/ro") {
         return Err("the container's mount of the read-only volume is not read-only".into());
     }
-    if let Err(e) = try_write(&env.target("read-only", "rw")) {
-        return Err(format!("the read-write volume refuses writes: {e}"));
-    }
-    let note = if try_write(&env.target("read-only", "ro")).is_ok() {
-        "the driver mounts the read-only volume read-write (allowed: the container's mount is read-only)"
-    } else {
-        ""
+    let note = match env.conf.mounter.1 && try_write(&env.target("read-only", "ro")).is_ok() {
+        true => {
+            "the driver mounts the read-only volume read-write (allowed: the container's mount is read-only)"
+        }
+        false => "",
     };
-    env.nothing_left(&[rw.volume_id, ro.volume_id]).await?;
+    env.nothing_left(&[ro.volume_id]).await?;
     Ok(note.into())
+}
+
+pub(super) async fn read_only_mount(env: &mut CheckEnv) -> Outcome {
+    let volume = InlineVolume {
+        mount_read_only: true,
+        ..InlineVolume::named("my-volume-0")
+    };
+    let publish = one_pod(env, "read-only-mount", volume).await?;
+    if !env.container_mount_read_only("read-only-mount", "/mnt/my-volume-0") {
+        return Err("volumeMounts[].readOnly: the container's mount is not read-only".into());
+    }
+    env.nothing_left(&[publish.volume_id]).await?;
+    Ok(deletion_note(env))
+}
+
+pub(super) async fn read_write(env: &mut CheckEnv) -> Outcome {
+    let publish = one_pod(env, "read-write", InlineVolume::named("my-volume-0")).await?;
+    if publish.readonly || env.container_mount_read_only("read-write", "/mnt/my-volume-0") {
+        return Err("a read/write volume was published or mounted read-only".into());
+    }
+    let note = match env.conf.mounter.1 {
+        true => {
+            try_write(&env.target("read-write", "my-volume-0"))
+                .map_err(|e| format!("the read/write volume refuses writes: {e}"))?;
+            String::new()
+        }
+        false => "not root: writes were not tried".into(),
+    };
+    env.nothing_left(&[publish.volume_id]).await?;
+    Ok(note)
 }
 
 /// The fsGroup of the mount-group check's pod.

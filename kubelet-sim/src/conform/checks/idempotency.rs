@@ -2,6 +2,32 @@
 
 use super::*;
 
+/// The idempotency/* checks.
+pub(super) fn checks() -> Vec<Check> {
+    vec![
+        Check {
+            id: "idempotency/publish-retried-after-deadline",
+            expects: "when the kubelet's deadline passes after the driver published, the kubelet's retry is \
+                  answered OK with the volume mounted once, and one unpublish leaves nothing",
+            source: "CSI spec, Idempotency and NodePublishVolume (\"already published at the specified \
+                 target_path\": OK); operation_generator.go (a timeout leaves the mount uncertain and \
+                 is retried); KEP-596 Design 6",
+            applies: ephemeral,
+            run: |env| Box::pin(idempotency::publish_retried(env)),
+        },
+        Check {
+            id: "idempotency/unpublish-repeated",
+            expects: "when the kubelet's deadline passes after the driver unpublished (and deleted the \
+                  volume), the repeated NodeUnpublishVolume is answered OK",
+            source: "KEP-596 Design 6 (the driver handles a repeated unmount gracefully); CSI spec, \
+                 NodeUnpublishVolume (\"MUST be idempotent\"; its table allows NOT_FOUND, but \
+                 csi_mounter.go TearDownAt retries every error: kubernetes/kubernetes#90752)",
+            applies: ephemeral,
+            run: |env| Box::pin(idempotency::unpublish_repeated(env)),
+        },
+    ]
+}
+
 pub(super) async fn publish_retried(env: &mut CheckEnv) -> Outcome {
     env.proxy.deadline_after_success("NodePublishVolume", 1);
     let publish = one_pod(env, "retried", InlineVolume::named("data")).await?;

@@ -6,12 +6,18 @@
 //! in a file named after the group (`ephemeral.rs` holds `ephemeral/*`).
 
 mod concurrency;
+mod csidriver;
 mod ephemeral;
+mod fsgroup;
 mod idempotency;
+mod node;
 mod persistent;
+mod pod_info;
+mod regression;
 mod republish;
 mod restart;
 mod secrets;
+mod tokens;
 
 pub use secrets::SECRET_VALUES;
 
@@ -45,227 +51,48 @@ pub struct Check {
     pub run: fn(&mut CheckEnv) -> BoxFuture<'_, Outcome>,
 }
 
-/// Every check, in the order they run.
+/// Every check, in the order they run: the groups in turn.
 pub fn catalogue() -> Vec<Check> {
-    vec![
-        Check {
-            id: "ephemeral/lifecycle",
-            expects: "an inline volume is published once at the kubelet's target path, never staged or attached; \
-                      the pod runs; once the pod is deleted the volume is unpublished and nothing is left: no \
-                      mount, no directory, no volume in the driver",
-            source: "KEP-596 Design (NodePublishVolume creates, NodeUnpublishVolume deletes); csi_plugin.go \
-                     CanAttach, CanDeviceMount (no attach or stage for Ephemeral)",
-            applies: ephemeral,
-            run: |env| Box::pin(ephemeral::lifecycle(env)),
-        },
-        Check {
-            id: "ephemeral/pod-info",
-            expects: "with podInfoOnMount the driver gets pod.name, pod.namespace, pod.uid, serviceAccount.name \
-                      and ephemeral=\"true\" and publishes with them (both modes without podInfoOnMount is \
-                      noted: KEP-596's way to tell the modes apart is that flag)",
-            source: "csi_mounter.go SetUpAt (podInfoOnMount keys, csi.storage.k8s.io/ephemeral); KEP-596 \
-                     Design 9",
-            applies: ephemeral,
-            run: |env| Box::pin(ephemeral::pod_info(env)),
-        },
-        Check {
-            id: "ephemeral/attributes-passed",
-            expects: "every volumeAttribute of the pod reaches NodePublishVolume's volume_context unchanged, \
-                      and the driver publishes with them",
-            source: "KEP-596 Design 7 (volumeAttributes become volume_context); csi_mounter.go SetUpAt",
-            applies: ephemeral,
-            run: |env| Box::pin(ephemeral::attributes_passed(env)),
-        },
-        Check {
-            id: "ephemeral/unknown-attribute-refused",
-            expects: "a volume attribute the driver does not know fails NodePublishVolume with \
-                      INVALID_ARGUMENT (a message that does not name it is noted); the pod gets a FailedMount \
-                      event, nothing is mounted, and the pod can be deleted",
-            source: "CSI spec, Error Scheme (\"Invalid or unsupported field in the request\": \
-                     INVALID_ARGUMENT); KEP-596 Design 7 (attributes are driver-defined, so only the driver \
-                     can refuse a typo)",
-            applies: ephemeral,
-            run: |env| Box::pin(ephemeral::unknown_attribute(env)),
-        },
-        Check {
-            id: "idempotency/publish-retried-after-deadline",
-            expects: "when the kubelet's deadline passes after the driver published, the kubelet's retry is \
-                      answered OK with the volume mounted once, and one unpublish leaves nothing",
-            source: "CSI spec, Idempotency and NodePublishVolume (\"already published at the specified \
-                     target_path\": OK); operation_generator.go (a timeout leaves the mount uncertain and \
-                     is retried); KEP-596 Design 6",
-            applies: ephemeral,
-            run: |env| Box::pin(idempotency::publish_retried(env)),
-        },
-        Check {
-            id: "idempotency/unpublish-repeated",
-            expects: "when the kubelet's deadline passes after the driver unpublished (and deleted the \
-                      volume), the repeated NodeUnpublishVolume is answered OK",
-            source: "KEP-596 Design 6 (the driver handles a repeated unmount gracefully); CSI spec, \
-                     NodeUnpublishVolume (\"MUST be idempotent\"; its table allows NOT_FOUND, but \
-                     csi_mounter.go TearDownAt retries every error: kubernetes/kubernetes#90752)",
-            applies: ephemeral,
-            run: |env| Box::pin(idempotency::unpublish_repeated(env)),
-        },
-        Check {
-            id: "ephemeral/read-only",
-            expects: "csi.readOnly: true reaches the driver as readonly and the container's mount is \
-                      read-only (a target that takes writes is noted: KEP-596 lets a driver ignore the flag); \
-                      a volume without it is writable",
-            source: "CSI NodePublishVolumeRequest.readonly; KEP-596 (read-only volumes); e2e \
-                     testsuites/ephemeral.go \"should create read-only inline ephemeral volume\", \"should \
-                     create read/write inline ephemeral volume\"",
-            applies: |c| ephemeral(c).and(real_mounts(c)),
-            run: |env| Box::pin(ephemeral::read_only(env)),
-        },
-        Check {
-            id: "ephemeral/symlinked-target",
-            expects: "the driver publishes at the target path it is given: after NodePublishVolume the target is \
-                      a directory (as root, a mount point), never a symlink put in its place, which would lead \
-                      the kubelet's fsGroup walk, the container's bind and the teardown out of the kubelet dir",
-            source: "CSI spec, NodePublishVolume (\"the SP SHALL place the mounted directory at target_path\"); \
-                     volume_linux.go SetVolumeOwnership (walks the target); RELIABILITY.md",
-            applies: ephemeral,
-            run: |env| Box::pin(ephemeral::symlinked_target(env)),
-        },
-        Check {
-            id: "ephemeral/outside-path",
-            expects: "nothing the driver mounts for an inline volume lies outside the kubelet dir: the target \
-                      resolves below it, and (as root) the volume mounted there is not also mounted outside it",
-            source: "CSI spec, NodePublishVolume (target_path is the CO's); kubelet's volume layout \
-                     (pods/<uid>/volumes/kubernetes.io~csi/<volume>/mount)",
-            applies: ephemeral,
-            run: |env| Box::pin(ephemeral::outside_path(env)),
-        },
-        Check {
-            id: "ephemeral/fs-group-mount-group",
-            expects: "a driver with VOLUME_MOUNT_GROUP gets the pod's fsGroup as volume_mount_group, and a \
-                      file made in the volume belongs to that group (the kubelet chowns nothing)",
-            source: "CSI VolumeCapability.MountVolume.volume_mount_group; csi_mounter.go SetUpAt \
-                     (NodeSupportsVolumeMountGroup)",
-            applies: |c| {
-                ephemeral(c)?;
-                if c.info.node_has("VOLUME_MOUNT_GROUP") {
-                    Ok(())
-                } else {
-                    Err("the driver does not advertise VOLUME_MOUNT_GROUP (the kubelet applies fsGroup \
-                         itself, per fsGroupPolicy)"
-                        .into())
-                }
-            },
-            run: |env| Box::pin(ephemeral::mount_group(env)),
-        },
-        Check {
-            id: "republish/tokens",
-            expects: "with requiresRepublish the driver is published again every period and answers OK each \
-                      time, with the service account tokens of tokenRequests, without mounting again",
-            source: "storage/v1 CSIDriverSpec requiresRepublish, tokenRequests, \
-                     serviceAccountTokenInSecrets; csi_mounter.go SetUpAt \
-                     (csi.storage.k8s.io/serviceAccount.tokens)",
-            applies: |c| {
-                ephemeral(c)?;
-                if c.info.csi_driver.spec.requires_republish == Some(true) {
-                    Ok(())
-                } else {
-                    Err("the CSIDriver does not set requiresRepublish".into())
-                }
-            },
-            run: |env| Box::pin(republish::republish(env)),
-        },
-        Check {
-            id: "restart/kubelet",
-            expects: "after a kubelet restart the volume is reconstructed from disk and published again, \
-                      answered OK; the pod keeps running, and its teardown leaves nothing",
-            source: "volumemanager/reconciler/reconstruct.go (reconstructed volumes are uncertain and set \
-                     up again); csi_plugin.go ConstructVolumeSpec; KEP-596 GA criterion #79980",
-            applies: ephemeral,
-            run: |env| Box::pin(restart::kubelet_restart(env)),
-        },
-        Check {
-            id: "restart/driver",
-            expects: "a driver restarted while its volumes are published unpublishes them afterwards (its \
-                      state survives), leaves nothing, and publishes new volumes",
-            source: "CSI spec, Idempotency; KEP-596 Design 6; csi-driver-host-path keeps its state in \
-                     --statedir for this",
-            applies: |c| {
-                ephemeral(c)?;
-                if c.setup.restartable() {
-                    Ok(())
-                } else {
-                    Err("an external driver needs --restart-command to be restarted".into())
-                }
-            },
-            run: |env| Box::pin(restart::driver_restart(env)),
-        },
-        Check {
-            id: "concurrency/many-pods",
-            expects: "ten pods with two inline volumes each, created and deleted at once on one node, all \
-                      run with twenty distinct volumes and leave nothing",
-            source: "e2e testsuites/ephemeral.go \"should support multiple inline ephemeral volumes\"; \
-                     operation_executor.go (operations on different volumes run in parallel)",
-            applies: ephemeral,
-            run: |env| Box::pin(concurrency::many_pods(env)),
-        },
-        Check {
-            id: "concurrency/same-definition",
-            expects: "two pods with the same inline volume definition get two volume ids and both run (what \
-                      one writes showing in the other is noted: a driver may share identical volumes)",
-            source: "e2e testsuites/ephemeral.go \"should support two pods which have the same volume \
-                     definition\" (isolation unless the driver is `shared`); KEP-596 Design 2 (a handle per \
-                     pod); storage/v1 VolumeLifecycleEphemeral (reference counting of identical volumes)",
-            applies: ephemeral,
-            run: |env| Box::pin(concurrency::same_definition(env)),
-        },
-        Check {
-            id: "persistent/stage-publish",
-            expects: "a PV of the driver is attached (ControllerPublishVolume when the CSIDriver requires \
-                      attach and the driver has PUBLISH_UNPUBLISH_VOLUME), staged, then published with that \
-                      staging path; on deletion unpublished before it is unstaged",
-            source: "operation_generator.go (MountDevice before SetUp, UnmountDevice after the last \
-                     TearDown); csi_attacher.go MountDevice; external-attacher main.go (a trivial handler \
-                     for a driver without ControllerPublishUnpublish); CSI spec, Volume Lifecycle",
-            applies: persistent,
-            run: |env| Box::pin(persistent::stage_publish(env)),
-        },
-        Check {
-            id: "persistent/shared-staging",
-            expects: "two pods using one PV on a node share one NodeStageVolume; it is unstaged only after \
-                      the second pod's unpublish",
-            source: "operation_generator.go GenerateUnmountDeviceFunc (unmounted once no pod uses the \
-                     device); csi_attacher.go",
-            applies: |c| {
-                persistent(c)?;
-                if !c.info.node_has("STAGE_UNSTAGE_VOLUME") {
-                    return Err("the driver does not advertise STAGE_UNSTAGE_VOLUME".into());
-                }
-                // Without it the kubelet sends SINGLE_NODE_WRITER, and the CSI spec lets a driver refuse
-                // a second target path (FAILED_PRECONDITION).
-                if !c.info.node_has("SINGLE_NODE_MULTI_WRITER") {
-                    return Err("the driver does not advertise SINGLE_NODE_MULTI_WRITER".into());
-                }
-                Ok(())
-            },
-            run: |env| Box::pin(persistent::shared_staging(env)),
-        },
-        Check {
-            id: "secrets/only-when-referenced",
-            expects: "the volume that references a Secret gets its keys, from the pod's namespace only; a \
-                      volume without a reference gets none; no other Secret is read; the driver publishes \
-                      both",
-            source: "csi_mounter.go SetUpAt (nodePublishSecretRef, namespace of the pod); KEP-596 Design 10",
-            applies: ephemeral,
-            run: |env| Box::pin(secrets::secrets(env)),
-        },
+    [
+        ephemeral::checks(),
+        idempotency::checks(),
+        republish::checks(),
+        restart::checks(),
+        concurrency::checks(),
+        persistent::checks(),
+        secrets::checks(),
+        pod_info::checks(),
+        csidriver::checks(),
+        fsgroup::checks(),
+        tokens::checks(),
+        regression::checks(),
+        node::checks(),
     ]
+    .into_iter()
+    .flatten()
+    .collect()
 }
 
 // ---- applicability ----
 
 fn ephemeral(c: &Conformance) -> Result<(), String> {
-    if c.info.ephemeral() {
-        Ok(())
-    } else {
-        Err("the CSIDriver's volumeLifecycleModes has no Ephemeral".into())
+    if !c.info.ephemeral() {
+        return Err("the CSIDriver's volumeLifecycleModes has no Ephemeral".into());
+    }
+    // e2e's external driver: no InlineVolumes, no CSIInlineVolume tests.
+    if c.inline_volumes.is_empty() {
+        return Err("the test driver file lists no InlineVolumes".into());
+    }
+    Ok(())
+}
+
+/// e2e's TestEphemeral skip: the check mounts the first `volumes` definitions read/write.
+fn needs_read_write(c: &Conformance, volumes: usize) -> Result<(), String> {
+    match (0..volumes).find(|i| c.inline(*i).read_only) {
+        Some(i) => Err(format!(
+            "inline ephemeral volume #{i} is read-only, but the test needs a read/write volume"
+        )),
+        None => Ok(()),
     }
 }
 
@@ -297,6 +124,34 @@ async fn one_pod(env: &mut CheckEnv, pod: &str, volume: InlineVolume) -> Result<
     let pod_object = env.pod(pod, &[volume], json!({}));
     env.run_pods(vec![pod_object]).await?;
     env.published(pod, &name)
+}
+
+/// Creates pod `pod` with one inline volume and waits until it runs (Ok: its successful publish) or the
+/// kubelet reports a FailedMount (Err: the event's message); a step that fails otherwise is the outer Err.
+async fn start_pod(
+    env: &mut CheckEnv,
+    pod: &str,
+    volume: InlineVolume,
+) -> Result<Result<CsiCall, String>, String> {
+    let name = volume.name.clone();
+    let object = env.pod(pod, &[volume], json!({}));
+    env.create(vec![Object::Pod(Box::new(object))]).await?;
+    let failed_mount = |env: &CheckEnv| {
+        let warnings = env.warnings(pod).into_iter();
+        warnings
+            .filter(|e| e.reason == "FailedMount")
+            .map(|e| e.message)
+            .next()
+    };
+    let settled = |env: &CheckEnv| {
+        env.phase(pod).as_deref() == Some("Running") || failed_mount(env).is_some()
+    };
+    env.until(settled).await;
+    if let Some(message) = failed_mount(env) {
+        return Ok(Err(message));
+    }
+    env.running(pod).await?;
+    Ok(env.published(pod, &name))
 }
 
 /// Fails when any call of `method` at one pod volume's target was not answered OK.

@@ -2,6 +2,43 @@
 
 use super::*;
 
+/// The persistent/* checks.
+pub(super) fn checks() -> Vec<Check> {
+    vec![
+        Check {
+            id: "persistent/stage-publish",
+            expects: "a PV of the driver is attached (ControllerPublishVolume when the CSIDriver requires \
+                  attach and the driver has PUBLISH_UNPUBLISH_VOLUME), staged, then published with that \
+                  staging path; on deletion unpublished before it is unstaged",
+            source: "operation_generator.go (MountDevice before SetUp, UnmountDevice after the last \
+                 TearDown); csi_attacher.go MountDevice; external-attacher main.go (a trivial handler \
+                 for a driver without ControllerPublishUnpublish); CSI spec, Volume Lifecycle",
+            applies: persistent,
+            run: |env| Box::pin(persistent::stage_publish(env)),
+        },
+        Check {
+            id: "persistent/shared-staging",
+            expects: "two pods using one PV on a node share one NodeStageVolume; it is unstaged only after \
+                  the second pod's unpublish",
+            source: "operation_generator.go GenerateUnmountDeviceFunc (unmounted once no pod uses the \
+                 device); csi_attacher.go",
+            applies: |c| {
+                persistent(c)?;
+                if !c.info.node_has("STAGE_UNSTAGE_VOLUME") {
+                    return Err("the driver does not advertise STAGE_UNSTAGE_VOLUME".into());
+                }
+                // Without it the kubelet sends SINGLE_NODE_WRITER, and the CSI spec lets a driver refuse
+                // a second target path (FAILED_PRECONDITION).
+                if !c.info.node_has("SINGLE_NODE_MULTI_WRITER") {
+                    return Err("the driver does not advertise SINGLE_NODE_MULTI_WRITER".into());
+                }
+                Ok(())
+            },
+            run: |env| Box::pin(persistent::shared_staging(env)),
+        },
+    ]
+}
+
 /// Creates a 16 MiB mount volume through the driver's controller; returns its id and context.
 pub(super) async fn create_volume(env: &CheckEnv, name: &str) -> Result<csi::Volume, String> {
     let mut controller = env.controller().await?;

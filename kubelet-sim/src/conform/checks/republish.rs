@@ -2,6 +2,27 @@
 
 use super::*;
 
+/// The republish/* checks.
+pub(super) fn checks() -> Vec<Check> {
+    vec![Check {
+        id: "republish/tokens",
+        expects: "with requiresRepublish the driver is published again every period and answers OK each \
+                  time, with the service account tokens of tokenRequests, without mounting again",
+        source: "storage/v1 CSIDriverSpec requiresRepublish, tokenRequests, \
+                 serviceAccountTokenInSecrets; csi_mounter.go SetUpAt \
+                 (csi.storage.k8s.io/serviceAccount.tokens)",
+        applies: |c| {
+            ephemeral(c)?;
+            if c.info.csi_driver.spec.requires_republish == Some(true) {
+                Ok(())
+            } else {
+                Err("the CSIDriver does not set requiresRepublish".into())
+            }
+        },
+        run: |env| Box::pin(republish::republish(env)),
+    }]
+}
+
 pub(super) async fn republish(env: &mut CheckEnv) -> Outcome {
     let publish = one_pod(env, "republish", InlineVolume::named("data")).await?;
     let again = |env: &CheckEnv| env.calls_at("NodePublishVolume", "republish", "data").len() >= 3;

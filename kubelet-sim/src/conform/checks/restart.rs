@@ -2,6 +2,38 @@
 
 use super::*;
 
+/// The restart/* checks.
+pub(super) fn checks() -> Vec<Check> {
+    vec![
+        Check {
+            id: "restart/kubelet",
+            expects: "after a kubelet restart the volume is reconstructed from disk and published again, \
+                  answered OK; the pod keeps running, and its teardown leaves nothing",
+            source: "volumemanager/reconciler/reconstruct.go (reconstructed volumes are uncertain and set \
+                 up again); csi_plugin.go ConstructVolumeSpec; KEP-596 GA criterion #79980; \
+                 kubernetes/kubernetes#75353 (reconstruction)",
+            applies: ephemeral,
+            run: |env| Box::pin(restart::kubelet_restart(env)),
+        },
+        Check {
+            id: "restart/driver",
+            expects: "a driver restarted while its volumes are published unpublishes them afterwards (its \
+                  state survives), leaves nothing, and publishes new volumes",
+            source: "CSI spec, Idempotency; KEP-596 Design 6; csi-driver-host-path keeps its state in \
+                 --statedir for this",
+            applies: |c| {
+                ephemeral(c)?;
+                if c.setup.restartable() {
+                    Ok(())
+                } else {
+                    Err("an external driver needs --restart-command to be restarted".into())
+                }
+            },
+            run: |env| Box::pin(restart::driver_restart(env)),
+        },
+    ]
+}
+
 pub(super) async fn kubelet_restart(env: &mut CheckEnv) -> Outcome {
     let publish = one_pod(env, "restart", InlineVolume::named("data")).await?;
     env.restart_kubelet().await?;

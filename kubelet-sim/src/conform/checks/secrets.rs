@@ -2,6 +2,19 @@
 
 use super::*;
 
+/// The secrets/* checks.
+pub(super) fn checks() -> Vec<Check> {
+    vec![Check {
+        id: "secrets/only-when-referenced",
+        expects: "the volume that references a Secret gets its keys, from the pod's namespace only; a \
+                  volume without a reference gets none; no other Secret is read; the driver publishes \
+                  both",
+        source: "csi_mounter.go SetUpAt (nodePublishSecretRef, namespace of the pod); KEP-596 Design 10",
+        applies: ephemeral,
+        run: |env| Box::pin(secrets(env)),
+    }]
+}
+
 /// The values of the Secrets the secrets check creates: never shown, even if a driver echoes them.
 pub const SECRET_VALUES: [&str; 2] = ["conform-secret-value-1", "conform-secret-value-2"];
 

@@ -145,6 +145,13 @@ impl ActualState {
             .filter(|m| m.state == MountState::Mounted)
     }
 
+    /// Whether the pod has the volume mounted, or possibly mounted.
+    pub fn has_pod(&self, unique: &str, uid: &str) -> bool {
+        self.volumes
+            .get(unique)
+            .is_some_and(|v| v.pods.contains_key(uid))
+    }
+
     /// Whether the pod has a volume (possibly) mounted, or one being set up.
     pub fn pod_has_mounts(&self, uid: &str) -> bool {
         self.mounts_by_pod.contains_key(uid)

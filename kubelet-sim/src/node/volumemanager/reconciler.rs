@@ -321,15 +321,11 @@ impl VolumeManager {
             Err(e) => return self.failed(&volume, "MountVolume.NewMounter", &e),
         };
         let path = mounter.path();
-        match mounter
-            .set_up_at(
-                &path,
-                &MounterArgs {
-                    fs_group: volume.pod.fs_group,
-                },
-            )
-            .await
-        {
+        let args = MounterArgs {
+            fs_group: volume.pod.fs_group,
+            remount: self.asw.lock().has_pod(&unique, &volume.pod.uid),
+        };
+        match mounter.set_up_at(&path, &args).await {
             Ok(()) => {
                 self.asw
                     .lock()

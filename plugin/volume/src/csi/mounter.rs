@@ -203,7 +203,7 @@ impl CsiMounter {
         // The driver's error is returned as it is, without the plugin's prefix (csi_mounter.go).
         if let Err(status) = client.node_publish(request).await {
             let err = VolumeError::from_csi(&status, rpc_error(&status));
-            if err.class == crate::ErrorClass::Final {
+            if err.class == crate::ErrorClass::Final && !args.remount {
                 match source.block {
                     true => block::remove_pod_map(host, self.spec.name(), &self.pod.uid),
                     false => remove_mount_dir(host, dir),
