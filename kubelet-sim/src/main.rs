@@ -100,9 +100,15 @@ struct RunArgs {
     /// How many simulated nodes.
     #[arg(long, default_value_t = 1)]
     nodes: usize,
-    /// Feature gates, KEY=true|false,...: PersistentInlineCSI (default false).
+    /// Feature gates, KEY=true|false,...: PersistentInlineCSI, CSIVolumeHealth (both default false).
+    /// CSIVolumeHealth makes the stats calculator read volumes' conditions, and record an abnormal one
+    /// as a VolumeConditionAbnormal event.
     #[arg(long, value_parser = parse_gates, default_value = "")]
     feature_gates: BTreeSet<String>,
+    /// How often the kubelet's stats calculator asks each mounted volume for its metrics
+    /// (NodeGetVolumeStats), jittered by up to as long again (`--volume-stats-agg-period`). 0 turns it off.
+    #[arg(long, default_value = "1m", value_parser = humantime::parse_duration)]
+    volume_stats_agg_period: Duration,
     /// Drivers allowed in inline csi volumes, comma-separated. Unset: all allowed. Set but empty: none.
     #[arg(long)]
     allowed_inline_drivers: Option<String>,
@@ -168,9 +174,11 @@ fn parse_gates(text: &str) -> Result<BTreeSet<String>, String> {
         let (key, value) = pair
             .split_once('=')
             .ok_or_else(|| format!("{pair:?}: expected KEY=true|false"))?;
-        if key != "PersistentInlineCSI" {
+        const KNOWN: [&str; 2] = ["PersistentInlineCSI", "CSIVolumeHealth"];
+        if !KNOWN.contains(&key) {
             return Err(format!(
-                "unknown feature gate {key:?} (known: PersistentInlineCSI)"
+                "unknown feature gate {key:?} (known: {})",
+                KNOWN.join(", ")
             ));
         }
         match value {
@@ -305,6 +313,7 @@ async fn run(args: RunArgs) -> Result<Outcome, String> {
         volume_wait_timeout: Duration::from_secs(123),
         csi_timeout: inlet_volume::csi::CSI_TIMEOUT,
         republish_period: Duration::from_secs(60),
+        volume_stats_agg_period: args.volume_stats_agg_period,
         containers: Default::default(),
         mounter,
         images: SimImages {

@@ -35,6 +35,8 @@ mod registration;
 mod tokens;
 #[path = "bdd/volume_files.rs"]
 mod volume_files;
+#[path = "bdd/volume_health.rs"]
+mod volume_health;
 
 /// How long a step waits for the simulation to reach a state.
 const WAIT: Duration = Duration::from_secs(15);
@@ -73,6 +75,8 @@ struct Sim {
     http_requests: Arc<parking_lot::Mutex<Vec<String>>>,
     /// A service-account token a step noted, to compare with a later one (`tokens.rs`).
     noted_token: Option<String>,
+    /// How often the stats provider asks for volume stats (`volume_health.rs`).
+    stats_period: Duration,
 }
 
 impl std::fmt::Debug for Sim {
@@ -107,6 +111,7 @@ impl Sim {
             volume_wait: Duration::from_secs(60),
             http_requests: Default::default(),
             noted_token: None,
+            stats_period: Duration::from_secs(60),
         }
     }
 
@@ -212,9 +217,9 @@ fn manifests(w: &mut Sim, step: &Step) {
     w.manifests.push(step.docstring.clone().unwrap_or_default());
 }
 
-#[given(regex = r#"^the feature gate "PersistentInlineCSI" is on$"#)]
-fn gate_on(w: &mut Sim) {
-    w.gates.insert("PersistentInlineCSI".into());
+#[given(regex = r#"^the feature gate "(PersistentInlineCSI|CSIVolumeHealth)" is on$"#)]
+fn gate_on(w: &mut Sim, gate: String) {
+    w.gates.insert(gate);
 }
 
 #[given(regex = r#"^inline CSI drivers are limited to "([^"]*)"$"#)]
@@ -259,6 +264,7 @@ async fn runs(w: &mut Sim) {
         volume_wait_timeout: w.volume_wait,
         csi_timeout: inlet_volume::csi::CSI_TIMEOUT,
         republish_period: Duration::from_millis(300),
+        volume_stats_agg_period: w.stats_period,
         containers: ContainerTiming {
             relist_period: Duration::from_millis(50),
             backoff: BackoffPolicy {

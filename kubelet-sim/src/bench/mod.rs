@@ -89,6 +89,7 @@ fn sim_config(
         volume_wait_timeout: Duration::from_secs(123),
         csi_timeout: inlet_volume::csi::CSI_TIMEOUT,
         republish_period: Duration::from_secs(60),
+        volume_stats_agg_period: Duration::from_secs(60),
         containers: Default::default(),
         mounter: std::sync::Arc::clone(mounter),
         images: Default::default(),

@@ -149,7 +149,8 @@ impl CheckEnv {
             nodes: 1,
             drivers: Vec::new(),
             cri: None,
-            gates: Default::default(),
+            // stats/volume-condition reads volumes' conditions, as a kubelet with the alpha gate does.
+            gates: [inlet_volume::csi::metrics::CSI_VOLUME_HEALTH.to_string()].into(),
             allowed_inline_drivers: None,
             // Fast retries: a check waits on what the kubelet does, not on upstream's back-off.
             backoff: BackoffPolicy {
@@ -162,6 +163,8 @@ impl CheckEnv {
             // as upstream's 2 min CSI timeout falls within its 2 min 3 s volume wait.
             csi_timeout: conf.wait * 4 / 5,
             republish_period: Duration::from_millis(300),
+            // The stats provider polls every volume, as a kubelet's does every minute.
+            volume_stats_agg_period: Duration::from_millis(500),
             containers: ContainerTiming {
                 relist_period: Duration::from_millis(100),
                 backoff: BackoffPolicy {

@@ -275,6 +275,7 @@ async fn describe(
         volume_wait_timeout: options.wait,
         csi_timeout: inlet_volume::csi::CSI_TIMEOUT,
         republish_period: Duration::from_secs(60),
+        volume_stats_agg_period: Duration::from_secs(60),
         containers: Default::default(),
         mounter: Arc::clone(&options.mounter.0),
         images: options.images.clone(),

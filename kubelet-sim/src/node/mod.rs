@@ -15,6 +15,7 @@
 //! - `containers.rs`: the relist of exited containers, restarts with back-off, the next init container.
 //! - `subpath.rs`: subPath binds under `volume-subpaths`, made without following symlinks, and their cleanup.
 //! - `kubelet_volumes.rs`: orphaned pod directories removed once nothing of theirs is mounted.
+//! - `volume_stats.rs`: the stats calculator, which polls mounted volumes' metrics (and health events).
 //! - `host.rs`: the `VolumeHost` plugins get; `registry.rs`: registered CSI drivers and the CSI
 //!   registration handler; `plugin_watcher.rs`: `--plugins-registry`, drivers registering themselves.
 
@@ -35,9 +36,10 @@ mod sandbox_config;
 mod status;
 mod subpath;
 pub mod token_manager;
+mod volume_stats;
 pub mod volumemanager;
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -96,6 +98,8 @@ pub struct NodeConfig {
     pub csi_timeout: Duration,
     /// How often volumes of drivers with `requiresRepublish` are published again.
     pub republish_period: Duration,
+    /// How often mounted volumes are asked for their stats (`--volume-stats-agg-period`; zero: never).
+    pub volume_stats_agg_period: Duration,
     /// How long one mount attempt of an image volume waits for its pull (the pull goes on after).
     pub image_pull_wait: Duration,
     /// How containers are followed once started.
@@ -188,6 +192,8 @@ pub struct Kubelet {
     sandboxes_adopted: AtomicBool,
     /// When the runtime was last relisted.
     last_relist: Mutex<Option<Instant>>,
+    /// The last volume stats, by pod UID and the pod's name for the volume.
+    volume_stats: Mutex<HashMap<String, BTreeMap<String, inlet_volume::Metrics>>>,
 }
 
 impl Kubelet {
@@ -292,6 +298,7 @@ impl Kubelet {
             kick,
             sandboxes_adopted: AtomicBool::new(false),
             last_relist: Mutex::new(None),
+            volume_stats: Mutex::default(),
         })
     }
 
@@ -312,6 +319,7 @@ impl Kubelet {
             );
             AbortOnDrop(tokio::spawn(watcher.run(move || node.wake())))
         });
+        let _stats = AbortOnDrop(tokio::spawn(Arc::clone(&self).calculate_volume_stats()));
         // Only this node's objects and the cluster's, as a kubelet's pod watch and informers see them.
         let (mut own, mut cluster) = (
             self.api.watch_node(&self.config.name),

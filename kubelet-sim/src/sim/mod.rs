@@ -63,6 +63,8 @@ pub struct SimConfig {
     pub csi_timeout: Duration,
     /// How often `requiresRepublish` volumes are published again.
     pub republish_period: Duration,
+    /// How often mounted volumes are asked for their stats (`--volume-stats-agg-period`; zero: never).
+    pub volume_stats_agg_period: Duration,
     /// The mount layer (real when root).
     pub mounter: Arc<dyn MountLayer>,
     /// How started containers are followed (relist period, crash-loop back-off).
@@ -200,6 +202,7 @@ impl Simulation {
                 volume_wait_timeout: config.volume_wait_timeout,
                 csi_timeout: config.csi_timeout,
                 republish_period: config.republish_period,
+                volume_stats_agg_period: config.volume_stats_agg_period,
                 image_pull_wait: config.images.pull_wait,
                 containers: config.containers,
                 plugins_registry: config.plugins_registry.clone(),

@@ -187,6 +187,7 @@ pub fn in_kubelet_sim(dir: &Path, runtime: &tokio::runtime::Runtime) -> BTreeMap
         volume_wait_timeout: Duration::from_secs(60),
         csi_timeout: inlet_volume::csi::CSI_TIMEOUT,
         republish_period: Duration::from_secs(60),
+        volume_stats_agg_period: Duration::from_secs(60),
         // The kubelet's timing but a shorter back-off: the comparison is of states, not of waits.
         containers: ContainerTiming {
             relist_period: Duration::from_millis(100),

@@ -61,6 +61,15 @@ pub trait VolumePlugin: Send + Sync {
     fn construct_volume_spec(&self, spec_name: &str, pod_uid: &str) -> Result<Spec, VolumeError>;
     /// True when the volume must be mounted again periodically (CSIDriver `requiresRepublish`).
     async fn requires_remount(&self, spec: &Spec, pod: &PodInfo) -> bool;
+    /// The usage and condition of the pod's mounted volume `spec_name` (`MetricsProvider.GetMetrics`, which
+    /// the kubelet's stats provider polls); `Ok(None)` when the plugin or its driver cannot say.
+    async fn metrics(
+        &self,
+        _spec_name: &str,
+        _pod_uid: &str,
+    ) -> Result<Option<Metrics>, VolumeError> {
+        Ok(None)
+    }
     /// The attach power, if this plugin has it.
     fn attachable(&self) -> Option<&dyn AttachableVolumePlugin>;
     /// The device-mount (stage) power, if this plugin has it.
@@ -90,6 +99,28 @@ pub trait DeviceMountableVolumePlugin: Send + Sync {
     fn new_device_mounter(&self) -> Box<dyn DeviceMounter>;
     /// A device unmounter.
     fn new_device_unmounter(&self) -> Box<dyn DeviceUnmounter>;
+}
+
+/// A volume's usage and condition (upstream `volume.Metrics`): bytes and inodes as the driver counts them,
+/// and, with the `CSIVolumeHealth` gate, whether the driver finds it abnormal and why.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Metrics {
+    /// Bytes used.
+    pub used: Option<i64>,
+    /// Bytes in all.
+    pub capacity: Option<i64>,
+    /// Bytes left.
+    pub available: Option<i64>,
+    /// Inodes used.
+    pub inodes_used: Option<i64>,
+    /// Inodes in all.
+    pub inodes: Option<i64>,
+    /// Inodes left.
+    pub inodes_free: Option<i64>,
+    /// The driver's VolumeCondition: abnormal or not.
+    pub abnormal: Option<bool>,
+    /// The driver's VolumeCondition message.
+    pub message: Option<String>,
 }
 
 /// What `set_up_at` is given besides the directory.

@@ -125,7 +125,15 @@ pub(super) async fn lifecycle(env: &mut CheckEnv) -> Outcome {
         .calls()
         .iter()
         .filter(|c| c.volume_id == handle)
-        .filter(|c| !["NodePublishVolume", "NodeUnpublishVolume"].contains(&c.method.as_str()))
+        .filter(|c| {
+            let attach_or_stage = [
+                "ControllerPublishVolume",
+                "ControllerUnpublishVolume",
+                "NodeStageVolume",
+                "NodeUnstageVolume",
+            ];
+            attach_or_stage.contains(&c.method.as_str())
+        })
         .map(|c| c.method.clone())
         .collect();
     if !wrong.is_empty() {

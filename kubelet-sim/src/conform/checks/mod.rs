@@ -17,6 +17,7 @@ mod regression;
 mod republish;
 mod restart;
 mod secrets;
+mod stats;
 mod tokens;
 
 pub use secrets::SECRET_VALUES;
@@ -65,6 +66,7 @@ pub fn catalogue() -> Vec<Check> {
         csidriver::checks(),
         fsgroup::checks(),
         tokens::checks(),
+        stats::checks(),
         regression::checks(),
         node::checks(),
     ]

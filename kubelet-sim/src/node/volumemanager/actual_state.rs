@@ -145,6 +145,16 @@ impl ActualState {
             .filter(|m| m.state == MountState::Mounted)
     }
 
+    /// Every pod's mount that succeeded, with its volume.
+    pub fn mounted_pods(&self) -> impl Iterator<Item = (&ActualVolume, &MountedPod)> {
+        self.volumes.values().flat_map(|v| {
+            v.pods
+                .values()
+                .filter(|m| m.state == MountState::Mounted)
+                .map(move |m| (v, m))
+        })
+    }
+
     /// Whether the pod has the volume mounted, or possibly mounted.
     pub fn has_pod(&self, unique: &str, uid: &str) -> bool {
         self.volumes

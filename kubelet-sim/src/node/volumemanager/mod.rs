@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use inlet_host::mount::MountLayer;
 use inlet_volume::image::PLUGIN_NAME as IMAGE_PLUGIN;
-use inlet_volume::{Spec, VolumePlugin};
+use inlet_volume::{PodInfo, Spec, VolumePlugin};
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 
@@ -275,6 +275,23 @@ impl VolumeManager {
                 .find(|p| p.can_support(spec))
                 .unwrap_or(&self.plugins[0]),
         )
+    }
+
+    /// Every volume mounted (not uncertain) for a pod: the pod, its name for the volume, the spec's name
+    /// and the plugin (`GetMountedVolumesForPod`, for the stats calculator).
+    pub fn mounted_volumes(&self) -> Vec<(PodInfo, String, String, Arc<dyn VolumePlugin>)> {
+        let asw = self.asw.lock();
+        asw.mounted_pods()
+            .map(|(volume, m)| {
+                let plugin = self.plugin_for(&volume.spec);
+                (
+                    m.pod.clone(),
+                    m.outer_name.clone(),
+                    m.spec_name.clone(),
+                    plugin,
+                )
+            })
+            .collect()
     }
 
     /// The node's mount layer.

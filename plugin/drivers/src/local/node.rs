@@ -334,7 +334,9 @@ impl LocalDriver {
             unit: unit as i32,
         };
         let mut usages = Vec::new();
-        if volume.access_type == AccessType::Block {
+        // A volume whose content went missing is still answered: its condition says what is wrong (the
+        // kubelet's stats provider turns it into a VolumeConditionAbnormal event), not an error.
+        if volume.access_type == AccessType::Block || !data.exists() {
             usages.push(usage(csi::volume_usage::Unit::Bytes, total, 0, 0));
         } else {
             let (used_bytes, used_inodes) = tree_usage(&data)?;

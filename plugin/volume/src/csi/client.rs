@@ -191,6 +191,28 @@ impl CsiClient {
             .collect())
     }
 
+    /// NodeGetVolumeStats of the volume published at `volume_path` (no staging path, as the kubelet's
+    /// `csi_client.go` sends none).
+    pub async fn node_volume_stats(
+        &self,
+        volume_id: &str,
+        volume_path: &str,
+    ) -> Result<csi::NodeGetVolumeStatsResponse, Status> {
+        let req = csi::NodeGetVolumeStatsRequest {
+            volume_id: volume_id.into(),
+            volume_path: volume_path.into(),
+            staging_target_path: String::new(),
+        };
+        let in_flight = self.in_flight(&req);
+        let result = self
+            .node
+            .clone()
+            .node_get_volume_stats(self.timed(req.clone()))
+            .await;
+        self.report(in_flight, &req, result.as_ref().err());
+        Ok(result?.into_inner())
+    }
+
     /// NodeGetInfo.
     pub async fn node_info(&self) -> Result<csi::NodeGetInfoResponse, Status> {
         let req = csi::NodeGetInfoRequest {};

@@ -8,13 +8,14 @@
 //! - `block.rs`: raw block volumes' paths (`csi_block.go`): staged and published with the Block access
 //!   type by the same device mounter and mounter, and given to the pod as a device symlink.
 //! - `client.rs`: the CSI client with the kubelet's timeout and a call observer; `handle.rs`: the names;
-//!   `vol_data.rs`: the data file beside each mount.
+//!   `vol_data.rs`: the data file beside each mount; `metrics.rs`: a mounted volume's usage and condition (NodeGetVolumeStats), for the stats provider.
 
 pub mod attacher;
 mod block;
 mod client;
 pub mod driver;
 pub mod handle;
+pub mod metrics;
 mod mounter;
 pub mod source;
 pub mod vol_data;
@@ -35,8 +36,8 @@ use vol_data::VolData;
 
 use super::{
     AttachableVolumePlugin, Attacher, Detacher, DeviceMountableVolumePlugin, DeviceMounter,
-    DeviceUnmounter, InlineCsi, Mounter, PodInfo, Spec, Unmounter, VolumeError, VolumeHost,
-    VolumePlugin,
+    DeviceUnmounter, InlineCsi, Metrics, Mounter, PodInfo, Spec, Unmounter, VolumeError,
+    VolumeHost, VolumePlugin,
 };
 
 /// `CSIPluginName`.
@@ -198,6 +199,14 @@ impl VolumePlugin for CsiPlugin {
             ))
         })?;
         Ok(spec_from_vol_data(&data))
+    }
+
+    async fn metrics(
+        &self,
+        spec_name: &str,
+        pod_uid: &str,
+    ) -> Result<Option<Metrics>, VolumeError> {
+        metrics::get(self.host.as_ref(), spec_name, pod_uid).await
     }
 
     async fn requires_remount(&self, spec: &Spec, _pod: &PodInfo) -> bool {

@@ -1,0 +1,87 @@
+//! The volume stats calculator (`pkg/kubelet/server/stats/volume_stat_calculator.go`, run by the
+//! fsResourceAnalyzer): every `--volume-stats-agg-period` (1 min; zero turns it off), jittered by up to as
+//! long again (`wait.JitterUntil` with factor 1.0), each mounted volume is asked for its metrics
+//! (NodeGetVolumeStats for a CSI volume whose driver has GET_VOLUME_STATS). The last answers are kept for
+//! whoever reads the node's stats; with the `CSIVolumeHealth` gate an abnormal condition is a Warning
+//! event on the pod, `VolumeConditionAbnormal`, at each pass while it lasts (the calculator does not
+//! deduplicate). Upstream runs one calculator per pod; here one pass per node visits every pod's volumes,
+//! a few at a time.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use futures::StreamExt;
+use futures::future::BoxFuture;
+use inlet_volume::{Metrics, PodInfo, VolumeError};
+use k8s_openapi::api::core::v1::Pod;
+
+use super::Kubelet;
+
+/// How many volumes of a node are asked at once.
+const CONCURRENT: usize = 16;
+
+impl Kubelet {
+    /// Calculates the node's volume stats every period until the kubelet stops (the task is aborted).
+    pub(super) async fn calculate_volume_stats(self: Arc<Self>) {
+        let period = self.config.volume_stats_agg_period;
+        if period.is_zero() {
+            return;
+        }
+        loop {
+            tokio::time::sleep(period + period.mul_f64(fastrand::f64())).await;
+            self.calc_and_store_stats().await;
+        }
+    }
+
+    /// One pass (`calcAndStoreStats`): the metrics of every mounted volume, by pod UID and the pod's name
+    /// for the volume.
+    async fn calc_and_store_stats(&self) {
+        // Boxed: a stream of unboxed async blocks over `dyn VolumePlugin` is not provably Send.
+        type Asked = (PodInfo, String, Result<Option<Metrics>, VolumeError>);
+        let asks: Vec<BoxFuture<'static, Asked>> = self
+            .volumes
+            .mounted_volumes()
+            .into_iter()
+            .map(|(pod, outer, spec_name, plugin)| {
+                Box::pin(async move {
+                    let metrics = plugin.metrics(&spec_name, &pod.uid).await;
+                    (pod, outer, metrics)
+                }) as BoxFuture<'static, Asked>
+            })
+            .collect();
+        let asked: Vec<Asked> = futures::stream::iter(asks)
+            .buffer_unordered(CONCURRENT)
+            .collect()
+            .await;
+        let mut stats: HashMap<String, BTreeMap<String, Metrics>> = HashMap::new();
+        for (pod, outer, metrics) in asked {
+            let metrics = match metrics {
+                Ok(Some(metrics)) => metrics,
+                Ok(None) => continue,
+                Err(e) => {
+                    tracing::debug!(node = %self.config.name, pod = %pod.name, volume = %outer,
+                        "Failed to calculate volume metrics: {e}");
+                    continue;
+                }
+            };
+            if let (Some(true), Some(message)) = (metrics.abnormal, &metrics.message)
+                && let Some(object) = self.api.peek::<Pod>(&pod.namespace, &pod.name)
+            {
+                let text = format!("Volume {outer}: {message}");
+                self.api
+                    .record_event(&object, "Warning", "VolumeConditionAbnormal", &text);
+            }
+            stats.entry(pod.uid).or_default().insert(outer, metrics);
+        }
+        *self.volume_stats.lock() = stats;
+    }
+
+    /// The last metrics of pod `uid`'s volumes, by the pod's name for each.
+    pub fn volume_stats(&self, uid: &str) -> BTreeMap<String, Metrics> {
+        self.volume_stats
+            .lock()
+            .get(uid)
+            .cloned()
+            .unwrap_or_default()
+    }
+}

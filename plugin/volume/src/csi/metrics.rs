@@ -1,0 +1,68 @@
+//! A mounted CSI volume's usage and condition, as the kubelet's stats provider reads them
+//! (`metrics_csi.go` GetMetrics, `csi_client.go` NodeGetVolumeStats): only from a driver that advertises
+//! GET_VOLUME_STATS, the condition only with the `CSIVolumeHealth` gate (alpha, off by default) and
+//! VOLUME_CONDITION.
+
+use inlet_proto::csi::v1::{self as csi, node_service_capability::rpc::Type as NodeCap};
+
+use inlet_proto::csi_call::rpc_error;
+
+use super::{PLUGIN_NAME, VolData};
+use crate::{Metrics, VolumeError, VolumeHost};
+
+/// The gate that lets the kubelet read a volume's condition.
+pub const CSI_VOLUME_HEALTH: &str = "CSIVolumeHealth";
+
+/// The metrics of the pod's volume `spec_name`; `Ok(None)` when the driver does not report any.
+pub(super) async fn get(
+    host: &dyn VolumeHost,
+    spec_name: &str,
+    pod_uid: &str,
+) -> Result<Option<Metrics>, VolumeError> {
+    let dir = host.pod_volume_dir(pod_uid, PLUGIN_NAME, spec_name);
+    let data = VolData::load(&dir).map_err(|e| {
+        VolumeError::transient(format!(
+            "metrics: failed to load volume data of {spec_name}: {e}"
+        ))
+    })?;
+    let client = host
+        .csi_client(&data.driver_name)
+        .await
+        .map_err(VolumeError::transient)?;
+    let capabilities = client
+        .node_capabilities()
+        .await
+        .map_err(|s| VolumeError::from_csi(&s, rpc_error(&s)))?;
+    if !capabilities.contains(&NodeCap::GetVolumeStats) {
+        return Ok(None);
+    }
+    let target = dir.join("mount");
+    let response = client
+        .node_volume_stats(&data.volume_handle, &target.display().to_string())
+        .await
+        .map_err(|s| VolumeError::from_csi(&s, rpc_error(&s)))?;
+    if response.usage.is_empty() {
+        return Err(VolumeError::transient(
+            "failed to get usage from response. usage is nil",
+        ));
+    }
+    let mut metrics = Metrics::default();
+    for usage in &response.usage {
+        let (used, total, free) = (Some(usage.used), Some(usage.total), Some(usage.available));
+        match csi::volume_usage::Unit::try_from(usage.unit) {
+            Ok(csi::volume_usage::Unit::Bytes) => {
+                (metrics.used, metrics.capacity, metrics.available) = (used, total, free)
+            }
+            Ok(csi::volume_usage::Unit::Inodes) => {
+                (metrics.inodes_used, metrics.inodes, metrics.inodes_free) = (used, total, free)
+            }
+            _ => tracing::error!(unit = usage.unit, "unknown key in usage"),
+        }
+    }
+    if host.feature_enabled(CSI_VOLUME_HEALTH) && capabilities.contains(&NodeCap::VolumeCondition) {
+        let condition = response.volume_condition.unwrap_or_default();
+        metrics.abnormal = Some(condition.abnormal);
+        metrics.message = Some(condition.message);
+    }
+    Ok(Some(metrics))
+}
