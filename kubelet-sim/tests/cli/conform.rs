@@ -31,7 +31,7 @@ const LOCAL_CSIDRIVER: &str = "apiVersion: storage.k8s.io/v1\nkind: CSIDriver\nm
 
 /// The local driver's e2e driver definition: a filesystem type, so fsGroup's ReadWriteOnceWithFSType runs.
 const LOCAL_TESTDRIVER: &str = "DriverInfo:\n  Name: local.inlet.dev\n  SupportedFsType: {\"\": {}, ext4: {}}\n  \
-    Capabilities: {persistence: true, fsGroup: true, exec: true}\nInlineVolumes:\n- Attributes: {}\n";
+    Capabilities: {persistence: true, fsGroup: true, exec: true, block: true}\nInlineVolumes:\n- Attributes: {}\n";
 
 #[test]
 fn the_local_driver_passes_every_check_and_the_junit_file_says_so() {
@@ -431,6 +431,7 @@ fn csi_driver_host_path_results_are_those_conform_md_records() {
         [
             "ephemeral/fs-group-mount-group",
             "republish/tokens",
+            "persistent/raw-block",
             "pod-info/disabled",
             "fsgroup/read-write-once-with-fstype",
             "regression/121271-failed-republish"
@@ -441,8 +442,8 @@ fn csi_driver_host_path_results_are_those_conform_md_records() {
     assert!(
         doc.contains("csi-driver-host-path v1.16.1")
             && doc.contains(&format!(
-                "{} passed, 1 failed, 5 skipped",
-                catalogue().len() - 6
+                "{} passed, 1 failed, 6 skipped",
+                catalogue().len() - 7
             ))
     );
 }

@@ -17,6 +17,23 @@ pub(super) fn checks() -> Vec<Check> {
             run: |env| Box::pin(persistent::stage_publish(env)),
         },
         Check {
+            id: "persistent/raw-block",
+            expects: "a PV of volumeMode: Block is staged (with STAGE_UNSTAGE_VOLUME) and published with the \
+                      Block access type at csi_block.go's paths (volumeDevices/staging/<pv>, \
+                      volumeDevices/publish/<pv>/<pod uid>), the pod gets it as a device, and its deletion \
+                      unpublishes, then unstages, leaving nothing",
+            source: "csi_block.go (SetUpDevice, MapPodDevice, getStagingPath, getPublishPath); e2e \
+                     testsuites/volumemode.go; --testdriver Capabilities.block",
+            applies: |c| {
+                persistent(c)?;
+                match c.declares("block") {
+                    true => Ok(()),
+                    false => Err("--testdriver does not declare the block capability".into()),
+                }
+            },
+            run: |env| Box::pin(persistent::raw_block(env)),
+        },
+        Check {
             id: "persistent/shared-staging",
             expects: "two pods using one PV on a node share one NodeStageVolume; it is unstaged only after \
                   the second pod's unpublish",
@@ -39,16 +56,26 @@ pub(super) fn checks() -> Vec<Check> {
     ]
 }
 
-/// Creates a 16 MiB mount volume through the driver's controller; returns its id and context.
-pub(super) async fn create_volume(env: &CheckEnv, name: &str) -> Result<csi::Volume, String> {
+/// Creates a 16 MiB volume (a filesystem, or a raw `block` device) through the driver's controller;
+/// returns its id and context.
+pub(super) async fn create_volume(
+    env: &CheckEnv,
+    name: &str,
+    block: bool,
+) -> Result<csi::Volume, String> {
     let mut controller = env.controller().await?;
+    let mut capability = mount_capability();
+    if block {
+        capability.access_type =
+            Some(csi::volume_capability::AccessType::Block(Default::default()));
+    }
     let request = csi::CreateVolumeRequest {
         name: name.to_string(),
         capacity_range: Some(csi::CapacityRange {
             required_bytes: 16 << 20,
             limit_bytes: 0,
         }),
-        volume_capabilities: vec![mount_capability()],
+        volume_capabilities: vec![capability],
         ..Default::default()
     };
     controller
@@ -81,17 +108,21 @@ pub(super) fn mount_capability() -> csi::VolumeCapability {
     }
 }
 
-/// A PV of the created volume, a claim bound to it, and pods using the claim; runs the pods.
+/// A PV of the created volume, a claim bound to it, and pods using the claim (as a filesystem at
+/// `/mnt/data`, or as the raw `block` device `/dev/xvda`); runs the pods.
 pub(super) async fn run_on_pv(
     env: &mut CheckEnv,
     volume: &csi::Volume,
     pods: &[&str],
+    block: bool,
 ) -> Result<(), String> {
     let driver = env.conf.setup.name().to_string();
+    let mode = if block { "Block" } else { "Filesystem" };
     let pv: PersistentVolume = serde_json::from_value(json!({
         "metadata": {"name": "conform-pv"},
         "spec": {
             "capacity": {"storage": "16Mi"},
+            "volumeMode": mode,
             "accessModes": ["ReadWriteOnce"],
             "claimRef": {"name": "conform-claim", "namespace": NAMESPACE},
             "csi": {"driver": driver, "volumeHandle": volume.volume_id,
@@ -101,7 +132,7 @@ pub(super) async fn run_on_pv(
     .map_err(|e| e.to_string())?;
     let claim: PersistentVolumeClaim = serde_json::from_value(json!({
         "metadata": {"name": "conform-claim", "namespace": NAMESPACE},
-        "spec": {"accessModes": ["ReadWriteOnce"], "volumeName": "conform-pv",
+        "spec": {"accessModes": ["ReadWriteOnce"], "volumeName": "conform-pv", "volumeMode": mode,
                  "resources": {"requests": {"storage": "16Mi"}}},
     }))
     .map_err(|e| e.to_string())?;
@@ -121,12 +152,24 @@ pub(super) async fn run_on_pv(
             ))
             .unwrap_or_default()]);
                 if let Some(container) = spec.containers.first_mut() {
-                    container.volume_mounts = Some(vec![
-                        serde_json::from_value(json!(
-                            {"name": "data", "mountPath": "/mnt/data"}
-                        ))
-                        .unwrap_or_default(),
-                    ]);
+                    match block {
+                        true => {
+                            container.volume_devices = Some(vec![
+                                serde_json::from_value(json!(
+                                    {"name": "data", "devicePath": "/dev/xvda"}
+                                ))
+                                .unwrap_or_default(),
+                            ])
+                        }
+                        false => {
+                            container.volume_mounts = Some(vec![
+                                serde_json::from_value(json!(
+                                    {"name": "data", "mountPath": "/mnt/data"}
+                                ))
+                                .unwrap_or_default(),
+                            ])
+                        }
+                    }
                 }
                 pod
             })
@@ -149,7 +192,7 @@ pub(super) fn last_ok(calls: &[CsiCall], method: &str, handle: &str) -> Option<u
 }
 
 pub(super) async fn stage_publish(env: &mut CheckEnv) -> Outcome {
-    let volume = create_volume(env, "conform-stage-publish").await?;
+    let volume = create_volume(env, "conform-stage-publish", false).await?;
     let outcome = stage_publish_on(env, &volume).await;
     let deleted = delete_volume(env, &volume.volume_id).await;
     outcome.and_then(|note| deleted.map(|()| note))
@@ -157,7 +200,7 @@ pub(super) async fn stage_publish(env: &mut CheckEnv) -> Outcome {
 
 pub(super) async fn stage_publish_on(env: &mut CheckEnv, volume: &csi::Volume) -> Outcome {
     let handle = volume.volume_id.as_str();
-    run_on_pv(env, volume, &["staged"]).await?;
+    run_on_pv(env, volume, &["staged"], false).await?;
     let calls = env.calls();
     let published = first_ok(&calls, "NodePublishVolume", handle);
     let publish = &calls[published.ok_or("no successful NodePublishVolume")?];
@@ -201,7 +244,7 @@ pub(super) async fn stage_publish_on(env: &mut CheckEnv, volume: &csi::Volume) -
 }
 
 pub(super) async fn shared_staging(env: &mut CheckEnv) -> Outcome {
-    let volume = create_volume(env, "conform-shared-staging").await?;
+    let volume = create_volume(env, "conform-shared-staging", false).await?;
     let outcome = shared_staging_on(env, &volume).await;
     let deleted = delete_volume(env, &volume.volume_id).await;
     outcome.and_then(|note| deleted.map(|()| note))
@@ -209,7 +252,7 @@ pub(super) async fn shared_staging(env: &mut CheckEnv) -> Outcome {
 
 pub(super) async fn shared_staging_on(env: &mut CheckEnv, volume: &csi::Volume) -> Outcome {
     let handle = volume.volume_id.as_str();
-    run_on_pv(env, volume, &["first", "second"]).await?;
+    run_on_pv(env, volume, &["first", "second"], false).await?;
     let count = |env: &CheckEnv, method: &str| {
         env.calls()
             .iter()
@@ -231,6 +274,66 @@ pub(super) async fn shared_staging_on(env: &mut CheckEnv, volume: &csi::Volume) 
     env.nothing_left(&[]).await?;
     if count(env, "NodeUnstageVolume") != 1 {
         return Err("the volume was not unstaged after the last pod".into());
+    }
+    Ok(String::new())
+}
+
+pub(super) async fn raw_block(env: &mut CheckEnv) -> Outcome {
+    let volume = create_volume(env, "conform-raw-block", true).await?;
+    let outcome = raw_block_on(env, &volume).await;
+    let deleted = delete_volume(env, &volume.volume_id).await;
+    outcome.and_then(|note| deleted.map(|()| note))
+}
+
+async fn raw_block_on(env: &mut CheckEnv, volume: &csi::Volume) -> Outcome {
+    let handle = volume.volume_id.as_str();
+    run_on_pv(env, volume, &["block"], true).await?;
+    let devices = env
+        .node_root()
+        .join("plugins/kubernetes.io/csi/volumeDevices");
+    let publish_path = devices.join("publish/conform-pv").join(env.uid("block"));
+    let calls = env.calls();
+    let publish = &calls
+        [first_ok(&calls, "NodePublishVolume", handle).ok_or("no successful NodePublishVolume")?];
+    if publish.access_type != "Block" || publish.target_path != publish_path.display().to_string() {
+        return Err(format!(
+            "NodePublishVolume was {} at {}, expected Block at {}",
+            publish.access_type,
+            publish.target_path,
+            publish_path.display()
+        ));
+    }
+    if env.conf.info.node_has("STAGE_UNSTAGE_VOLUME") {
+        let staging = devices.join("staging/conform-pv").display().to_string();
+        let stage = first_ok(&calls, "NodeStageVolume", handle).map(|i| &calls[i]);
+        if stage.is_none_or(|s| s.access_type != "Block" || s.staging_path != staging) {
+            return Err(format!("no Block NodeStageVolume at {staging}"));
+        }
+    }
+    let device = env
+        .node_root()
+        .join("pods")
+        .join(env.uid("block"))
+        .join("volumeDevices/kubernetes.io~csi/conform-pv");
+    match std::fs::read_link(&device) {
+        Ok(to) if to == publish_path => {}
+        Ok(to) => {
+            return Err(format!(
+                "the pod's device {} points at {}",
+                device.display(),
+                to.display()
+            ));
+        }
+        Err(e) => return Err(format!("the pod's device {}: {e}", device.display())),
+    }
+    env.delete(&["block"]).await?;
+    env.nothing_left(&[]).await?;
+    let calls = env.calls();
+    if env.conf.info.node_has("STAGE_UNSTAGE_VOLUME")
+        && last_ok(&calls, "NodeUnstageVolume", handle)
+            < last_ok(&calls, "NodeUnpublishVolume", handle)
+    {
+        return Err("the volume was not unstaged after its unpublish".into());
     }
     Ok(String::new())
 }
