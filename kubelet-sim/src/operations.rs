@@ -78,6 +78,8 @@ pub enum OpKey {
     VolumeAttachment(String),
     /// A pod worker's start, stop or restart of one pod (its UID).
     Pod(String),
+    /// The external-provisioner's work on one claim or PV (`<namespace>/<claim uid>`, `pv/<name>`).
+    Claim(String),
 }
 
 impl OpKey {
@@ -105,6 +107,7 @@ impl OpKey {
             Self::Attach { pod, volume } => (Resource::Attach(pod.clone(), volume.clone()), None),
             Self::VolumeAttachment(name) => (Resource::VolumeAttachment(name.clone()), None),
             Self::Pod(uid) => (Resource::Pod(uid.clone()), None),
+            Self::Claim(key) => (Resource::Claim(key.clone()), None),
         }
     }
 }
@@ -116,6 +119,7 @@ enum Resource {
     Attach(String, String),
     VolumeAttachment(String),
     Pod(String),
+    Claim(String),
 }
 
 /// Pending operations and backoff.

@@ -82,9 +82,32 @@ pub fn volume_spec(
             read_only,
         ));
     }
-    if let Some(claim) = &volume.persistent_volume_claim {
-        let pvc = read::<PersistentVolumeClaim>(api, reads, &info.namespace, &claim.claim_name)
-            .ok_or_else(|| format!("persistentvolumeclaim {:?} not found", claim.claim_name))?;
+    // A generic ephemeral volume is its claim `<pod>-<volume>`, which the pod must own
+    // (desired_state_of_world_populator.go createVolumeSpec, `ephemeral.VolumeIsForPod`).
+    let claim = match (&volume.persistent_volume_claim, &volume.ephemeral) {
+        (Some(claim), _) => Some((
+            claim.claim_name.clone(),
+            claim.read_only.unwrap_or(false),
+            false,
+        )),
+        (None, Some(_)) => Some((format!("{}-{}", info.name, volume.name), false, true)),
+        (None, None) => None,
+    };
+    if let Some((claim_name, read_only, ephemeral)) = claim {
+        let pvc = read::<PersistentVolumeClaim>(api, reads, &info.namespace, &claim_name)
+            .ok_or_else(|| format!("persistentvolumeclaim {claim_name:?} not found"))?;
+        let owned = pvc
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .any(|o| o.controller == Some(true) && Some(&o.uid) == pod.metadata.uid.as_ref());
+        if ephemeral && !owned {
+            return Err(format!(
+                "PVC {}/{claim_name} was not created for pod {}/{} (pod is not owner)",
+                info.namespace, info.namespace, info.name
+            ));
+        }
         let phase = pvc
             .status
             .as_ref()
@@ -97,14 +120,13 @@ pub fn volume_spec(
             .unwrap_or_default();
         if phase != "Bound" || pv_name.is_empty() {
             return Err(format!(
-                "PVC {}/{} has non-bound phase ({phase:?}) or empty pvc.Spec.VolumeName ({pv_name:?})",
-                info.namespace, claim.claim_name
+                "PVC {}/{claim_name} has non-bound phase ({phase:?}) or empty pvc.Spec.VolumeName ({pv_name:?})",
+                info.namespace
             ));
         }
         let pv = read::<PersistentVolume>(api, reads, "", &pv_name)
             .ok_or_else(|| format!("persistentvolume {pv_name:?} not found"))?;
         check_volume_mode(pod, &volume.name, &pv)?;
-        let read_only = claim.read_only.unwrap_or(false);
         return Ok((Spec::Persistent { pv, read_only }, read_only));
     }
     // Image volumes are read-only by definition (KEP-4639), whatever the volumeMount says; so are secret,

@@ -23,6 +23,8 @@ use kubelet_sim::node::{BackoffPolicy, ContainerTiming};
 use kubelet_sim::report::{Report, TeardownReport};
 use kubelet_sim::sim::{SimConfig, SimImages, Simulation};
 
+#[path = "bdd/claims.rs"]
+mod claims;
 #[path = "bdd/hooks.rs"]
 mod hooks;
 #[path = "bdd/images.rs"]

@@ -146,6 +146,22 @@ call_request!(
     csi::ControllerGetCapabilitiesRequest,
     "ControllerGetCapabilities"
 );
+call_request!(csi::CreateVolumeRequest, "CreateVolume", |r| {
+    // The volume has no id yet: the record keeps the name the CO asked for.
+    CallInfo {
+        volume_id: &r.name,
+        secrets: Some(&r.secrets),
+        capability: r.volume_capabilities.first(),
+        ..Default::default()
+    }
+});
+call_request!(csi::DeleteVolumeRequest, "DeleteVolume", |r| {
+    CallInfo {
+        volume_id: &r.volume_id,
+        secrets: Some(&r.secrets),
+        ..Default::default()
+    }
+});
 call_request!(
     csi::ControllerPublishVolumeRequest,
     "ControllerPublishVolume",

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use k8s_openapi::api::core::v1::{
     ConfigMap, Namespace, PersistentVolume, PersistentVolumeClaim, Pod, Secret, ServiceAccount,
 };
-use k8s_openapi::api::storage::v1::CSIDriver;
+use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass};
 use serde_json::Value;
 
 /// The pod annotation holding the draft inline fields: `{"<volume>": {"volumeHandle": ..., ...}}`.
@@ -29,6 +29,8 @@ pub enum Object {
     ConfigMap(Box<ConfigMap>),
     /// A CSIDriver.
     CsiDriver(Box<CSIDriver>),
+    /// A StorageClass (dynamic provisioning, generic ephemeral volumes).
+    StorageClass(Box<StorageClass>),
     /// A PersistentVolume.
     PersistentVolume(Box<PersistentVolume>),
     /// A PersistentVolumeClaim.
@@ -162,10 +164,10 @@ fn object(mut value: Value, origin: &str) -> Result<Object, ManifestError> {
         | "PersistentVolumeClaim"
         | "ServiceAccount"
         | "Namespace" => "v1",
-        "CSIDriver" => "storage.k8s.io/v1",
+        "CSIDriver" | "StorageClass" => "storage.k8s.io/v1",
         other => {
             return Err(ManifestError(format!(
-                "{origin}: kind {other:?} is not supported (supported: Pod, Secret, ConfigMap, CSIDriver, PersistentVolume, PersistentVolumeClaim, ServiceAccount, Namespace)"
+                "{origin}: kind {other:?} is not supported (supported: Pod, Secret, ConfigMap, CSIDriver, StorageClass, PersistentVolume, PersistentVolumeClaim, ServiceAccount, Namespace)"
             )));
         }
     };
@@ -183,6 +185,9 @@ fn object(mut value: Value, origin: &str) -> Result<Object, ManifestError> {
         "Secret" => Object::Secret(Box::new(serde_json::from_value(value).map_err(typed)?)),
         "ConfigMap" => Object::ConfigMap(Box::new(serde_json::from_value(value).map_err(typed)?)),
         "CSIDriver" => Object::CsiDriver(Box::new(serde_json::from_value(value).map_err(typed)?)),
+        "StorageClass" => {
+            Object::StorageClass(Box::new(serde_json::from_value(value).map_err(typed)?))
+        }
         "PersistentVolume" => {
             Object::PersistentVolume(Box::new(serde_json::from_value(value).map_err(typed)?))
         }

@@ -163,6 +163,7 @@ impl Cluster {
                 .await
             }
             Object::CsiDriver(d) => apply(kube::Api::all(client.clone()), *d).await,
+            Object::StorageClass(c) => apply(kube::Api::all(client.clone()), *c).await,
             Object::PersistentVolume(v) => apply(kube::Api::all(client.clone()), *v).await,
             Object::Namespace(n) => apply(kube::Api::all(client.clone()), *n).await,
         }

@@ -118,6 +118,14 @@ impl Simulation {
             Object::CsiDriver(driver) => self
                 .api
                 .put(self.admission.admit_csi_driver(*driver).map_err(|e| e.0)?),
+            // The API server's defaults (`SetDefaults_StorageClass`): Delete, Immediate.
+            Object::StorageClass(mut class) => {
+                class.reclaim_policy.get_or_insert_with(|| "Delete".into());
+                class
+                    .volume_binding_mode
+                    .get_or_insert_with(|| "Immediate".into());
+                self.api.put(*class);
+            }
             // Validated in `apply`, before provisioning.
             Object::PersistentVolume(pv) => self.api.put(*pv),
             Object::PersistentVolumeClaim(mut pvc) => {

@@ -273,6 +273,16 @@ impl Simulation {
                     Arc::clone(&sim.attach_detach)
                         .run(async move { drop(stopped.changed().await) }),
                 ));
+                let claims = crate::controllers::claims::Claims::new(
+                    Arc::clone(&sim.api),
+                    Arc::clone(&sim.driver_directory),
+                    sim.nodes.iter().map(|n| n.config.name.clone()).collect(),
+                    sim.config.backoff,
+                );
+                let mut stopped = sim.stop.subscribe();
+                sim.tasks.push(tokio::spawn(
+                    claims.run(async move { drop(stopped.changed().await) }),
+                ));
             }
         }
         Ok(sim)

@@ -9,6 +9,7 @@ mod concurrency;
 mod csidriver;
 mod ephemeral;
 mod fsgroup;
+mod generic_ephemeral;
 mod idempotency;
 mod node;
 mod persistent;
@@ -61,6 +62,7 @@ pub fn catalogue() -> Vec<Check> {
         restart::checks(),
         concurrency::checks(),
         persistent::checks(),
+        generic_ephemeral::checks(),
         secrets::checks(),
         pod_info::checks(),
         csidriver::checks(),

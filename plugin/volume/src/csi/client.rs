@@ -213,6 +213,40 @@ impl CsiClient {
         Ok(result?.into_inner())
     }
 
+    /// CreateVolume (what the external-provisioner asks for a claim).
+    pub async fn create_volume(
+        &self,
+        req: csi::CreateVolumeRequest,
+    ) -> Result<csi::Volume, Status> {
+        let in_flight = self.in_flight(&req);
+        let result = self
+            .controller
+            .clone()
+            .create_volume(self.timed(req.clone()))
+            .await;
+        self.report(in_flight, &req, result.as_ref().err());
+        result?
+            .into_inner()
+            .volume
+            .ok_or_else(|| Status::internal("CreateVolume answered no volume"))
+    }
+
+    /// DeleteVolume.
+    pub async fn delete_volume(&self, volume_id: &str) -> Result<(), Status> {
+        let req = csi::DeleteVolumeRequest {
+            volume_id: volume_id.into(),
+            secrets: Default::default(),
+        };
+        let in_flight = self.in_flight(&req);
+        let result = self
+            .controller
+            .clone()
+            .delete_volume(self.timed(req.clone()))
+            .await;
+        self.report(in_flight, &req, result.as_ref().err());
+        result.map(drop)
+    }
+
     /// NodeGetInfo.
     pub async fn node_info(&self) -> Result<csi::NodeGetInfoResponse, Status> {
         let req = csi::NodeGetInfoRequest {};
