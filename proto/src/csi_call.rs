@@ -155,6 +155,16 @@ call_request!(csi::CreateVolumeRequest, "CreateVolume", |r| {
         ..Default::default()
     }
 });
+call_request!(
+    csi::ControllerExpandVolumeRequest,
+    "ControllerExpandVolume",
+    |r| CallInfo {
+        volume_id: &r.volume_id,
+        secrets: Some(&r.secrets),
+        capability: r.volume_capability.as_ref(),
+        ..Default::default()
+    }
+);
 call_request!(csi::DeleteVolumeRequest, "DeleteVolume", |r| {
     CallInfo {
         volume_id: &r.volume_id,

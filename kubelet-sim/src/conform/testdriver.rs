@@ -152,6 +152,14 @@ impl TestDriver {
                 .filter(|c| !CAPABILITIES.contains(&c.as_str()))
                 .map(|c| format!("DriverInfo.Capabilities.{c} (not a capability)")),
         );
+        // e2e's post-processing: controller expansion implies online and offline expansion unless the
+        // file says otherwise.
+        let mut capabilities = info.capabilities;
+        if capabilities.get("controllerExpansion") == Some(&true) {
+            for implied in ["onlineExpansion", "offlineExpansion"] {
+                capabilities.entry(implied.to_string()).or_insert(true);
+            }
+        }
         // e2e's defaults: the default filesystem only.
         let supported_fs_type = match info.supported_fs_type {
             Some(types) => types.into_keys().collect(),
@@ -160,7 +168,7 @@ impl TestDriver {
         Ok(Self {
             file: file.to_string(),
             name: info.name,
-            capabilities: info.capabilities,
+            capabilities,
             supported_fs_type,
             inline_volumes,
             ignored,
@@ -201,6 +209,12 @@ InlineVolumes:
         let driver = TestDriver::parse(HOSTPATH, "hostpath.yaml").unwrap();
         assert_eq!(driver.name, "hostpath.csi.k8s.io");
         assert!(driver.has("block") && !driver.has("exec"));
+        let expanding = TestDriver::parse(
+            "DriverInfo: {Name: d, Capabilities: {controllerExpansion: true, offlineExpansion: false}}\n",
+            "d.yaml",
+        )
+        .unwrap();
+        assert!(expanding.has("onlineExpansion") && !expanding.has("offlineExpansion"));
         assert_eq!(
             driver.supported_fs_type,
             BTreeSet::from(["".to_string(), "ext4".to_string()])

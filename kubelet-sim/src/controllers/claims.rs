@@ -10,7 +10,8 @@
 //!    `WaitForFirstConsumer` only once a pod using the claim is on a node (the scheduler's
 //!    `volume.kubernetes.io/selected-node`);
 //! 4. the PV controller binds them ([`bind_claims`]);
-//! 5. a provisioned PV whose claim is gone is released: with `reclaimPolicy: Delete` the provisioner
+//! 5. the external-resizer grows a claim's volume when its request grows ([`super::resizer`]);
+//! 6. a provisioned PV whose claim is gone is released: with `reclaimPolicy: Delete` the provisioner
 //!    deletes its volume (DeleteVolume) and the PV, once no VolumeAttachment names it.
 //!
 //! A driver here is a node's (an in-process `local` driver keeps its volumes on its node), so a volume is
@@ -48,13 +49,13 @@ const PERIOD: Duration = Duration::from_millis(100);
 
 /// The claim controllers.
 pub struct Claims {
-    api: Arc<Api>,
-    drivers: Arc<DriverDirectory>,
+    pub(super) api: Arc<Api>,
+    pub(super) drivers: Arc<DriverDirectory>,
     /// The nodes, in order: an `Immediate` claim without a consumer is provisioned on the first that
     /// has its driver.
-    nodes: Vec<String>,
-    /// Back-off of failed provisioning and deletion, by claim or PV.
-    ops: Mutex<Operations>,
+    pub(super) nodes: Vec<String>,
+    /// Back-off of failed provisioning, resizing and deletion, by claim or PV.
+    pub(super) ops: Mutex<Operations>,
 }
 
 impl Claims {
@@ -106,6 +107,9 @@ impl Claims {
             self.provision(&claim, &pods).await;
         }
         bind_claims(&self.api);
+        for claim in self.api.list::<PersistentVolumeClaim>() {
+            self.resize(&claim).await;
+        }
         for pv in self.api.list::<PersistentVolume>() {
             self.reclaim(&pv).await;
         }

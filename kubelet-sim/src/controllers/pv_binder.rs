@@ -33,9 +33,15 @@ pub fn bind_claims(api: &Api) {
         };
         let Some(pv) = pv else { continue };
         let pv_name = pv.metadata.name.clone().unwrap_or_default();
+        // The claim's status takes the PV's capacity and access modes (`bindClaimToVolume`), which the
+        // kubelet compares with the PV's after a resize.
+        let pv_spec = pv.spec.clone().unwrap_or_default();
         api.update::<PersistentVolumeClaim>(&namespace, &name, |c| {
             c.spec.get_or_insert_with(Default::default).volume_name = Some(pv_name.clone());
-            c.status.get_or_insert_with(Default::default).phase = Some("Bound".into());
+            let status = c.status.get_or_insert_with(Default::default);
+            status.phase = Some("Bound".into());
+            status.capacity = pv_spec.capacity.clone();
+            status.access_modes = pv_spec.access_modes.clone();
         });
         api.update::<PersistentVolume>("", &pv_name, |p| {
             let spec = p.spec.get_or_insert_with(Default::default);

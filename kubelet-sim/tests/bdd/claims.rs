@@ -1,8 +1,9 @@
-//! Steps about claims: generic ephemeral volumes' claims, what the provisioner made of them, and what is
-//! left once their pods are gone.
+//! Steps about claims: generic ephemeral volumes' claims, what the provisioner made of them, what is left
+//! once their pods are gone, and a claim resized while in use.
 
-use cucumber::then;
+use cucumber::{then, when};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use super::Sim;
 
@@ -77,4 +78,58 @@ fn all_deleted(w: &mut Sim) {
     };
     assert!(count("CreateVolume") > 0, "no CreateVolume");
     assert_eq!(count("CreateVolume"), count("DeleteVolume"), "{calls:#?}");
+}
+
+#[when(regex = r#"^the claim "([^"]+)" is resized to "([^"]+)"$"#)]
+fn resized(w: &mut Sim, claim: String, size: String) {
+    let (namespace, name) = split(&claim);
+    let updated = w
+        .sim()
+        .api
+        .update::<PersistentVolumeClaim>(namespace, name, |c| {
+            let spec = c.spec.get_or_insert_with(Default::default);
+            let resources = spec.resources.get_or_insert_with(Default::default);
+            let requests = resources.requests.get_or_insert_with(Default::default);
+            requests.insert("storage".into(), Quantity(size.clone()));
+        });
+    assert!(updated, "no claim {claim}");
+}
+
+#[then(
+    regex = r#"^the claim "([^"]+)" has capacity "([^"]+)" and no FileSystemResizePending condition$"#
+)]
+async fn capacity(w: &mut Sim, claim: String, size: String) {
+    let (namespace, name) = split(&claim);
+    let api = std::sync::Arc::clone(&w.sim().api);
+    w.wait(&format!("claim {claim} has capacity {size}"), |_| {
+        api.peek::<PersistentVolumeClaim>(namespace, name)
+            .is_some_and(|c| {
+                let status = c.status.clone().unwrap_or_default();
+                let capacity = status
+                    .capacity
+                    .as_ref()
+                    .and_then(|c| c.get("storage"))
+                    .map(|q| q.0.clone());
+                let pending = status
+                    .conditions
+                    .iter()
+                    .flatten()
+                    .any(|c| c.type_ == "FileSystemResizePending");
+                capacity.is_some_and(|c| parse_bytes(&c) == parse_bytes(&size)) && !pending
+            })
+    })
+    .await;
+}
+
+#[then(regex = r"^the driver got (\w+) calls?$")]
+fn got(w: &mut Sim, method: String) {
+    let calls = w.report().csi_calls;
+    assert!(
+        calls.iter().any(|c| c.method == method && c.code == "OK"),
+        "no successful {method}: {calls:#?}"
+    );
+}
+
+fn parse_bytes(quantity: &str) -> u64 {
+    inlet_host::quantity::parse_bytes(quantity).unwrap_or_else(|e| panic!("{quantity}: {e}"))
 }

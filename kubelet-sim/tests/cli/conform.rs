@@ -31,7 +31,7 @@ const LOCAL_CSIDRIVER: &str = "apiVersion: storage.k8s.io/v1\nkind: CSIDriver\nm
 
 /// The local driver's e2e driver definition: a filesystem type, so fsGroup's ReadWriteOnceWithFSType runs.
 const LOCAL_TESTDRIVER: &str = "DriverInfo:\n  Name: local.inlet.dev\n  SupportedFsType: {\"\": {}, ext4: {}}\n  \
-    Capabilities: {persistence: true, fsGroup: true, exec: true, block: true}\nInlineVolumes:\n- Attributes: {}\n";
+    Capabilities: {persistence: true, fsGroup: true, exec: true, block: true, controllerExpansion: true}\nInlineVolumes:\n- Attributes: {}\n";
 
 #[test]
 fn the_local_driver_passes_every_check_and_the_junit_file_says_so() {

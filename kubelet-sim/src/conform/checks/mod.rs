@@ -8,6 +8,7 @@
 mod concurrency;
 mod csidriver;
 mod ephemeral;
+mod expansion;
 mod fsgroup;
 mod generic_ephemeral;
 mod idempotency;
@@ -63,6 +64,7 @@ pub fn catalogue() -> Vec<Check> {
         concurrency::checks(),
         persistent::checks(),
         generic_ephemeral::checks(),
+        expansion::checks(),
         secrets::checks(),
         pod_info::checks(),
         csidriver::checks(),

@@ -10,9 +10,11 @@
 //! - `reconciler.rs`: unmount what is unwanted, then attach-check, stage and mount what is missing
 //!   (`reconciler/reconciler.go`), each step an operation with backoff (`crate::operations`).
 //! - `reconstruct.rs`: after a restart, the actual state read back from disk (`reconstruct.go`).
+//! - `expand.rs`: mounted PVs expanded on the node after a resize (GenerateExpandInUseVolumeFunc).
 
 mod actual_state;
 mod desired_state;
+mod expand;
 mod populator;
 mod reconciler;
 mod reconstruct;

@@ -58,7 +58,7 @@ enum Action {
 /// How an operation counts in `storage_operation_duration_seconds`: its plugin and operation name, and
 /// whether it is recorded whatever its outcome, or only when it fails (staging, which upstream's
 /// `volume_mount` includes).
-enum Recorded {
+pub(super) enum Recorded {
     Always((String, &'static str)),
     Failure((String, &'static str)),
 }
@@ -66,6 +66,7 @@ enum Recorded {
 impl VolumeManager {
     /// One pass: plans under the state locks, then starts each action as an operation.
     pub async fn reconcile(self: &Arc<Self>) {
+        self.expand_in_use_volumes();
         for action in self.plan() {
             match action {
                 // Not while an operation runs on the volume (upstream's reconciler asks
@@ -231,13 +232,13 @@ impl VolumeManager {
 
     /// Marks the operation of `key` started, unless one conflicts or backs off. Asked before anything is
     /// prepared for it: the loop plans the same actions again on each pass while their operations run.
-    fn start(&self, key: &OpKey, operation: &'static str) -> bool {
+    pub(super) fn start(&self, key: &OpKey, operation: &'static str) -> bool {
         self.ops.lock().try_start(key, operation)
     }
 
     /// Runs an operation [`Self::start`] started; when it ends, records the outcome (and, as
     /// `storage_operation_duration_seconds`, its duration under `named`) and wakes the loop.
-    fn spawn_op<F, Fut>(self: &Arc<Self>, key: OpKey, named: Recorded, op: F)
+    pub(super) fn spawn_op<F, Fut>(self: &Arc<Self>, key: OpKey, named: Recorded, op: F)
     where
         F: FnOnce(Arc<Self>) -> Fut,
         Fut: Future<Output = bool> + Send + 'static,
@@ -267,7 +268,12 @@ impl VolumeManager {
 
     /// An operation's metric labels: the plugin (`kubernetes.io/csi:<driver>`) and upstream's operation
     /// name, the block one for a raw block volume.
-    fn named(&self, spec: &Spec, fs: &'static str, block: &'static str) -> (String, &'static str) {
+    pub(super) fn named(
+        &self,
+        spec: &Spec,
+        fs: &'static str,
+        block: &'static str,
+    ) -> (String, &'static str) {
         let plugin = self.metric_plugin(spec);
         let block_volume = inlet_volume::csi::source::is_block(spec);
         (plugin, if block_volume { block } else { fs })
@@ -279,7 +285,7 @@ impl VolumeManager {
             .filter(|p| p.metadata.uid.as_deref() == Some(&pod.uid))
     }
 
-    fn warn_as(&self, pod: &PodInfo, reason: &str, message: &str) {
+    pub(super) fn warn_as(&self, pod: &PodInfo, reason: &str, message: &str) {
         match self.pod_object(pod) {
             Some(object) => self.api.record_event(&object, "Warning", reason, message),
             None => tracing::warn!(node = %self.node, pod = %pod.name, "{message}"),

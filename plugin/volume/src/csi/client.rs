@@ -231,6 +231,34 @@ impl CsiClient {
             .ok_or_else(|| Status::internal("CreateVolume answered no volume"))
     }
 
+    /// ControllerExpandVolume (what the external-resizer asks): the new capacity, and whether the node
+    /// must expand the volume too.
+    pub async fn controller_expand(
+        &self,
+        req: csi::ControllerExpandVolumeRequest,
+    ) -> Result<csi::ControllerExpandVolumeResponse, Status> {
+        let in_flight = self.in_flight(&req);
+        let result = self
+            .controller
+            .clone()
+            .controller_expand_volume(self.timed(req.clone()))
+            .await;
+        self.report(in_flight, &req, result.as_ref().err());
+        Ok(result?.into_inner())
+    }
+
+    /// NodeExpandVolume.
+    pub async fn node_expand(&self, req: csi::NodeExpandVolumeRequest) -> Result<(), Status> {
+        let in_flight = self.in_flight(&req);
+        let result = self
+            .node
+            .clone()
+            .node_expand_volume(self.timed(req.clone()))
+            .await;
+        self.report(in_flight, &req, result.as_ref().err());
+        result.map(drop)
+    }
+
     /// DeleteVolume.
     pub async fn delete_volume(&self, volume_id: &str) -> Result<(), Status> {
         let req = csi::DeleteVolumeRequest {

@@ -8,12 +8,14 @@
 //! - `block.rs`: raw block volumes' paths (`csi_block.go`): staged and published with the Block access
 //!   type by the same device mounter and mounter, and given to the pod as a device symlink.
 //! - `client.rs`: the CSI client with the kubelet's timeout and a call observer; `handle.rs`: the names;
-//!   `vol_data.rs`: the data file beside each mount; `metrics.rs`: a mounted volume's usage and condition (NodeGetVolumeStats), for the stats provider.
+//!   `vol_data.rs`: the data file beside each mount; `expander.rs`: NodeExpandVolume of a mounted PV;
+//!   `metrics.rs`: a mounted volume's usage and condition (NodeGetVolumeStats), for the stats provider.
 
 pub mod attacher;
 mod block;
 mod client;
 pub mod driver;
+pub mod expander;
 pub mod handle;
 pub mod metrics;
 mod mounter;
