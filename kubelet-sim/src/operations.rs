@@ -3,8 +3,9 @@
 //! exponential backoff after a failure (`nestedpendingoperations.go`, `exponentialbackoff.go`). The backoff
 //! holds only the operation that failed: a different operation on the same key (a TearDown after failed
 //! SetUps) starts at once and resets it, as `NestedPendingOperations.Run` resets `expBackoff` when the
-//! operation name differs. Each node's volume manager and pod workers keep one, and so does the
-//! attach/detach controller.
+//! operation name differs (upstream resets it only while it runs: once it expired, a failure of the other
+//! operation doubles the old wait; here that one starts at the initial wait). Each node's volume manager
+//! and pod workers keep one, and so does the attach/detach controller.
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};

@@ -44,6 +44,14 @@ pub const PROVISIONED_ON: &str = "inlet.dev/provisioned-on";
 const SELECTED_NODE: &str = "volume.kubernetes.io/selected-node";
 /// The annotation that makes a StorageClass the default one.
 const DEFAULT_CLASS: &str = "storageclass.kubernetes.io/is-default-class";
+/// The provisioner's identity before the driver's name: when it started (ms since the epoch) and a random
+/// number, chosen once per process as the external-provisioner does.
+static PROVISIONER_IDENTITY: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    let started = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis());
+    format!("{started}-{}", fastrand::u32(..10000))
+});
 /// How often at most a pass runs.
 const PERIOD: Duration = Duration::from_millis(100);
 
@@ -227,7 +235,17 @@ impl Claims {
         };
         let uid = claim.metadata.uid.clone().unwrap_or_default();
         let pv_name = format!("pvc-{uid}");
-        if self.api.peek::<PersistentVolume>("", &pv_name).is_some() {
+        // Provisioned already, or a PV waits for it by its `claimRef` (the PV controller binds those).
+        let (namespace, name) = (
+            claim.metadata.namespace.as_deref(),
+            claim.metadata.name.as_deref(),
+        );
+        let awaited = self.api.list::<PersistentVolume>().into_iter().any(|pv| {
+            let claim_ref = pv.spec.as_ref().and_then(|s| s.claim_ref.clone());
+            claim_ref
+                .is_some_and(|r| r.namespace.as_deref() == namespace && r.name.as_deref() == name)
+        });
+        if awaited {
             return;
         }
         let consumer_node = consumer_node(claim, pods);
@@ -247,20 +265,38 @@ impl Claims {
         let Some(client) = self.drivers.client(&node, &class.provisioner) else {
             return;
         };
-        let key = OpKey::Claim(format!(
-            "{}/{uid}",
-            claim.metadata.namespace.clone().unwrap_or_default()
-        ));
+        let key = OpKey::Claim(format!("{}/{uid}", namespace.unwrap_or_default()));
         if !self.ops.lock().try_start(&key, "provision") {
             return;
         }
-        let request = create_request(&pv_name, &spec, &class);
-        let created = client.create_volume(request).await;
+        if wait {
+            // The scheduler's choice, on the claim.
+            self.api.update::<PersistentVolumeClaim>(
+                namespace.unwrap_or_default(),
+                name.unwrap_or_default(),
+                |c| {
+                    let annotations = c.metadata.annotations.get_or_insert_with(Default::default);
+                    annotations.insert(SELECTED_NODE.into(), node.clone());
+                },
+            );
+        }
+        // csi-lib-utils' access mode mapping asks for SINGLE_NODE_MULTI_WRITER's modes only of a driver
+        // that has them.
+        let created = match client.controller_capabilities().await {
+            Ok(capabilities) => {
+                let multi_writer = capabilities.contains(
+                    &csi::controller_service_capability::rpc::Type::SingleNodeMultiWriter,
+                );
+                let request = create_request(&pv_name, &spec, &class, multi_writer);
+                client.create_volume(request).await
+            }
+            Err(status) => Err(status),
+        };
         self.ops.lock().finish(&key, "provision", created.is_ok());
         match created {
-            Ok(volume) => self.api.put(provisioned_pv(
-                &pv_name, claim, &class, &volume, &node, wait,
-            )),
+            Ok(volume) => self
+                .api
+                .put(provisioned_pv(&pv_name, claim, &class, &volume, &node)),
             Err(status) => tracing::warn!(
                 claim = %claim.metadata.name.clone().unwrap_or_default(),
                 "failed to provision volume with StorageClass {:?}: {}",
@@ -352,6 +388,7 @@ fn create_request(
     name: &str,
     spec: &k8s_openapi::api::core::v1::PersistentVolumeClaimSpec,
     class: &StorageClass,
+    multi_writer: bool,
 ) -> csi::CreateVolumeRequest {
     let parameters = class.parameters.clone().unwrap_or_default();
     let fs_type = parameters
@@ -375,10 +412,11 @@ fn create_request(
     let modes = spec.access_modes.clone().unwrap_or_default();
     let volume_capabilities = modes
         .iter()
-        .map(|m| match m.as_str() {
-            "ReadOnlyMany" => Mode::MultiNodeReaderOnly,
-            "ReadWriteMany" => Mode::MultiNodeMultiWriter,
-            "ReadWriteOncePod" => Mode::SingleNodeSingleWriter,
+        .map(|m| match (m.as_str(), multi_writer) {
+            ("ReadOnlyMany", _) => Mode::MultiNodeReaderOnly,
+            ("ReadWriteMany", _) => Mode::MultiNodeMultiWriter,
+            ("ReadWriteOncePod", true) => Mode::SingleNodeSingleWriter,
+            (_, true) => Mode::SingleNodeMultiWriter,
             _ => Mode::SingleNodeWriter,
         })
         .map(capability)
@@ -412,7 +450,6 @@ fn provisioned_pv(
     class: &StorageClass,
     volume: &csi::Volume,
     node: &str,
-    selected: bool,
 ) -> PersistentVolume {
     let spec = claim.spec.clone().unwrap_or_default();
     let requested = spec
@@ -425,18 +462,24 @@ fn provisioned_pv(
         0 => requested.unwrap_or_else(|| Quantity("0".into())),
         bytes => Quantity(bytes.to_string()),
     };
+    // A block volume has no filesystem type.
     let fs_type = class
         .parameters
         .as_ref()
         .and_then(|p| p.get("csi.storage.k8s.io/fstype"))
+        .filter(|_| spec.volume_mode.as_deref() != Some("Block"))
         .cloned();
-    let mut annotations = BTreeMap::from([
+    let annotations = BTreeMap::from([
         (PROVISIONED_BY.to_string(), class.provisioner.clone()),
         (PROVISIONED_ON.to_string(), node.to_string()),
     ]);
-    if selected {
-        annotations.insert(SELECTED_NODE.into(), node.into());
-    }
+    // The provisioner's identity in every volume's attributes: `<start time in ms>-<random>-<driver>`.
+    let mut attributes: BTreeMap<String, String> =
+        volume.volume_context.clone().into_iter().collect();
+    attributes.insert(
+        "storage.kubernetes.io/csiProvisionerIdentity".into(),
+        format!("{}-{}", *PROVISIONER_IDENTITY, class.provisioner),
+    );
     PersistentVolume {
         metadata: ObjectMeta {
             name: Some(name.to_string()),
@@ -458,7 +501,7 @@ fn provisioned_pv(
             csi: Some(k8s_openapi::api::core::v1::CSIPersistentVolumeSource {
                 driver: class.provisioner.clone(),
                 volume_handle: volume.volume_id.clone(),
-                volume_attributes: Some(volume.volume_context.clone().into_iter().collect()),
+                volume_attributes: Some(attributes),
                 fs_type,
                 ..Default::default()
             }),

@@ -27,6 +27,33 @@ pub fn storage_bytes(quantities: Option<&BTreeMap<String, Quantity>>) -> Option<
     inlet_host::quantity::parse_bytes(&quantity.0).ok()
 }
 
+/// The PV's volume capability, as the resizer sends it (`GetVolumeCapabilities`): its first access mode, a
+/// block device or a filesystem of its `fsType` and mount options.
+fn capability(pv: &k8s_openapi::api::core::v1::PersistentVolumeSpec) -> csi::VolumeCapability {
+    use csi::volume_capability::{AccessMode, AccessType, MountVolume, access_mode::Mode};
+    let mode = match pv.access_modes.iter().flatten().next().map(String::as_str) {
+        Some("ReadOnlyMany") => Mode::MultiNodeReaderOnly,
+        Some("ReadWriteMany") => Mode::MultiNodeMultiWriter,
+        _ => Mode::SingleNodeWriter,
+    };
+    let access_type = match pv.volume_mode.as_deref() {
+        Some("Block") => AccessType::Block(Default::default()),
+        _ => AccessType::Mount(MountVolume {
+            fs_type: pv
+                .csi
+                .as_ref()
+                .and_then(|c| c.fs_type.clone())
+                .unwrap_or_default(),
+            mount_flags: pv.mount_options.clone().unwrap_or_default(),
+            volume_mount_group: String::new(),
+        }),
+    };
+    csi::VolumeCapability {
+        access_mode: Some(AccessMode { mode: mode as i32 }),
+        access_type: Some(access_type),
+    }
+}
+
 impl Claims {
     /// Resizes `claim`'s volume when its request grew beyond its PV's capacity.
     pub(super) async fn resize(&self, claim: &PersistentVolumeClaim) {
@@ -68,18 +95,20 @@ impl Claims {
             return;
         }
         let new_size = i64::try_from(wanted).unwrap_or(i64::MAX);
-        let expands = client.controller_capabilities().await.is_ok_and(|caps| {
+        let expands = client.controller_capabilities().await.map(|caps| {
             caps.contains(&csi::controller_service_capability::rpc::Type::ExpandVolume)
         });
         let expanded = match expands {
-            false => Ok((new_size, true)),
-            true => client
+            Err(status) => Err(status),
+            Ok(false) => Ok((new_size, true)),
+            Ok(true) => client
                 .controller_expand(csi::ControllerExpandVolumeRequest {
                     volume_id: source.volume_handle.clone(),
                     capacity_range: Some(csi::CapacityRange {
                         required_bytes: new_size,
                         limit_bytes: 0,
                     }),
+                    volume_capability: Some(capability(&pv_spec)),
                     ..Default::default()
                 })
                 .await

@@ -27,9 +27,10 @@ impl Kubelet {
         if period.is_zero() {
             return;
         }
+        // A pass at once, then one per jittered period (`JitterUntil(..., sliding: true)`).
         loop {
-            tokio::time::sleep(period + period.mul_f64(fastrand::f64())).await;
             self.calc_and_store_stats().await;
+            tokio::time::sleep(period + period.mul_f64(fastrand::f64())).await;
         }
     }
 

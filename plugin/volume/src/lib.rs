@@ -128,10 +128,10 @@ pub struct Metrics {
 pub struct MounterArgs {
     /// The pod's fsGroup, applied when the plugin's policy says so.
     pub fs_group: Option<i64>,
-    /// The volume is already (possibly) set up for the pod: a republish, one reconstructed after a
-    /// restart, or one a timeout left uncertain. A failed SetUp then leaves the directory, the record and
-    /// what the pod sees where they are (`MounterArgs.IsRemount` and `ReconstructedVolume`, 1.35 patch
-    /// releases: kubernetes/kubernetes#121271, #136591).
+    /// The volume is already set up for the pod: a republish, or one reconstructed after a restart. A
+    /// failed SetUp then leaves the directory, the record and what the pod sees where they are
+    /// (`MounterArgs.IsRemount` and `ReconstructedVolume`, 1.35 patch releases: kubernetes/kubernetes#121271,
+    /// #136591). A mount a timeout left uncertain is not one: its final failure cleans up, as upstream's.
     pub remount: bool,
 }
 

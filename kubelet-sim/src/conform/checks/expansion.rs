@@ -11,10 +11,10 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 pub(super) fn checks() -> Vec<Check> {
     vec![Check {
         id: "expansion/online",
-        expects: "a claim of a class with allowVolumeExpansion, grown from 16Mi to 32Mi while its pod runs, \
+        expects: "a claim of a class with allowVolumeExpansion, grown by 1Gi while its pod runs, \
                   is expanded: ControllerExpandVolume when the driver expands in the controller, \
                   NodeExpandVolume at the pod's mount path when it expands on the node, both answered OK; \
-                  the claim's status capacity becomes 32Mi, its FileSystemResizePending condition goes, \
+                  the claim's status capacity reaches the request, its FileSystemResizePending condition goes, \
                   and the pod keeps running",
         source: "e2e testsuites/volume_expand.go; external-resizer controller.go; operation_generator.go \
                  GenerateExpandInUseVolumeFunc; csi_expander.go NodeExpand",
@@ -32,7 +32,8 @@ pub(super) fn checks() -> Vec<Check> {
     }]
 }
 
-const GROWN: u64 = 32 << 20;
+/// How much the claim grows, as e2e (`volume_expand.go`: the current size and 1Gi).
+const GROWTH: u64 = 1 << 30;
 
 async fn online(env: &mut CheckEnv) -> Outcome {
     let objects = serde_json::from_value::<StorageClass>(json!({
@@ -72,6 +73,14 @@ async fn online(env: &mut CheckEnv) -> Outcome {
     let pv_name = claim(env)
         .and_then(|c| c.spec.as_ref()?.volume_name.clone())
         .ok_or("the claim is not bound")?;
+    let bytes = |c: &PersistentVolumeClaim| {
+        let status = c.status.as_ref()?;
+        crate::controllers::resizer::storage_bytes(status.capacity.as_ref())
+    };
+    let grown = claim(env)
+        .and_then(|c| bytes(&c))
+        .ok_or("the claim has no capacity")?
+        + GROWTH;
     env.sim
         .api
         .update::<PersistentVolumeClaim>(NAMESPACE, "conform-claim", |c| {
@@ -83,7 +92,7 @@ async fn online(env: &mut CheckEnv) -> Outcome {
             resources
                 .requests
                 .get_or_insert_with(Default::default)
-                .insert("storage".into(), Quantity("32Mi".into()));
+                .insert("storage".into(), Quantity(grown.to_string()));
         });
     let resized = |env: &CheckEnv| {
         claim(env).is_some_and(|c| {
@@ -93,14 +102,13 @@ async fn online(env: &mut CheckEnv) -> Outcome {
                 .iter()
                 .flatten()
                 .any(|c| c.type_ == "FileSystemResizePending");
-            crate::controllers::resizer::storage_bytes(status.capacity.as_ref()) == Some(GROWN)
-                && !pending
+            bytes(&c).is_some_and(|b| b >= grown) && !pending
         })
     };
     if !env.until(resized).await {
         let status = claim(env).and_then(|c| c.status.clone());
         return Err(format!(
-            "the claim's status did not reach 32Mi: {}{}",
+            "the claim's status did not reach {grown} bytes: {}{}",
             serde_json::to_string(&status).unwrap_or_default(),
             env.last_failure("grown")
         ));

@@ -31,6 +31,8 @@ pub struct MountedPod {
     pub state: MountState,
     /// When it was last (re)published, for `requiresRepublish`.
     pub published_at: Instant,
+    /// Read back from disk after a restart, not yet set up by this kubelet.
+    pub reconstructed: bool,
 }
 
 /// A volume known on this node.
@@ -155,11 +157,11 @@ impl ActualState {
         })
     }
 
-    /// Whether the pod has the volume mounted, or possibly mounted.
-    pub fn has_pod(&self, unique: &str, uid: &str) -> bool {
-        self.volumes
-            .get(unique)
-            .is_some_and(|v| v.pods.contains_key(uid))
+    /// Whether a SetUp of the pod's volume now is a remount: it is mounted (a republish), or was
+    /// reconstructed from disk (not a mount a timeout left uncertain).
+    pub fn is_remount(&self, unique: &str, uid: &str) -> bool {
+        let mount = self.volumes.get(unique).and_then(|v| v.pods.get(uid));
+        mount.is_some_and(|m| m.state == MountState::Mounted || m.reconstructed)
     }
 
     /// Whether the pod has a volume (possibly) mounted, or one being set up.

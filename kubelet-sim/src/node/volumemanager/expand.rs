@@ -47,7 +47,9 @@ impl VolumeManager {
             let Some(resize) = self.resize_needed(unique, volume, path) else {
                 continue;
             };
-            let key = OpKey::volume(&resize.unique, &resize.volume.pod.uid);
+            // One expansion of a volume at a time on the node, whatever the pods
+            // (`pendingOperations.Run(volumeName, "", ...)`).
+            let key = OpKey::device(&resize.unique);
             let named = self.named(&resize.volume.spec, "volume_fs_resize", "volume_fs_resize");
             if self.start(&key, named.1) {
                 self.spawn_op(key, Recorded::Always(named), move |me| me.expand(resize));
@@ -62,6 +64,10 @@ impl VolumeManager {
         volume: Arc<PodVolume>,
         path: PathBuf,
     ) -> Option<Resize> {
+        // A read-only volume is not resized (`checkVolumeFSResize`).
+        if volume.read_only {
+            return None;
+        }
         let pod = self
             .api
             .peek::<Pod>(&volume.pod.namespace, &volume.pod.name)?;
@@ -108,7 +114,7 @@ impl VolumeManager {
         let pod = &resize.volume.pod;
         if let Err(e) = expanded {
             let message = format!(
-                "MountVolume.NodeExpandVolume failed for volume {name:?} : {}",
+                "NodeExpandVolume.NodeExpandVolume failed for volume {name:?} : {}",
                 e.message
             );
             self.warn_as(pod, "VolumeResizeFailed", &message);

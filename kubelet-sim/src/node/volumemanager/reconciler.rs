@@ -329,7 +329,7 @@ impl VolumeManager {
         let path = mounter.path();
         let args = MounterArgs {
             fs_group: volume.pod.fs_group,
-            remount: self.asw.lock().has_pod(&unique, &volume.pod.uid),
+            remount: self.asw.lock().is_remount(&unique, &volume.pod.uid),
         };
         match mounter.set_up_at(&path, &args).await {
             Ok(()) => {
@@ -503,5 +503,6 @@ fn mounted(volume: &PodVolume, path: PathBuf, state: MountState) -> MountedPod {
         path,
         state,
         published_at: Instant::now(),
+        reconstructed: false,
     }
 }

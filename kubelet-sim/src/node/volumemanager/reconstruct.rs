@@ -95,6 +95,7 @@ impl VolumeManager {
                 path,
                 state: MountState::Uncertain,
                 published_at: Instant::now(),
+                reconstructed: true,
             },
         );
     }

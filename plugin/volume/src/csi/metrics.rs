@@ -7,7 +7,7 @@ use inlet_proto::csi::v1::{self as csi, node_service_capability::rpc::Type as No
 
 use inlet_proto::csi_call::rpc_error;
 
-use super::{PLUGIN_NAME, VolData};
+use super::{PLUGIN_NAME, VolData, client_with_capabilities};
 use crate::{Metrics, VolumeError, VolumeHost};
 
 /// The gate that lets the kubelet read a volume's condition.
@@ -19,24 +19,24 @@ pub(super) async fn get(
     spec_name: &str,
     pod_uid: &str,
 ) -> Result<Option<Metrics>, VolumeError> {
+    // A filesystem volume's record is beside its mount; a raw block one's in its device data dir, and it
+    // is asked at the pod's published device (`csi_block.go`: blockPath + "/" + pod UID).
     let dir = host.pod_volume_dir(pod_uid, PLUGIN_NAME, spec_name);
-    let data = VolData::load(&dir).map_err(|e| {
-        VolumeError::transient(format!(
-            "metrics: failed to load volume data of {spec_name}: {e}"
-        ))
-    })?;
-    let client = host
-        .csi_client(&data.driver_name)
-        .await
-        .map_err(VolumeError::transient)?;
-    let capabilities = client
-        .node_capabilities()
-        .await
-        .map_err(|s| VolumeError::from_csi(&s, rpc_error(&s)))?;
+    let (data, target) = match VolData::load(&dir) {
+        Ok(data) => (data, dir.join("mount")),
+        Err(_) => {
+            let data = VolData::load(&super::block::data_dir(host, spec_name)).map_err(|e| {
+                VolumeError::transient(format!(
+                    "metrics: failed to load volume data of {spec_name}: {e}"
+                ))
+            })?;
+            (data, super::block::publish_path(host, spec_name, pod_uid))
+        }
+    };
+    let (client, capabilities) = client_with_capabilities(host, &data.driver_name).await?;
     if !capabilities.contains(&NodeCap::GetVolumeStats) {
         return Ok(None);
     }
-    let target = dir.join("mount");
     let response = client
         .node_volume_stats(&data.volume_handle, &target.display().to_string())
         .await

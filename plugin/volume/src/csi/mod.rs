@@ -86,6 +86,29 @@ pub(crate) fn spec_driver(spec: &Spec) -> String {
     }
 }
 
+/// The registered driver's client and its node capabilities (what the stats provider and the expander
+/// ask before they call).
+pub(crate) async fn client_with_capabilities(
+    host: &dyn VolumeHost,
+    driver: &str,
+) -> Result<
+    (
+        CsiClient,
+        Vec<inlet_proto::csi::v1::node_service_capability::rpc::Type>,
+    ),
+    VolumeError,
+> {
+    let client = host
+        .csi_client(driver)
+        .await
+        .map_err(VolumeError::transient)?;
+    let capabilities = client
+        .node_capabilities()
+        .await
+        .map_err(|s| VolumeError::from_csi(&s, inlet_proto::csi_call::rpc_error(&s)))?;
+    Ok((client, capabilities))
+}
+
 /// `plugins/kubernetes.io/csi/<driver>/<sha256(handle)>/globalmount` under the root dir; a driver name that
 /// is not one path component is refused (it cannot leave the root, whatever admission let through).
 pub(crate) fn device_path_for(
