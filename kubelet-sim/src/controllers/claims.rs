@@ -82,12 +82,16 @@ impl Claims {
         })
     }
 
-    /// Runs a pass on every API change (at most one per [`PERIOD`]) until `stop` resolves.
+    /// Runs a pass on every API change until `stop` resolves: at most one per [`PERIOD`], and, as a pass
+    /// visits every pod, at most one per twice its own length (as the attach/detach controller paces its
+    /// passes), so a large cluster costs it a bounded share of a CPU.
     pub async fn run(self: Arc<Self>, stop: impl std::future::Future<Output = ()>) {
         tokio::pin!(stop);
         let mut watch = self.api.watch();
         loop {
+            let started = Instant::now();
             self.sync().await;
+            let period = PERIOD.max(2 * started.elapsed());
             let next = self
                 .ops
                 .lock()
@@ -99,7 +103,7 @@ impl Claims {
                 _ = &mut stop => return,
             }
             tokio::select! {
-                _ = tokio::time::sleep(PERIOD) => {}
+                _ = tokio::time::sleep(period) => {}
                 _ = &mut stop => return,
             }
         }
@@ -421,13 +425,8 @@ fn create_request(
         })
         .map(capability)
         .collect();
-    let requested = spec
-        .resources
-        .as_ref()
-        .and_then(|r| r.requests.as_ref())
-        .and_then(|r| r.get("storage"))
-        .and_then(|q| inlet_host::quantity::parse_bytes(&q.0).ok())
-        .unwrap_or(0);
+    let requests = spec.resources.as_ref().and_then(|r| r.requests.as_ref());
+    let requested = super::resizer::storage_bytes(requests).unwrap_or(0);
     csi::CreateVolumeRequest {
         name: name.to_string(),
         capacity_range: Some(csi::CapacityRange {
