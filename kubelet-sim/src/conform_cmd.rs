@@ -63,6 +63,25 @@ pub struct ConformArgs {
     /// List the checks (id, what each expects, its source) and exit.
     #[arg(long)]
     list: bool,
+    /// Run the checks on a real kubelet of this cluster instead of a simulated node: pods bound to --node,
+    /// the driver (serving on a socket on this host) registered with that kubelet through conform's
+    /// proxy. conform runs on the node, as root, as Kubernetes' node e2e tests do.
+    #[arg(long, value_name = "FILE")]
+    kubeconfig: Option<PathBuf>,
+    /// With --kubeconfig: the node whose kubelet runs the pods [default: the cluster's only node].
+    #[arg(long, requires = "kubeconfig")]
+    node: Option<String>,
+    /// With --kubeconfig: that kubelet's root directory (its --root-dir).
+    #[arg(long, requires = "kubeconfig", default_value = "/var/lib/kubelet")]
+    kubelet_dir: PathBuf,
+    /// With --kubeconfig: the image of the checks' pods, which must have `sleep` (the node must have it
+    /// or be able to pull it).
+    #[arg(
+        long,
+        requires = "kubeconfig",
+        default_value = "registry.k8s.io/e2e-test-images/busybox:1.36.1-1"
+    )]
+    pod_image: String,
 }
 
 fn parse_glob(text: &str) -> Result<glob::Pattern, String> {
@@ -104,6 +123,25 @@ pub async fn run(args: ConformArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let cluster = match &args.kubeconfig {
+        None => None,
+        Some(kubeconfig) => {
+            if !matches!(driver.source, kubelet_sim::drivers::DriverSource::Socket(_)) {
+                eprintln!(
+                    "kubelet-sim conform: --kubeconfig tests a driver serving on a socket of this host \
+                     (--driver NAME=unix:///PATH)"
+                );
+                return ExitCode::from(2);
+            }
+            match cluster_target(kubeconfig, args.node, args.kubelet_dir, args.pod_image).await {
+                Ok(target) => Some(target),
+                Err(e) => {
+                    eprintln!("kubelet-sim conform: {e}");
+                    return ExitCode::from(2);
+                }
+            }
+        }
+    };
     let options = ConformOptions {
         driver,
         csi_driver: args.csidriver,
@@ -119,6 +157,7 @@ pub async fn run(args: ConformArgs) -> ExitCode {
         },
         mounter: args.mounter.layer(),
         interrupts: Some(interrupts.clone()),
+        cluster,
     };
     let report = match conform::run(options, &mut std::io::stdout()).await {
         Ok(report) => report,
@@ -152,4 +191,50 @@ pub async fn run(args: ConformArgs) -> ExitCode {
     } else {
         ExitCode::FAILURE
     }
+}
+
+/// The real node of `--kubeconfig`: `--node`, or the cluster's only node.
+async fn cluster_target(
+    kubeconfig: &std::path::Path,
+    node: Option<String>,
+    kubelet_dir: PathBuf,
+    pod_image: String,
+) -> Result<conform::env::ClusterTarget, String> {
+    let client = kubelet_sim::cluster::connect(kubeconfig)
+        .await
+        .map_err(|e| e.to_string())?;
+    let node = match node {
+        Some(node) => node,
+        None => {
+            let nodes = kube::Api::<k8s_openapi::api::core::v1::Node>::all(client.clone())
+                .list(&Default::default())
+                .await
+                .map_err(|e| format!("listing the cluster's nodes: {e}"))?;
+            let names: Vec<String> = nodes
+                .items
+                .into_iter()
+                .filter_map(|n| n.metadata.name)
+                .collect();
+            match names.as_slice() {
+                [only] => only.clone(),
+                _ => {
+                    return Err(format!(
+                        "the cluster has nodes {names:?}: pick one with --node"
+                    ));
+                }
+            }
+        }
+    };
+    if !kubelet_dir.join("plugins_registry").is_dir() {
+        return Err(format!(
+            "{} has no plugins_registry: give the kubelet's root directory with --kubelet-dir",
+            kubelet_dir.display()
+        ));
+    }
+    Ok(conform::env::ClusterTarget {
+        client,
+        node,
+        kubelet_dir,
+        pod_image,
+    })
 }

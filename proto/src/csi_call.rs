@@ -142,6 +142,32 @@ call_request!(csi::NodeExpandVolumeRequest, "NodeExpandVolume", |r| {
 });
 call_request!(csi::NodeGetCapabilitiesRequest, "NodeGetCapabilities");
 call_request!(csi::NodeGetInfoRequest, "NodeGetInfo");
+call_request!(csi::GetPluginInfoRequest, "GetPluginInfo");
+call_request!(csi::GetPluginCapabilitiesRequest, "GetPluginCapabilities");
+call_request!(csi::ProbeRequest, "Probe");
+call_request!(csi::ListVolumesRequest, "ListVolumes");
+call_request!(csi::GetCapacityRequest, "GetCapacity");
+call_request!(
+    csi::ValidateVolumeCapabilitiesRequest,
+    "ValidateVolumeCapabilities",
+    |r| CallInfo {
+        volume_id: &r.volume_id,
+        volume_context: Some(&r.volume_context),
+        secrets: Some(&r.secrets),
+        capability: r.volume_capabilities.first(),
+        ..Default::default()
+    }
+);
+call_request!(
+    csi::ControllerGetVolumeRequest,
+    "ControllerGetVolume",
+    |r| {
+        CallInfo {
+            volume_id: &r.volume_id,
+            ..Default::default()
+        }
+    }
+);
 call_request!(
     csi::ControllerGetCapabilitiesRequest,
     "ControllerGetCapabilities"

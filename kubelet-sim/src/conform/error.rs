@@ -53,6 +53,9 @@ pub enum ConformError {
         /// The name given with `--driver`.
         expected: String,
     },
+    /// The cluster of `--kubeconfig` could not be used: what the API server or the kubelet said.
+    #[error("the cluster: {0}")]
+    Cluster(String),
     /// The CSIDriver given is not one the API server would take, or not there.
     #[error("{0}")]
     CsiDriver(String),

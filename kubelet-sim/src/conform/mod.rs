@@ -68,6 +68,8 @@ pub struct ConformOptions {
     pub mounter: (Arc<dyn MountLayer>, bool),
     /// SIGINT/SIGTERM: the running check stops and tears down, the rest are not run.
     pub interrupts: Option<Interrupts>,
+    /// `--kubeconfig`: run the checks on this real node (the driver serving on a socket).
+    pub cluster: Option<env::ClusterTarget>,
 }
 
 /// A check's result.
@@ -197,6 +199,7 @@ pub async fn run(
         wait: options.wait,
         images: options.images.clone(),
         mounter: options.mounter.clone(),
+        cluster: options.cluster.clone(),
     });
     output::write_header(table, &info).map_err(ConformError::io("the table"))?;
     let mut results = Vec::new();
@@ -350,7 +353,7 @@ async fn run_check(
             if outcome.is_err() {
                 // The calls that returned, then those still without an answer (a driver that hangs).
                 result.csi_calls = env.calls();
-                result.csi_calls.extend(env.sim.calls.in_flight());
+                result.csi_calls.extend(env.calls_in_flight());
                 // Best effort, and briefly: a driver that failed may never let its pods go.
                 let cleanup =
                     tokio::time::timeout(CLEANUP_WAIT.min(conf.wait), env.nothing_left(&[]));

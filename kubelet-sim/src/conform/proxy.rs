@@ -4,7 +4,9 @@
 //! must answer the repeat as the CSI spec's idempotency section asks: OK, with nothing done twice. It can
 //! also turn an OK into a final error (INTERNAL), as a driver whose republish fails would answer.
 //!
-//! Every other call passes through unchanged. Like the kubelet's `csi_client.go`, the proxy dials the
+//! Every other call passes through unchanged, and each is recorded as it returns (a [`CsiCall`]: secrets
+//! by key only): against a real kubelet (`conform --kubeconfig`) the proxy is the only place that sees
+//! them. Like the kubelet's `csi_client.go`, the proxy dials the
 //! driver's socket for each call, so a restarted driver is reached again with no reconnect logic.
 
 use std::path::{Path, PathBuf};
@@ -16,6 +18,7 @@ use inlet_proto::csi::v1::{
     identity_client::IdentityClient, identity_server::Identity, node_client::NodeClient,
     node_server::Node,
 };
+use inlet_proto::csi_call::{CallRequest, CsiCall};
 use parking_lot::Mutex;
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
@@ -45,19 +48,29 @@ pub struct FaultProxy {
     upstream: PathBuf,
     faults: Arc<Mutex<Vec<Fault>>>,
     injected: Arc<Mutex<Vec<&'static str>>>,
+    /// The driver's name, which each recorded call carries.
+    driver: String,
+    calls: Arc<Mutex<Vec<CsiCall>>>,
     /// Each forwarded call's deadline: the kubelet's, so the proxy never holds a call the kubelet gave up.
     timeout: Duration,
 }
 
 impl FaultProxy {
-    /// A proxy to the driver serving on `upstream`, each call forwarded with `timeout`.
-    pub fn new(upstream: &Path, timeout: Duration) -> Self {
+    /// A proxy to driver `driver` serving on `upstream`, each call forwarded with `timeout`.
+    pub fn new(driver: &str, upstream: &Path, timeout: Duration) -> Self {
         Self {
             upstream: upstream.to_path_buf(),
             faults: Arc::default(),
             injected: Arc::default(),
+            driver: driver.to_string(),
+            calls: Arc::default(),
             timeout,
         }
+    }
+
+    /// Every call that passed through, in the order they returned, with the answer the caller got.
+    pub fn calls(&self) -> Vec<CsiCall> {
+        self.calls.lock().clone()
     }
 
     /// The next `times` successful answers to `method` reach the kubelet as DEADLINE_EXCEEDED.
@@ -97,8 +110,19 @@ impl FaultProxy {
         request
     }
 
-    /// The driver's answer, or the fault's error in its place when one asks for it.
-    fn answer<T>(
+    /// The driver's answer, or the fault's error in its place when one asks for it; recorded.
+    fn answer<R: CallRequest, T>(
+        &self,
+        request: &R,
+        reply: Result<Response<T>, Status>,
+    ) -> Result<Response<T>, Status> {
+        let reply = self.faulted(R::METHOD, reply);
+        let call = CsiCall::of(&self.driver, request, reply.as_ref().err());
+        self.calls.lock().push(call);
+        reply
+    }
+
+    fn faulted<T>(
         &self,
         method: &'static str,
         reply: Result<Response<T>, Status>,
@@ -124,14 +148,17 @@ impl FaultProxy {
 /// Implements a CSI service on [`FaultProxy`] by forwarding each listed RPC to the driver; the RPCs not
 /// listed (snapshots, group controller) answer UNIMPLEMENTED, which no kubelet calls.
 macro_rules! forward {
-    ($service:ident, $client:ident, { $($rpc:ident($request:ty) -> $response:ty = $name:literal;)* }) => {
+    ($service:ident, $client:ident, { $($rpc:ident($request:ty) -> $response:ty;)* }) => {
         #[tonic::async_trait]
         impl $service for FaultProxy {
             $(
                 async fn $rpc(&self, request: Request<$request>) -> Result<Response<$response>, Status> {
-                    let channel = self.dial().await?;
-                    let reply = $client::new(channel).$rpc(self.timed(request.into_inner())).await;
-                    self.answer($name, reply)
+                    let request = request.into_inner();
+                    let reply = match self.dial().await {
+                        Ok(channel) => $client::new(channel).$rpc(self.timed(request.clone())).await,
+                        Err(status) => Err(status),
+                    };
+                    self.answer(&request, reply)
                 }
             )*
         }
@@ -139,31 +166,31 @@ macro_rules! forward {
 }
 
 forward!(Identity, IdentityClient, {
-    get_plugin_info(csi::GetPluginInfoRequest) -> csi::GetPluginInfoResponse = "GetPluginInfo";
-    get_plugin_capabilities(csi::GetPluginCapabilitiesRequest) -> csi::GetPluginCapabilitiesResponse = "GetPluginCapabilities";
-    probe(csi::ProbeRequest) -> csi::ProbeResponse = "Probe";
+    get_plugin_info(csi::GetPluginInfoRequest) -> csi::GetPluginInfoResponse;
+    get_plugin_capabilities(csi::GetPluginCapabilitiesRequest) -> csi::GetPluginCapabilitiesResponse;
+    probe(csi::ProbeRequest) -> csi::ProbeResponse;
 });
 
 forward!(Node, NodeClient, {
-    node_stage_volume(csi::NodeStageVolumeRequest) -> csi::NodeStageVolumeResponse = "NodeStageVolume";
-    node_unstage_volume(csi::NodeUnstageVolumeRequest) -> csi::NodeUnstageVolumeResponse = "NodeUnstageVolume";
-    node_publish_volume(csi::NodePublishVolumeRequest) -> csi::NodePublishVolumeResponse = "NodePublishVolume";
-    node_unpublish_volume(csi::NodeUnpublishVolumeRequest) -> csi::NodeUnpublishVolumeResponse = "NodeUnpublishVolume";
-    node_get_volume_stats(csi::NodeGetVolumeStatsRequest) -> csi::NodeGetVolumeStatsResponse = "NodeGetVolumeStats";
-    node_expand_volume(csi::NodeExpandVolumeRequest) -> csi::NodeExpandVolumeResponse = "NodeExpandVolume";
-    node_get_capabilities(csi::NodeGetCapabilitiesRequest) -> csi::NodeGetCapabilitiesResponse = "NodeGetCapabilities";
-    node_get_info(csi::NodeGetInfoRequest) -> csi::NodeGetInfoResponse = "NodeGetInfo";
+    node_stage_volume(csi::NodeStageVolumeRequest) -> csi::NodeStageVolumeResponse;
+    node_unstage_volume(csi::NodeUnstageVolumeRequest) -> csi::NodeUnstageVolumeResponse;
+    node_publish_volume(csi::NodePublishVolumeRequest) -> csi::NodePublishVolumeResponse;
+    node_unpublish_volume(csi::NodeUnpublishVolumeRequest) -> csi::NodeUnpublishVolumeResponse;
+    node_get_volume_stats(csi::NodeGetVolumeStatsRequest) -> csi::NodeGetVolumeStatsResponse;
+    node_expand_volume(csi::NodeExpandVolumeRequest) -> csi::NodeExpandVolumeResponse;
+    node_get_capabilities(csi::NodeGetCapabilitiesRequest) -> csi::NodeGetCapabilitiesResponse;
+    node_get_info(csi::NodeGetInfoRequest) -> csi::NodeGetInfoResponse;
 });
 
 forward!(Controller, ControllerClient, {
-    create_volume(csi::CreateVolumeRequest) -> csi::CreateVolumeResponse = "CreateVolume";
-    delete_volume(csi::DeleteVolumeRequest) -> csi::DeleteVolumeResponse = "DeleteVolume";
-    controller_publish_volume(csi::ControllerPublishVolumeRequest) -> csi::ControllerPublishVolumeResponse = "ControllerPublishVolume";
-    controller_unpublish_volume(csi::ControllerUnpublishVolumeRequest) -> csi::ControllerUnpublishVolumeResponse = "ControllerUnpublishVolume";
-    validate_volume_capabilities(csi::ValidateVolumeCapabilitiesRequest) -> csi::ValidateVolumeCapabilitiesResponse = "ValidateVolumeCapabilities";
-    list_volumes(csi::ListVolumesRequest) -> csi::ListVolumesResponse = "ListVolumes";
-    get_capacity(csi::GetCapacityRequest) -> csi::GetCapacityResponse = "GetCapacity";
-    controller_get_capabilities(csi::ControllerGetCapabilitiesRequest) -> csi::ControllerGetCapabilitiesResponse = "ControllerGetCapabilities";
-    controller_expand_volume(csi::ControllerExpandVolumeRequest) -> csi::ControllerExpandVolumeResponse = "ControllerExpandVolume";
-    controller_get_volume(csi::ControllerGetVolumeRequest) -> csi::ControllerGetVolumeResponse = "ControllerGetVolume";
+    create_volume(csi::CreateVolumeRequest) -> csi::CreateVolumeResponse;
+    delete_volume(csi::DeleteVolumeRequest) -> csi::DeleteVolumeResponse;
+    controller_publish_volume(csi::ControllerPublishVolumeRequest) -> csi::ControllerPublishVolumeResponse;
+    controller_unpublish_volume(csi::ControllerUnpublishVolumeRequest) -> csi::ControllerUnpublishVolumeResponse;
+    validate_volume_capabilities(csi::ValidateVolumeCapabilitiesRequest) -> csi::ValidateVolumeCapabilitiesResponse;
+    list_volumes(csi::ListVolumesRequest) -> csi::ListVolumesResponse;
+    get_capacity(csi::GetCapacityRequest) -> csi::GetCapacityResponse;
+    controller_get_capabilities(csi::ControllerGetCapabilitiesRequest) -> csi::ControllerGetCapabilitiesResponse;
+    controller_expand_volume(csi::ControllerExpandVolumeRequest) -> csi::ControllerExpandVolumeResponse;
+    controller_get_volume(csi::ControllerGetVolumeRequest) -> csi::ControllerGetVolumeResponse;
 });

@@ -16,7 +16,7 @@ pub(super) fn checks() -> Vec<Check> {
             applies: ephemeral,
             run: |env| {
                 Box::pin(async move {
-                    env.delete_csi_driver();
+                    env.delete_csi_driver().await?;
                     refused(env, "(no CSIDriver object)").await
                 })
             },
@@ -32,7 +32,8 @@ pub(super) fn checks() -> Vec<Check> {
                 Box::pin(async move {
                     env.edit_csi_driver(|spec| {
                         spec.volume_lifecycle_modes = Some(vec!["Persistent".into()])
-                    });
+                    })
+                    .await?;
                     refused(env, "(only supports [\"Persistent\"])").await
                 })
             },

@@ -296,7 +296,7 @@ pub(super) async fn unknown_attribute(env: &mut CheckEnv) -> Outcome {
             .any(|e| e.reason == "FailedMount")
             || env.published("unknown-attribute", "data").is_ok()
     };
-    env.sim.wait_for(env.conf.wait, |_| answered(env)).await;
+    env.until(answered).await;
     let publishes = env.calls_at("NodePublishVolume", "unknown-attribute", "data");
     let first = publishes
         .first()
@@ -337,7 +337,7 @@ pub(super) async fn read_only(env: &mut CheckEnv) -> Outcome {
     if !ro.readonly {
         return Err("the kubelet did not send readonly for csi.readOnly: true".into());
     }
-    if !env.container_mount_read_only("read-only", "/mnt/ro") {
+    if env.container_mount_read_only("read-only", "/mnt/ro") == Some(false) {
         return Err("the container's mount of the read-only volume is not read-only".into());
     }
     let note = match env.conf.mounter.1 && try_write(&env.target("read-only", "ro")).is_ok() {
@@ -356,7 +356,7 @@ pub(super) async fn read_only_mount(env: &mut CheckEnv) -> Outcome {
         ..InlineVolume::named("my-volume-0")
     };
     let publish = one_pod(env, "read-only-mount", volume).await?;
-    if !env.container_mount_read_only("read-only-mount", "/mnt/my-volume-0") {
+    if env.container_mount_read_only("read-only-mount", "/mnt/my-volume-0") == Some(false) {
         return Err("volumeMounts[].readOnly: the container's mount is not read-only".into());
     }
     env.nothing_left(&[publish.volume_id]).await?;
@@ -365,7 +365,8 @@ pub(super) async fn read_only_mount(env: &mut CheckEnv) -> Outcome {
 
 pub(super) async fn read_write(env: &mut CheckEnv) -> Outcome {
     let publish = one_pod(env, "read-write", InlineVolume::named("my-volume-0")).await?;
-    if publish.readonly || env.container_mount_read_only("read-write", "/mnt/my-volume-0") {
+    let container_read_only = env.container_mount_read_only("read-write", "/mnt/my-volume-0");
+    if publish.readonly || container_read_only == Some(true) {
         return Err("a read/write volume was published or mounted read-only".into());
     }
     let note = match env.conf.mounter.1 {

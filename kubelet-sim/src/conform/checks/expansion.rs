@@ -66,7 +66,8 @@ async fn online(env: &mut CheckEnv) -> Outcome {
     }
     env.run_pods(vec![pod]).await?;
     let claim = |env: &CheckEnv| {
-        env.sim
+        env.sim()
+            .ok()?
             .api
             .peek::<PersistentVolumeClaim>(NAMESPACE, "conform-claim")
     };
@@ -81,7 +82,7 @@ async fn online(env: &mut CheckEnv) -> Outcome {
         .and_then(|c| bytes(&c))
         .ok_or("the claim has no capacity")?
         + GROWTH;
-    env.sim
+    env.sim()?
         .api
         .update::<PersistentVolumeClaim>(NAMESPACE, "conform-claim", |c| {
             let resources = c
@@ -115,7 +116,7 @@ async fn online(env: &mut CheckEnv) -> Outcome {
     }
     let calls = env.calls();
     let handle = env
-        .sim
+        .sim()?
         .api
         .peek::<PersistentVolume>("", &pv_name)
         .and_then(|p| Some(p.spec.clone()?.csi?.volume_handle))
@@ -149,10 +150,13 @@ async fn online(env: &mut CheckEnv) -> Outcome {
     };
     env.running("grown").await?;
     env.delete(&["grown"]).await?;
-    env.sim
+    env.sim()?
         .api
         .remove::<PersistentVolumeClaim>(NAMESPACE, "conform-claim");
-    let gone = |env: &CheckEnv| env.sim.api.peek::<PersistentVolume>("", &pv_name).is_none();
+    let gone = |env: &CheckEnv| {
+        env.sim()
+            .is_ok_and(|sim| sim.api.peek::<PersistentVolume>("", &pv_name).is_none())
+    };
     if !env.until(gone).await {
         return Err(format!("the PV {pv_name} was not deleted after its claim"));
     }

@@ -75,7 +75,8 @@ async fn policy(
     fs_type: Option<String>,
     applied: bool,
 ) -> Outcome {
-    env.edit_csi_driver(|spec| spec.fs_group_policy = Some(policy.into()));
+    env.edit_csi_driver(|spec| spec.fs_group_policy = Some(policy.into()))
+        .await?;
     let volume = InlineVolume {
         fs_type,
         ..InlineVolume::named("data")

@@ -54,7 +54,7 @@ async fn lifecycle(env: &mut CheckEnv) -> Outcome {
     for pod in ["first", "second"] {
         let claim_name = format!("{pod}-data");
         let claim = env
-            .sim
+            .sim()?
             .api
             .peek::<PersistentVolumeClaim>(NAMESPACE, &claim_name)
             .ok_or_else(|| format!("no claim {claim_name}"))?;
@@ -78,7 +78,7 @@ async fn lifecycle(env: &mut CheckEnv) -> Outcome {
             return Err(format!("no successful CreateVolume named {pv_name}"));
         }
         let pv = env
-            .sim
+            .sim()?
             .api
             .peek::<PersistentVolume>("", &pv_name)
             .ok_or_else(|| format!("no PV {pv_name}"))?;
@@ -115,13 +115,15 @@ async fn lifecycle(env: &mut CheckEnv) -> Outcome {
     }
     env.delete(&["first", "second"]).await?;
     let gone = |env: &CheckEnv| {
-        env.sim.api.list::<PersistentVolume>().is_empty()
-            && env.sim.api.list::<PersistentVolumeClaim>().is_empty()
+        env.sim().is_ok_and(|sim| {
+            sim.api.list::<PersistentVolume>().is_empty()
+                && sim.api.list::<PersistentVolumeClaim>().is_empty()
+        })
     };
     if !env.until(gone).await {
         return Err(format!(
             "claims or PVs left after the pods: {:?}",
-            env.sim
+            env.sim()?
                 .api
                 .list::<PersistentVolume>()
                 .iter()

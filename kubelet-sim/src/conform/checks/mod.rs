@@ -102,7 +102,19 @@ fn needs_read_write(c: &Conformance, volumes: usize) -> Result<(), String> {
     }
 }
 
+/// The check needs what only the simulation shows or does (`what`): skipped on a real node.
+fn simulated(c: &Conformance, what: &str) -> Result<(), String> {
+    match c.cluster {
+        Some(_) => Err(format!("on a real node: {what}")),
+        None => Ok(()),
+    }
+}
+
 fn persistent(c: &Conformance) -> Result<(), String> {
+    simulated(
+        c,
+        "its claims and PVs need the simulated control plane (provisioner, attacher, resizer)",
+    )?;
     if !c.info.modes().contains("Persistent") {
         return Err("the CSIDriver's volumeLifecycleModes has no Persistent".into());
     }

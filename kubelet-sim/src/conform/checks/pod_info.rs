@@ -60,7 +60,8 @@ const POD_INFO_KEYS: [&str; 5] = [
 ];
 
 async fn disabled(env: &mut CheckEnv) -> Outcome {
-    env.edit_csi_driver(|spec| spec.pod_info_on_mount = Some(false));
+    env.edit_csi_driver(|spec| spec.pod_info_on_mount = Some(false))
+        .await?;
     let publish = one_pod(env, "pod-info-disabled", InlineVolume::named("data")).await?;
     without_pod_info(&publish)?;
     env.nothing_left(&[publish.volume_id]).await?;
@@ -74,7 +75,8 @@ async fn changed_live(env: &mut CheckEnv, first: bool) -> Outcome {
     let mut volume_ids = Vec::new();
     let mut note = String::new();
     for (pod, enabled) in [("before", first), ("after", !first)] {
-        env.edit_csi_driver(|spec| spec.pod_info_on_mount = Some(enabled));
+        env.edit_csi_driver(|spec| spec.pod_info_on_mount = Some(enabled))
+            .await?;
         match start_pod(env, pod, InlineVolume::named("data")).await? {
             Ok(publish) => {
                 match enabled {

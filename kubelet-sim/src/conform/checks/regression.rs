@@ -31,7 +31,7 @@ pub(super) fn checks() -> Vec<Check> {
             source: "kubernetes/kubernetes#127229, #92299 (volumes leaked when pods go while the kubelet is \
                      down or the node reboots); reconstruct.go (reconstructed volumes of pods no longer \
                      wanted are torn down)",
-            applies: ephemeral,
+            applies: |c| ephemeral(c).and(simulated(c, "conform does not stop a real kubelet")),
             run: |env| Box::pin(deleted_while_down(env)),
         },
         Check {
@@ -41,7 +41,7 @@ pub(super) fn checks() -> Vec<Check> {
                       written again, and the pod's deletion unpublishes it",
             source: "kubernetes/kubernetes#120086; reconstruct.go (a volume that cannot be reconstructed \
                      is mounted again while its pod wants it); csi_mounter.go SetUpAt (saveVolumeData)",
-            applies: ephemeral,
+            applies: |c| ephemeral(c).and(simulated(c, "conform does not stop a real kubelet")),
             run: |env| Box::pin(missing_vol_data(env)),
         },
     ]
@@ -99,12 +99,12 @@ async fn deleted_while_down(env: &mut CheckEnv) -> Outcome {
         env.published("gone", "data")?.volume_id,
         env.published("terminating", "data")?.volume_id,
     ];
-    env.stop_kubelet().await;
+    env.stop_kubelet().await?;
     // A force delete (or the pod GC, after a long absence), and a graceful one left to the kubelet.
-    env.sim
+    env.sim()?
         .api
         .remove::<k8s_openapi::api::core::v1::Pod>(NAMESPACE, "gone");
-    env.sim.delete_pod(NAMESPACE, "terminating");
+    env.delete_pod("terminating").await?;
     env.start_kubelet().await?;
     let unpublished = |env: &CheckEnv, pod: &str| {
         env.calls_at("NodeUnpublishVolume", pod, "data")
@@ -129,7 +129,7 @@ async fn missing_vol_data(env: &mut CheckEnv) -> Outcome {
     let publish = one_pod(env, "no-vol-data", InlineVolume::named("data")).await?;
     let target = env.target("no-vol-data", "data");
     let record = target.with_file_name(inlet_volume::csi::vol_data::FILE_NAME);
-    env.stop_kubelet().await;
+    env.stop_kubelet().await?;
     std::fs::remove_file(&record).map_err(|e| format!("removing {}: {e}", record.display()))?;
     env.start_kubelet().await?;
     let published_again = |env: &CheckEnv| {

@@ -26,7 +26,7 @@ pub(super) fn checks() -> Vec<Check> {
 pub(super) async fn republish(env: &mut CheckEnv) -> Outcome {
     let publish = one_pod(env, "republish", InlineVolume::named("data")).await?;
     let again = |env: &CheckEnv| env.calls_at("NodePublishVolume", "republish", "data").len() >= 3;
-    if !env.sim.wait_for(env.conf.wait, |_| again(env)).await {
+    if !env.until(again).await {
         return Err("NodePublishVolume was not called again (requiresRepublish)".into());
     }
     all_ok(env, "NodePublishVolume", "republish", "data")?;

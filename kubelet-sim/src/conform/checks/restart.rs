@@ -12,7 +12,7 @@ pub(super) fn checks() -> Vec<Check> {
             source: "volumemanager/reconciler/reconstruct.go (reconstructed volumes are uncertain and set \
                  up again); csi_plugin.go ConstructVolumeSpec; KEP-596 GA criterion #79980; \
                  kubernetes/kubernetes#75353 (reconstruction)",
-            applies: ephemeral,
+            applies: |c| ephemeral(c).and(simulated(c, "conform does not restart a real kubelet")),
             run: |env| Box::pin(restart::kubelet_restart(env)),
         },
         Check {
@@ -38,19 +38,16 @@ pub(super) async fn kubelet_restart(env: &mut CheckEnv) -> Outcome {
     let publish = one_pod(env, "restart", InlineVolume::named("data")).await?;
     env.restart_kubelet().await?;
     let node = env
-        .sim
+        .sim()?
         .node(crate::conform::env::NODE)
         .ok_or("the node is gone")?;
     // The new kubelet has taken up what the old one left once it has looked at the disk.
-    let taken_up = env
-        .sim
-        .wait_for(env.conf.wait, |_| node.reconstructed())
-        .await;
+    let taken_up = env.until(|_| node.reconstructed()).await;
     if !taken_up {
         return Err("the restarted kubelet did not reconstruct its volumes".into());
     }
     let again = |env: &CheckEnv| env.calls_at("NodePublishVolume", "restart", "data").len() >= 2;
-    if !env.sim.wait_for(env.conf.wait, |_| again(env)).await {
+    if !env.until(again).await {
         return Err("the reconstructed volume was not published again".into());
     }
     env.running("restart").await?;

@@ -63,11 +63,18 @@ pub(super) async fn secrets(env: &mut CheckEnv) -> Outcome {
             without.secret_keys
         ));
     }
-    let read = env.sim.report().secrets_read();
-    if read != BTreeSet::from([format!("{NAMESPACE}/conform-secret")]) {
-        return Err(format!("the kubelet read the Secrets {read:?}"));
-    }
+    // Which Secrets a real kubelet read is the API server's audit log's to say, not conform's.
+    let note = match env.sim() {
+        Ok(sim) => {
+            let read = sim.report().secrets_read();
+            if read != BTreeSet::from([format!("{NAMESPACE}/conform-secret")]) {
+                return Err(format!("the kubelet read the Secrets {read:?}"));
+            }
+            String::new()
+        }
+        Err(_) => "which Secrets the kubelet read is not seen on a real node".into(),
+    };
     env.nothing_left(&[with.volume_id, without.volume_id])
         .await?;
-    Ok(String::new())
+    Ok(note)
 }

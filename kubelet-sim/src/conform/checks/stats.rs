@@ -4,6 +4,10 @@
 
 use super::*;
 
+/// Why the stats checks are the simulation's only: they read what the kubelet's stats provider got, and
+/// a real kubelet polls every minute (`--volume-stats-agg-period`).
+const STATS_PROVIDER: &str = "they read the kubelet's stats provider, polled every minute";
+
 /// The stats/* checks.
 pub(super) fn checks() -> Vec<Check> {
     vec![
@@ -13,7 +17,11 @@ pub(super) fn checks() -> Vec<Check> {
                       its target path, and the driver answers OK with its usage in bytes",
             source: "e2e csimock/csi_node_volume_stats.go \"return normal volume stats\"; \
                      volume_stat_calculator.go; metrics_csi.go GetMetrics",
-            applies: |c| ephemeral(c).and(node_has(c, "GET_VOLUME_STATS")),
+            applies: |c| {
+                ephemeral(c)?;
+                simulated(c, STATS_PROVIDER)?;
+                node_has(c, "GET_VOLUME_STATS")
+            },
             run: |env| Box::pin(volume_stats(env, false)),
         },
         Check {
@@ -25,6 +33,7 @@ pub(super) fn checks() -> Vec<Check> {
                      volume_stat_calculator.go (VolumeConditionAbnormal); KEP-1432 (CSIVolumeHealth, alpha)",
             applies: |c| {
                 ephemeral(c)?;
+                simulated(c, STATS_PROVIDER)?;
                 node_has(c, "GET_VOLUME_STATS")?;
                 node_has(c, "VOLUME_CONDITION")
             },
@@ -44,7 +53,7 @@ async fn volume_stats(env: &mut CheckEnv, condition: bool) -> Outcome {
     let publish = one_pod(env, "stats", InlineVolume::named("data")).await?;
     let uid = env.uid("stats");
     let node = env
-        .sim
+        .sim()?
         .node(crate::conform::env::NODE)
         .ok_or("the node is gone")?;
     let polled = |env: &CheckEnv| {

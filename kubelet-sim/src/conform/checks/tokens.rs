@@ -33,7 +33,8 @@ async fn audiences(env: &mut CheckEnv) -> Outcome {
             },
         ]);
         spec.requires_republish = Some(false);
-    });
+    })
+    .await?;
     let publish = one_pod(env, "tokens", InlineVolume::named("data")).await?;
     let in_secrets = env
         .conf

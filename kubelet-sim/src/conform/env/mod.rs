@@ -1,9 +1,12 @@
-//! One check's environment: a fresh simulation of one node under its own root, the driver under test
-//! behind a [`FaultProxy`], and the steps checks are written in (apply a pod, wait until it runs, delete
-//! it, look for what is left). Each step fails with a message that says what the kubelet saw.
+//! One check's environment: a fresh node, the driver under test behind a [`FaultProxy`], and the steps
+//! checks are written in (apply a pod, wait until it runs, delete it, look for what is left). Each step
+//! fails with a message that says what the kubelet saw.
+//!
+//! The node is a simulation of one node under the check's own root (`sim.rs`), or, with `--kubeconfig`,
+//! a real kubelet's node of a cluster (`cluster.rs`); the steps read both the same way.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,14 +25,21 @@ use super::proxy::{FaultProxy, INJECTED_DEADLINE};
 use super::testdriver::{InlineDefinition, TestDriver};
 use crate::api::manifest::{Manifest, Object};
 use crate::drivers::DriverSource;
-use crate::node::{BackoffPolicy, ContainerTiming};
 use crate::report::EventReport;
-use crate::sim::{SimConfig, SimImages, Simulation};
+use crate::sim::{SimImages, Simulation};
+
+mod cluster;
+mod sim;
+
+use cluster::ClusterNode;
+pub use cluster::ClusterTarget;
 
 /// The node every check runs on.
 pub const NODE: &str = "node-1";
 /// The namespace of every check's pods.
 pub const NAMESPACE: &str = "conform";
+/// Why a step that needs the simulated kubelet cannot run on a real node.
+const ON_A_CLUSTER: &str = "needs the simulated kubelet, not a real node";
 /// A failed attempt counted this many times in one event fails a step at once: the kubelet keeps
 /// retrying, and the driver's answer will not change.
 const FAILED_ATTEMPTS: i32 = 3;
@@ -55,6 +65,8 @@ pub struct Conformance {
     pub images: SimImages,
     /// The mount layer, and whether its mounts are real.
     pub mounter: (Arc<dyn MountLayer>, bool),
+    /// `--kubeconfig`: the checks run on this real node instead of a simulated one.
+    pub cluster: Option<ClusterTarget>,
 }
 
 impl Conformance {
@@ -116,12 +128,19 @@ impl InlineVolume {
     }
 }
 
-/// A running check: its simulation, proxy and driver.
+/// Where a check's node is.
+enum Backend {
+    /// Simulated in-process.
+    Sim(Box<Simulation>),
+    /// A real kubelet's.
+    Cluster(Box<ClusterNode>),
+}
+
+/// A running check: its node, proxy and driver.
 pub struct CheckEnv {
     /// The run's settings.
     pub conf: Arc<Conformance>,
-    /// The simulation.
-    pub sim: Simulation,
+    backend: Backend,
     /// The proxy the kubelet reaches the driver through.
     pub proxy: FaultProxy,
     proxy_stop: tokio::sync::oneshot::Sender<()>,
@@ -134,7 +153,8 @@ pub struct CheckEnv {
 }
 
 impl CheckEnv {
-    /// Starts a node under `<root>/<name>/`, the driver, and the proxy; registers the driver through it.
+    /// Starts a node (under `<root>/<name>/` when simulated), the driver, and the proxy; registers the
+    /// driver through the proxy.
     pub async fn start(conf: Arc<Conformance>, name: &str) -> Result<Self, ConformError> {
         let root = conf.root.join(name.replace('/', "-"));
         // A previous run's state under the same root would make this run see its volumes.
@@ -144,46 +164,22 @@ impl CheckEnv {
                 root.display()
             )));
         }
-        let config = SimConfig {
-            root: root.clone(),
-            nodes: 1,
-            drivers: Vec::new(),
-            cri: None,
-            // stats/volume-condition reads volumes' conditions, as a kubelet with the alpha gate does.
-            gates: [inlet_volume::csi::metrics::CSI_VOLUME_HEALTH.to_string()].into(),
-            allowed_inline_drivers: None,
-            // Fast retries: a check waits on what the kubelet does, not on upstream's back-off.
-            backoff: BackoffPolicy {
-                initial: Duration::from_millis(20),
-                max: Duration::from_millis(500),
-            },
-            volume_wait_timeout: conf.wait,
-            // A CSI call gets no more than a step of the check can wait: a driver that never answers
-            // fails the call (DEADLINE_EXCEEDED, a FailedMount event) within the check's --timeout,
-            // as upstream's 2 min CSI timeout falls within its 2 min 3 s volume wait.
-            csi_timeout: conf.wait * 4 / 5,
-            republish_period: Duration::from_millis(300),
-            // The stats provider polls every volume, as a kubelet's does every minute.
-            volume_stats_agg_period: Duration::from_millis(500),
-            containers: ContainerTiming {
-                relist_period: Duration::from_millis(100),
-                backoff: BackoffPolicy {
-                    initial: Duration::from_millis(200),
-                    max: Duration::from_secs(1),
-                },
-                runtime_request_timeout: Duration::from_secs(10),
-            },
-            mounter: Arc::clone(&conf.mounter.0),
-            images: conf.images.clone(),
-            plugins_registry: None,
-            node_name_prefix: "node".into(),
-            cluster: None,
+        std::fs::create_dir_all(&root).map_err(ConformError::io(root.display()))?;
+        let mut sim = match &conf.cluster {
+            Some(_) => None,
+            None => Some(sim::start(&conf, &root).await?),
         };
-        let csi_timeout = config.csi_timeout;
-        let mut sim = Simulation::start(config).await?;
-        let node_root = root.join(NODE);
-        let (driver_socket, driver) = conf.setup.start(NODE, &node_root, sim.cri_socket()).await?;
-        let proxy = FaultProxy::new(&driver_socket, csi_timeout);
+        let node_root = match &conf.cluster {
+            Some(target) => target.kubelet_dir.clone(),
+            None => root.join(NODE),
+        };
+        // An external driver has its own runtime, if any: only the simulation's is given.
+        let cri = sim.as_ref().map(|s| s.cri_socket().to_path_buf());
+        let (driver_socket, driver) = conf
+            .setup
+            .start(NODE, &node_root, cri.as_deref().unwrap_or(Path::new("")))
+            .await?;
+        let proxy = FaultProxy::new(conf.setup.name(), &driver_socket, sim::csi_timeout(&conf));
         let proxy_socket = root.join("proxy.sock");
         let incoming = inlet_proto::uds::listen(&proxy_socket)
             .await
@@ -202,16 +198,23 @@ impl CheckEnv {
                 tracing::error!("the conform proxy stopped: {e}");
             }
         });
-        let csi_driver = conf.info.csi_driver.clone();
-        sim.apply(vec![Manifest {
-            origin: "conform".into(),
-            object: Object::CsiDriver(Box::new(csi_driver)),
-        }])
-        .await;
-        sim.register(NODE, conf.setup.name(), &proxy_socket).await?;
+        let backend = match (sim.take(), &conf.cluster) {
+            (Some(mut sim), _) => {
+                sim::register(&mut sim, &conf, &proxy_socket).await?;
+                Backend::Sim(Box::new(sim))
+            }
+            (None, target) => {
+                let target = target
+                    .as_ref()
+                    .ok_or_else(|| ConformError::Usage(ON_A_CLUSTER.into()))?;
+                let csi_driver = &conf.info.csi_driver;
+                let node = ClusterNode::start(target, csi_driver, &proxy_socket, conf.wait).await;
+                Backend::Cluster(Box::new(node?))
+            }
+        };
         Ok(Self {
             conf,
-            sim,
+            backend,
             proxy,
             proxy_stop,
             proxy_task,
@@ -222,9 +225,29 @@ impl CheckEnv {
         })
     }
 
+    /// The simulated node's simulation; an error on a real node (checks that need it apply only to the
+    /// simulated node).
+    pub fn sim(&self) -> Result<&Simulation, String> {
+        match &self.backend {
+            Backend::Sim(sim) => Ok(sim),
+            Backend::Cluster(_) => Err(ON_A_CLUSTER.into()),
+        }
+    }
+
+    /// The simulation, to change it.
+    pub fn sim_mut(&mut self) -> Result<&mut Simulation, String> {
+        match &mut self.backend {
+            Backend::Sim(sim) => Ok(sim),
+            Backend::Cluster(_) => Err(ON_A_CLUSTER.into()),
+        }
+    }
+
     /// The node's kubelet root.
     pub fn node_root(&self) -> PathBuf {
-        self.root.join(NODE)
+        match &self.conf.cluster {
+            Some(target) => target.kubelet_dir.clone(),
+            None => self.root.join(NODE),
+        }
     }
 
     /// A pod `name` in the conform namespace whose one container mounts each volume at `/mnt/<volume>`;
@@ -289,26 +312,46 @@ impl CheckEnv {
 
     /// Changes the driver's CSIDriver object in the API, as an administrator would on a live cluster
     /// (the kubelet reads it at each SetUp).
-    pub fn edit_csi_driver(&self, edit: impl FnOnce(&mut CSIDriverSpec)) {
+    pub async fn edit_csi_driver(
+        &self,
+        edit: impl FnOnce(&mut CSIDriverSpec),
+    ) -> Result<(), String> {
         let name = self.conf.setup.name();
-        self.sim
-            .api
-            .update::<CSIDriver>("", name, |d| edit(&mut d.spec));
+        match &self.backend {
+            Backend::Sim(sim) => {
+                sim.api.update::<CSIDriver>("", name, |d| edit(&mut d.spec));
+                Ok(())
+            }
+            Backend::Cluster(node) => node.edit_csi_driver(edit, self.conf.wait).await,
+        }
     }
 
     /// Deletes the driver's CSIDriver object.
-    pub fn delete_csi_driver(&self) {
-        self.sim.api.remove::<CSIDriver>("", self.conf.setup.name());
+    pub async fn delete_csi_driver(&self) -> Result<(), String> {
+        match &self.backend {
+            Backend::Sim(sim) => {
+                sim.api.remove::<CSIDriver>("", self.conf.setup.name());
+                Ok(())
+            }
+            Backend::Cluster(node) => node.delete_csi_driver(self.conf.wait).await,
+        }
     }
 
     /// Waits until `done` holds or the step's wait is over; says which.
     pub async fn until(&self, done: impl Fn(&Self) -> bool) -> bool {
-        self.sim.wait_for(self.conf.wait, |_| done(self)).await
+        cluster::poll(self.conf.wait, || done(self)).await
     }
 
     /// Creates objects (pods after the rest, as `kubelet-sim run` does); a refused one fails the step.
     pub async fn create(&mut self, objects: Vec<Object>) -> Result<(), String> {
-        let refused_before = self.sim.report().rejected.len();
+        let sim = match &mut self.backend {
+            Backend::Sim(sim) => sim,
+            Backend::Cluster(node) => {
+                self.uids.extend(node.create(objects).await?);
+                return Ok(());
+            }
+        };
+        let refused_before = sim.report().rejected.len();
         let manifests = objects
             .into_iter()
             .map(|object| Manifest {
@@ -316,11 +359,11 @@ impl CheckEnv {
                 object,
             })
             .collect();
-        self.sim.apply(manifests).await;
-        if let Some(refused) = self.sim.report().rejected.get(refused_before) {
+        sim.apply(manifests).await;
+        if let Some(refused) = sim.report().rejected.get(refused_before) {
             return Err(format!("refused: {}", refused.message));
         }
-        for pod in self.sim.api.list::<Pod>() {
+        for pod in sim.api.list::<Pod>() {
             self.uids.insert(
                 pod.metadata.name.clone().unwrap_or_default(),
                 pod.metadata.uid.clone().unwrap_or_default(),
@@ -345,38 +388,47 @@ impl CheckEnv {
 
     /// Pod `name`'s phase, if it has one.
     pub fn phase(&self, name: &str) -> Option<String> {
-        let pod = self.sim.api.peek::<Pod>(NAMESPACE, name)?;
-        pod.status.as_ref()?.phase.clone()
+        self.pod_object(name)?.status?.phase
+    }
+
+    /// Pod `name` as the API has it now (None once deleted).
+    fn pod_object(&self, name: &str) -> Option<Pod> {
+        match &self.backend {
+            Backend::Sim(sim) => sim.api.peek::<Pod>(NAMESPACE, name).map(|p| (*p).clone()),
+            Backend::Cluster(node) => node.pod(name),
+        }
     }
 
     /// Waits until pod `name` is Running. Fails on a warning the kubelet repeated (the driver keeps
     /// answering the same), or when the wait is over, with the pod's warnings.
     pub async fn running(&self, name: &str) -> Result<(), String> {
-        let phase = |_: &Simulation| self.phase(name);
-        let done = |sim: &Simulation| {
-            phase(sim).as_deref() == Some("Running")
-                || self
+        let done = |env: &Self| {
+            env.phase(name).as_deref() == Some("Running")
+                || env
                     .warnings(name)
                     .iter()
                     .any(|e| e.count >= FAILED_ATTEMPTS)
         };
-        self.sim.wait_for(self.conf.wait, done).await;
-        if phase(&self.sim).as_deref() == Some("Running") {
+        self.until(done).await;
+        let phase = self.phase(name);
+        if phase.as_deref() == Some("Running") {
             return Ok(());
         }
         Err(format!(
             "pod {name} is not Running (phase {}){}",
-            phase(&self.sim).unwrap_or_else(|| "unknown".into()),
+            phase.unwrap_or_else(|| "unknown".into()),
             self.warnings_text(name)
         ))
     }
 
     /// The Warning events of pod `name`.
     pub fn warnings(&self, name: &str) -> Vec<EventReport> {
-        let uid = self.uids.get(name).cloned().unwrap_or_default();
-        self.sim
-            .api
-            .events_for(&uid)
+        let uid = self.uid(name);
+        let events = match &self.backend {
+            Backend::Sim(sim) => sim.api.events_for(&uid),
+            Backend::Cluster(node) => node.events_for(&uid),
+        };
+        events
             .into_iter()
             .filter(|e| e.type_.as_deref() == Some("Warning"))
             .map(EventReport::from)
@@ -394,23 +446,17 @@ impl CheckEnv {
     /// torn down.
     pub async fn delete(&self, names: &[&str]) -> Result<(), String> {
         for name in names {
-            self.sim.delete_pod(NAMESPACE, name);
+            self.delete_pod(name).await?;
         }
-        let gone = |sim: &Simulation| {
-            names
-                .iter()
-                .all(|n| sim.api.peek::<Pod>(NAMESPACE, n).is_none())
-        };
-        let stuck = |_: &Simulation| names.iter().any(|n| self.teardown_keeps_failing(n));
-        self.sim
-            .wait_for(self.conf.wait, |sim| gone(sim) || stuck(sim))
-            .await;
-        if gone(&self.sim) {
+        let gone = |env: &Self| names.iter().all(|n| env.pod_object(n).is_none());
+        let stuck = |env: &Self| names.iter().any(|n| env.teardown_keeps_failing(n));
+        self.until(|env| gone(env) || stuck(env)).await;
+        if gone(self) {
             return Ok(());
         }
         let left: Vec<String> = names
             .iter()
-            .filter(|n| self.sim.api.peek::<Pod>(NAMESPACE, n).is_some())
+            .filter(|n| self.pod_object(n).is_some())
             .map(|n| format!("{n}{}{}", self.warnings_text(n), self.last_failure(n)))
             .collect();
         let why = if names.iter().any(|n| self.teardown_keeps_failing(n)) {
@@ -419,6 +465,17 @@ impl CheckEnv {
             format!("not torn down within {:?}", self.conf.wait)
         };
         Err(format!("{why}: {}", left.join(", ")))
+    }
+
+    /// Asks for pod `name`'s deletion.
+    pub async fn delete_pod(&self, name: &str) -> Result<(), String> {
+        match &self.backend {
+            Backend::Sim(sim) => {
+                sim.delete_pod(NAMESPACE, name);
+                Ok(())
+            }
+            Backend::Cluster(node) => node.delete_pod(name).await,
+        }
     }
 
     /// Whether the driver answered the last few NodeUnpublishVolume calls for pod `name` with an error
@@ -449,18 +506,17 @@ impl CheckEnv {
             .unwrap_or_default()
     }
 
-    /// Whether the runtime mounts `container_path` read-only in pod `name`'s container (the CRI mount).
-    pub fn container_mount_read_only(&self, name: &str, container_path: &str) -> bool {
-        let runtime = self
-            .sim
-            .node(NODE)
-            .and_then(|n| n.pod_runtime(&self.uid(name)));
-        runtime.is_some_and(|r| {
+    /// Whether the runtime mounts `container_path` read-only in pod `name`'s container (the CRI mount);
+    /// None where conform cannot see the runtime's mounts (a real node).
+    pub fn container_mount_read_only(&self, name: &str, container_path: &str) -> Option<bool> {
+        let sim = self.sim().ok()?;
+        let runtime = sim.node(NODE).and_then(|n| n.pod_runtime(&self.uid(name)));
+        Some(runtime.is_some_and(|r| {
             r.containers
                 .iter()
                 .flat_map(|c| &c.mounts)
                 .any(|m| m.container_path == container_path && m.readonly)
-        })
+        }))
     }
 
     /// The pod's UID.
@@ -476,9 +532,21 @@ impl CheckEnv {
         ))
     }
 
-    /// Every CSI call the kubelet made so far.
+    /// Every CSI call the kubelet made so far: as the simulated kubelet saw them, or as the proxy
+    /// passed them on to a real kubelet.
     pub fn calls(&self) -> Vec<CsiCall> {
-        self.sim.calls.calls()
+        match &self.backend {
+            Backend::Sim(sim) => sim.calls.calls(),
+            Backend::Cluster(_) => self.proxy.calls(),
+        }
+    }
+
+    /// The calls still without an answer (a driver that hangs), where the kubelet's side is seen.
+    pub fn calls_in_flight(&self) -> Vec<CsiCall> {
+        match &self.backend {
+            Backend::Sim(sim) => sim.calls.in_flight(),
+            Backend::Cluster(_) => Vec::new(),
+        }
     }
 
     /// The calls of `method` at the target of one pod volume.
@@ -502,7 +570,18 @@ impl CheckEnv {
     /// (the kubelet's view), or, where the driver can be asked, a volume the driver still holds after its
     /// last unpublish (`volume_ids`).
     pub async fn nothing_left(&self, volume_ids: &[String]) -> Result<(), String> {
-        let teardown = self.sim.teardown(self.conf.wait).await;
+        let sim = match &self.backend {
+            Backend::Sim(sim) => sim,
+            Backend::Cluster(node) => {
+                let mut left = self.cluster_leftovers(node).await;
+                left.extend(self.driver_holds(volume_ids).await?);
+                return match left.is_empty() {
+                    true => Ok(()),
+                    false => Err(format!("left behind: {}", left.join(", "))),
+                };
+            }
+        };
+        let teardown = sim.teardown(self.conf.wait).await;
         let mut left: Vec<String> = Vec::new();
         if !teardown.complete {
             left.push("the pods were not all torn down".into());
@@ -531,6 +610,30 @@ impl CheckEnv {
         } else {
             Err(format!("left behind: {}", left.join(", ")))
         }
+    }
+
+    /// Deletes every pod of the namespace on the real node and says what is left: pods the kubelet did not
+    /// let go, and the pod dirs and mounts of this check's pods.
+    async fn cluster_leftovers(&self, node: &ClusterNode) -> Vec<String> {
+        for name in node.pod_names() {
+            if let Err(e) = node.delete_pod(&name).await {
+                return vec![e];
+            }
+        }
+        let kubelet_dir = self.node_root();
+        let mounter = &*self.conf.mounter.0;
+        let clean = |_: &Self| {
+            node.pod_names().is_empty()
+                && cluster::left_in(&kubelet_dir, &self.uids, mounter).is_empty()
+        };
+        self.until(clean).await;
+        let mut left: Vec<String> = node
+            .pod_names()
+            .into_iter()
+            .map(|n| format!("pod {n} (not torn down)"))
+            .collect();
+        left.extend(cluster::left_in(&kubelet_dir, &self.uids, mounter));
+        left
     }
 
     /// Whether [`Self::nothing_left`] can see the driver's own volumes: an in-process driver's state, or
@@ -606,23 +709,29 @@ impl CheckEnv {
 
     /// Stops the node's kubelet and starts a new one on the same root (reconstruction).
     pub async fn restart_kubelet(&mut self) -> Result<(), String> {
-        self.stop_kubelet().await;
+        self.stop_kubelet().await?;
         self.start_kubelet().await
     }
 
     /// Stops the node's kubelet; its mounts, the driver and the pods' sandboxes stay.
-    pub async fn stop_kubelet(&mut self) {
-        self.sim.stop_node(NODE).await;
+    pub async fn stop_kubelet(&mut self) -> Result<(), String> {
+        self.sim_mut()?.stop_node(NODE).await;
+        Ok(())
     }
 
     /// Starts a new kubelet on the node's root, which reconstructs what the last one left.
     pub async fn start_kubelet(&mut self) -> Result<(), String> {
-        self.sim.start_node(NODE).await.map_err(|e| e.to_string())
+        let sim = self.sim_mut()?;
+        sim.start_node(NODE).await.map_err(|e| e.to_string())
     }
 
     /// Stops the driver and starts it again on the same state, its socket served again.
     pub async fn restart_driver(&mut self) -> Result<(), String> {
-        let (cri, node_root) = (self.sim.cri_socket().to_path_buf(), self.node_root());
+        let cri = match &self.backend {
+            Backend::Sim(sim) => sim.cri_socket().to_path_buf(),
+            Backend::Cluster(_) => PathBuf::new(),
+        };
+        let node_root = self.node_root();
         self.conf
             .setup
             .restart(&mut self.driver, NODE, &node_root, &cri)
@@ -632,7 +741,10 @@ impl CheckEnv {
 
     /// Stops everything; the check's root is removed when nothing is mounted below it.
     pub async fn finish(self) {
-        self.sim.shutdown().await;
+        match self.backend {
+            Backend::Sim(sim) => sim.shutdown().await,
+            Backend::Cluster(node) => node.finish().await,
+        }
         let _ = self.proxy_stop.send(());
         // The proxy stops gracefully, after its calls in flight: bounded, as a hung driver's call is.
         let mut proxy_task = self.proxy_task;
