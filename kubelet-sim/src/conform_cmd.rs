@@ -50,9 +50,10 @@ pub struct ConformArgs {
     /// Probe. Without it, that check is skipped for an external driver.
     #[arg(long, value_name = "COMMAND")]
     restart_command: Option<String>,
-    /// How long one step of a check waits for the kubelet or the driver.
-    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
-    timeout: Duration,
+    /// How long one step of a check waits for the kubelet or the driver [default: 30s; with
+    /// --kubeconfig 5m, e2e's PodStart and PodDelete timeouts].
+    #[arg(long, value_parser = humantime::parse_duration)]
+    timeout: Option<Duration>,
     /// Images for the in-process runtime from an OCI layout, REPOSITORY=DIR (for an image driver).
     /// Repeatable.
     #[arg(long = "image-layout", value_parser = cri_fake::images::parse_layout_flag)]
@@ -74,8 +75,8 @@ pub struct ConformArgs {
     /// With --kubeconfig: that kubelet's root directory (its --root-dir).
     #[arg(long, requires = "kubeconfig", default_value = "/var/lib/kubelet")]
     kubelet_dir: PathBuf,
-    /// With --kubeconfig: the image of the checks' pods, which must have `sleep` (the node must have it
-    /// or be able to pull it).
+    /// With --kubeconfig: the image of the checks' pods, which must have `sh` and `sleep` (the node must
+    /// have it or be able to pull it).
     #[arg(
         long,
         requires = "kubeconfig",
@@ -150,7 +151,12 @@ pub async fn run(args: ConformArgs) -> ExitCode {
         root: args.root,
         attributes: args.attributes.into_iter().collect::<BTreeMap<_, _>>(),
         restart_command: args.restart_command,
-        wait: args.timeout,
+        wait: args.timeout.unwrap_or(match cluster {
+            // test/e2e/framework/timeouts.go: defaultTimeouts' PodStart and PodDelete are 5 minutes; a
+            // real kubelet takes tens of seconds to tear ten pods down (its status sync runs every 10s).
+            Some(_) => Duration::from_secs(300),
+            None => Duration::from_secs(30),
+        }),
         images: SimImages {
             layouts: args.image_layouts,
             ..Default::default()
@@ -203,28 +209,37 @@ async fn cluster_target(
     let client = kubelet_sim::cluster::connect(kubeconfig)
         .await
         .map_err(|e| e.to_string())?;
+    let nodes = kube::Api::<k8s_openapi::api::core::v1::Node>::all(client.clone());
     let node = match node {
-        Some(node) => node,
+        Some(name) => nodes
+            .get_opt(&name)
+            .await
+            .map_err(|e| format!("reading node {name}: {e}"))?
+            .ok_or_else(|| format!("the cluster has no node {name}"))?,
         None => {
-            let nodes = kube::Api::<k8s_openapi::api::core::v1::Node>::all(client.clone())
+            let mut listed = nodes
                 .list(&Default::default())
                 .await
-                .map_err(|e| format!("listing the cluster's nodes: {e}"))?;
-            let names: Vec<String> = nodes
-                .items
-                .into_iter()
-                .filter_map(|n| n.metadata.name)
-                .collect();
-            match names.as_slice() {
-                [only] => only.clone(),
-                _ => {
-                    return Err(format!(
-                        "the cluster has nodes {names:?}: pick one with --node"
-                    ));
-                }
+                .map_err(|e| format!("listing the cluster's nodes: {e}"))?
+                .items;
+            if listed.len() != 1 {
+                let names: Vec<_> = listed
+                    .iter()
+                    .filter_map(|n| n.metadata.name.clone())
+                    .collect();
+                return Err(format!(
+                    "the cluster has nodes {names:?}: pick one with --node"
+                ));
             }
+            listed.remove(0)
         }
     };
+    let kubelet_version = node
+        .status
+        .and_then(|s| s.node_info)
+        .map(|i| i.kubelet_version)
+        .unwrap_or_default();
+    let node = node.metadata.name.unwrap_or_default();
     if !kubelet_dir.join("plugins_registry").is_dir() {
         return Err(format!(
             "{} has no plugins_registry: give the kubelet's root directory with --kubelet-dir",
@@ -234,6 +249,7 @@ async fn cluster_target(
     Ok(conform::env::ClusterTarget {
         client,
         node,
+        kubelet_version,
         kubelet_dir,
         pod_image,
     })

@@ -98,6 +98,7 @@ pub(super) fn checks() -> Vec<Check> {
                  (NodeSupportsVolumeMountGroup)",
             applies: |c| {
                 ephemeral(c)?;
+                kubelet_has(c, 23, "DelegateFSGroupToCSIDriver (VOLUME_MOUNT_GROUP)")?;
                 if c.info.node_has("VOLUME_MOUNT_GROUP") {
                     Ok(())
                 } else {

@@ -33,7 +33,7 @@ use inlet_proto::csi_call::{CsiCall, TOKENS_KEY};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use serde_json::json;
 
-use super::env::{CheckEnv, Conformance, InlineVolume, NAMESPACE};
+use super::env::{CheckEnv, Conformance, InlineVolume, NAMESPACE, OTHER_NAMESPACE};
 use super::proxy::INJECTED_DEADLINE;
 use crate::api::manifest::Object;
 
@@ -108,6 +108,27 @@ fn simulated(c: &Conformance, what: &str) -> Result<(), String> {
         Some(_) => Err(format!("on a real node: {what}")),
         None => Ok(()),
     }
+}
+
+/// On a real node, whether its kubelet has `feature`, on by default from 1.`minor` (a kubelet that
+/// predates that does not do what the check looks at, whatever the driver does).
+fn kubelet_has(c: &Conformance, minor: u32, feature: &str) -> Result<(), String> {
+    match &c.cluster {
+        Some(node) if node.kubelet_minor().is_some_and(|m| m < minor) => Err(format!(
+            "the node's kubelet {} predates {feature} (on by default from 1.{minor})",
+            node.kubelet_version
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// CSIServiceAccountToken (KEP-1855): tokenRequests and requiresRepublish, beta in 1.21.
+fn service_account_tokens(c: &Conformance) -> Result<(), String> {
+    kubelet_has(
+        c,
+        21,
+        "CSIServiceAccountToken (tokenRequests, requiresRepublish)",
+    )
 }
 
 fn persistent(c: &Conformance) -> Result<(), String> {

@@ -17,6 +17,7 @@ pub(super) fn checks() -> Vec<Check> {
                      skips removeMountDir on a remount); csi_client.go isFinalError",
             applies: |c| {
                 ephemeral(c)?;
+                service_account_tokens(c)?;
                 match c.info.csi_driver.spec.requires_republish {
                     Some(true) => Ok(()),
                     _ => Err("the CSIDriver does not set requiresRepublish".into()),

@@ -13,6 +13,7 @@ pub(super) fn checks() -> Vec<Check> {
                  (csi.storage.k8s.io/serviceAccount.tokens)",
         applies: |c| {
             ephemeral(c)?;
+            service_account_tokens(c)?;
             if c.info.csi_driver.spec.requires_republish == Some(true) {
                 Ok(())
             } else {

@@ -27,7 +27,7 @@ pub(super) async fn secrets(env: &mut CheckEnv) -> Outcome {
             SECRET_VALUES[0],
         ))),
         Object::Secret(Box::new(CheckEnv::secret(
-            "other",
+            OTHER_NAMESPACE,
             "conform-secret",
             "other-key",
             SECRET_VALUES[1],

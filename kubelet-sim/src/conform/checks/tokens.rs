@@ -12,7 +12,7 @@ pub(super) fn checks() -> Vec<Check> {
                   audience, and runs the pod",
         source: "e2e csimock/csi_service_account_token.go; storage/v1 CSIDriverSpec tokenRequests; \
                  csi_mounter.go SetUpAt (podServiceAccountTokenAttrs)",
-        applies: ephemeral,
+        applies: |c| ephemeral(c).and(service_account_tokens(c)),
         run: |env| Box::pin(audiences(env)),
     }]
 }

@@ -30,10 +30,20 @@ pub struct ClusterTarget {
     pub client: kube::Client,
     /// The node the pods are bound to (`--node`).
     pub node: String,
+    /// Its kubelet's version as the node reports it (`v1.20.2`): what the kubelet does by default.
+    pub kubelet_version: String,
     /// The kubelet's root directory on this host (`--kubelet-dir`).
     pub kubelet_dir: PathBuf,
-    /// The image of the checks' pods (`--pod-image`): it must run `sleep`.
+    /// The image of the checks' pods (`--pod-image`): it must have `sh` and `sleep`.
     pub pod_image: String,
+}
+
+impl ClusterTarget {
+    /// The kubelet's minor version (20 for `v1.20.2`), when the node reports one.
+    pub fn kubelet_minor(&self) -> Option<u32> {
+        let version = self.kubelet_version.strip_prefix('v')?;
+        version.split('.').nth(1)?.parse().ok()
+    }
 }
 
 /// One check's view of the real node.
@@ -51,7 +61,7 @@ pub(super) struct ClusterNode {
         tokio::task::JoinHandle<()>,
     )>,
     /// The Secrets this check created, deleted when it finishes.
-    secrets: Vec<String>,
+    secrets: Vec<(String, String)>,
 }
 
 fn failed(what: &str) -> impl Fn(kube::Error) -> String + '_ {
@@ -163,11 +173,16 @@ impl ClusterNode {
             match object {
                 Object::Secret(secret) => {
                     let name = secret.metadata.name.clone().unwrap_or_default();
-                    kube::Api::<Secret>::namespaced(self.client.clone(), NAMESPACE)
+                    let namespace = secret.metadata.namespace.clone();
+                    let namespace = namespace.unwrap_or_else(|| NAMESPACE.into());
+                    if namespace != NAMESPACE {
+                        create_namespace(&self.client, &namespace).await?;
+                    }
+                    kube::Api::<Secret>::namespaced(self.client.clone(), &namespace)
                         .create(&PostParams::default(), &secret)
                         .await
                         .map_err(refused)?;
-                    self.secrets.push(name);
+                    self.secrets.push((namespace, name));
                 }
                 Object::Pod(pod) => {
                     let pod = self.on_node(*pod);
@@ -190,13 +205,22 @@ impl ClusterNode {
         Ok(created)
     }
 
-    /// A check's pod as the node runs it: bound to it (no scheduler needed), the run's image, and a short
-    /// grace period (the image's `sleep` ignores SIGTERM).
+    /// A check's pod as the node runs it: bound to it (no scheduler needed), the run's image, a short
+    /// grace period, and nothing the check does not look at that
+    /// could warn (no service account token volume; the node's DNS, which needs no cluster DNS).
     fn on_node(&self, mut pod: Pod) -> Pod {
         if let Some(spec) = pod.spec.as_mut() {
             spec.node_name = Some(self.node.clone());
             spec.termination_grace_period_seconds = Some(1);
+            spec.automount_service_account_token = Some(false);
+            spec.dns_policy = Some("Default".into());
             for container in &mut spec.containers {
+                // `sleep` as PID 1 ignores SIGTERM: a shell that exits on it ends the pod at once.
+                container.command = Some(
+                    ["sh", "-c", "trap 'exit 0' TERM; sleep 3600 & wait"]
+                        .map(String::from)
+                        .to_vec(),
+                );
                 container.image = Some(self.pod_image.clone());
                 container.image_pull_policy = Some("IfNotPresent".into());
             }
@@ -298,10 +322,10 @@ impl ClusterNode {
             let _ = stop.send(());
             let _ = task.await;
         }
-        let secrets = kube::Api::<Secret>::namespaced(self.client.clone(), NAMESPACE);
-        for name in &self.secrets {
+        for (namespace, name) in &self.secrets {
+            let secrets = kube::Api::<Secret>::namespaced(self.client.clone(), namespace);
             if let Err(e) = secrets.delete(name, &DeleteParams::default()).await {
-                tracing::warn!("deleting secret {name}: {e}");
+                tracing::warn!("deleting secret {namespace}/{name}: {e}");
             }
         }
     }
@@ -351,16 +375,25 @@ where
     (store, task)
 }
 
-/// Makes the conform namespace when it is missing, and waits for its default ServiceAccount (the
-/// ServiceAccount admission plugin refuses pods until the controller made it).
-async fn ensure_namespace(client: &kube::Client, wait: Duration) -> Result<(), String> {
-    let namespace: Namespace =
-        serde_json::from_value(serde_json::json!({"metadata": {"name": NAMESPACE}}))
-            .unwrap_or_default();
+/// Makes namespace `name` unless it exists.
+async fn create_namespace(client: &kube::Client, name: &str) -> Result<(), String> {
+    let namespace = Namespace {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
     let created = kube::Api::<Namespace>::all(client.clone())
         .create(&PostParams::default(), &namespace)
         .await;
-    unless(created, 409).map_err(|e| format!("creating namespace {NAMESPACE}: {e}"))?;
+    unless(created, 409).map_err(|e| format!("creating namespace {name}: {e}"))
+}
+
+/// Makes the conform namespace when it is missing, and waits for its default ServiceAccount (the
+/// ServiceAccount admission plugin refuses pods until the controller made it).
+async fn ensure_namespace(client: &kube::Client, wait: Duration) -> Result<(), String> {
+    create_namespace(client, NAMESPACE).await?;
     let accounts = kube::Api::<ServiceAccount>::namespaced(client.clone(), NAMESPACE);
     let deadline = tokio::time::Instant::now() + wait;
     loop {

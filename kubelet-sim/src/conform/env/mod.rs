@@ -8,36 +8,35 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
-use inlet_host::mount::MountLayer;
-use inlet_proto::csi::v1::{
-    self as csi, controller_client::ControllerClient, node_client::NodeClient,
-};
+use inlet_proto::csi::v1::{controller_client::ControllerClient, node_client::NodeClient};
 use inlet_proto::csi_call::CsiCall;
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use k8s_openapi::api::storage::v1::{CSIDriver, CSIDriverSpec};
 use serde_json::json;
 
 use super::ConformError;
-use super::driver::{DriverInfo, DriverRun, DriverSetup};
+use super::driver::DriverRun;
 use super::proxy::{FaultProxy, INJECTED_DEADLINE};
-use super::testdriver::{InlineDefinition, TestDriver};
 use crate::api::manifest::{Manifest, Object};
-use crate::drivers::DriverSource;
 use crate::report::EventReport;
-use crate::sim::{SimImages, Simulation};
+use crate::sim::Simulation;
 
 mod cluster;
+mod leftovers;
+mod settings;
 mod sim;
 
 use cluster::ClusterNode;
 pub use cluster::ClusterTarget;
+pub use settings::{Conformance, InlineVolume, inline_volumes};
 
 /// The node every check runs on.
 pub const NODE: &str = "node-1";
 /// The namespace of every check's pods.
 pub const NAMESPACE: &str = "conform";
+/// Where the secrets check puts a Secret of the same name that no pod of [`NAMESPACE`] may get.
+pub const OTHER_NAMESPACE: &str = "conform-other";
 /// Why a step that needs the simulated kubelet cannot run on a real node.
 const ON_A_CLUSTER: &str = "needs the simulated kubelet, not a real node";
 /// A failed attempt counted this many times in one event fails a step at once: the kubelet keeps
@@ -46,87 +45,6 @@ const FAILED_ATTEMPTS: i32 = 3;
 /// As many failed NodeUnpublishVolume calls in a row fail a deletion at once (they are retried with a
 /// longer back-off, and make no event).
 const TEARDOWN_FAILURES: usize = 2;
-
-/// What every check of a run shares.
-pub struct Conformance {
-    /// The driver and how to (re)start it.
-    pub setup: DriverSetup,
-    /// What the driver says of itself, and its CSIDriver.
-    pub info: DriverInfo,
-    /// Each check runs under `<root>/<check>/`.
-    pub root: PathBuf,
-    /// `--testdriver`'s definition.
-    pub testdriver: Option<TestDriver>,
-    /// The inline volume definitions a pod's volumes cycle through (see [`Conformance::inline`]).
-    pub inline_volumes: Vec<InlineDefinition>,
-    /// How long one step waits.
-    pub wait: Duration,
-    /// Images for the in-process runtime.
-    pub images: SimImages,
-    /// The mount layer, and whether its mounts are real.
-    pub mounter: (Arc<dyn MountLayer>, bool),
-    /// `--kubeconfig`: the checks run on this real node instead of a simulated one.
-    pub cluster: Option<ClusterTarget>,
-}
-
-impl Conformance {
-    /// A pod's inline volume number `i`: `InlineVolumes[i % len]` of the test driver file, as e2e's
-    /// `GetVolume` picks it, with the `--volume-attribute`s.
-    pub fn inline(&self, i: usize) -> &InlineDefinition {
-        &self.inline_volumes[i % self.inline_volumes.len()]
-    }
-
-    /// Whether the test driver file declares capability `name`.
-    pub fn declares(&self, name: &str) -> bool {
-        self.testdriver.as_ref().is_some_and(|t| t.has(name))
-    }
-}
-
-/// The inline volume definitions: the test driver file's (none when it lists none), or one with the
-/// `--volume-attribute`s; the flags' attributes are added to each.
-pub fn inline_volumes(
-    testdriver: Option<&TestDriver>,
-    attributes: &BTreeMap<String, String>,
-) -> Vec<InlineDefinition> {
-    let listed = match testdriver {
-        Some(t) => t.inline_volumes.clone(),
-        None => vec![InlineDefinition::default()],
-    };
-    listed
-        .into_iter()
-        .map(|mut definition| {
-            definition.attributes.extend(attributes.clone());
-            definition
-        })
-        .collect()
-}
-
-/// An inline CSI volume of a check's pod.
-#[derive(Debug, Clone, Default)]
-pub struct InlineVolume {
-    /// The pod volume's name.
-    pub name: String,
-    /// Attributes beyond the run's `--volume-attribute`s.
-    pub extra_attributes: BTreeMap<String, String>,
-    /// `csi.readOnly`.
-    pub read_only: bool,
-    /// `volumeMounts[].readOnly` (also set for a definition the driver mounts read-only only).
-    pub mount_read_only: bool,
-    /// `csi.nodePublishSecretRef.name`.
-    pub secret: Option<String>,
-    /// `csi.fsType`.
-    pub fs_type: Option<String>,
-}
-
-impl InlineVolume {
-    /// A volume named `name` with the run's attributes.
-    pub fn named(name: &str) -> Self {
-        Self {
-            name: name.to_string(),
-            ..Default::default()
-        }
-    }
-}
 
 /// Where a check's node is.
 enum Backend {
@@ -566,83 +484,6 @@ impl CheckEnv {
             .ok_or_else(|| format!("no successful NodePublishVolume for {pod}/{volume}"))
     }
 
-    /// Deletes every pod left and fails if anything is: a mount or a pod directory under the node's root
-    /// (the kubelet's view), or, where the driver can be asked, a volume the driver still holds after its
-    /// last unpublish (`volume_ids`).
-    pub async fn nothing_left(&self, volume_ids: &[String]) -> Result<(), String> {
-        let sim = match &self.backend {
-            Backend::Sim(sim) => sim,
-            Backend::Cluster(node) => {
-                let mut left = self.cluster_leftovers(node).await;
-                left.extend(self.driver_holds(volume_ids).await?);
-                return match left.is_empty() {
-                    true => Ok(()),
-                    false => Err(format!("left behind: {}", left.join(", "))),
-                };
-            }
-        };
-        let teardown = sim.teardown(self.conf.wait).await;
-        let mut left: Vec<String> = Vec::new();
-        if !teardown.complete {
-            left.push("the pods were not all torn down".into());
-        }
-        left.extend(
-            teardown
-                .leftover_mounts
-                .iter()
-                .map(|m| format!("mount {m}")),
-        );
-        left.extend(
-            teardown
-                .leftover_pod_dirs
-                .iter()
-                .map(|d| format!("pod dir {d}")),
-        );
-        left.extend(
-            teardown
-                .leftover_attachments
-                .iter()
-                .map(|a| format!("VolumeAttachment {a}")),
-        );
-        left.extend(self.driver_holds(volume_ids).await?);
-        if left.is_empty() {
-            Ok(())
-        } else {
-            Err(format!("left behind: {}", left.join(", ")))
-        }
-    }
-
-    /// Deletes every pod of the namespace on the real node and says what is left: pods the kubelet did not
-    /// let go, and the pod dirs and mounts of this check's pods.
-    async fn cluster_leftovers(&self, node: &ClusterNode) -> Vec<String> {
-        for name in node.pod_names() {
-            if let Err(e) = node.delete_pod(&name).await {
-                return vec![e];
-            }
-        }
-        let kubelet_dir = self.node_root();
-        let mounter = &*self.conf.mounter.0;
-        let clean = |_: &Self| {
-            node.pod_names().is_empty()
-                && cluster::left_in(&kubelet_dir, &self.uids, mounter).is_empty()
-        };
-        self.until(clean).await;
-        let mut left: Vec<String> = node
-            .pod_names()
-            .into_iter()
-            .map(|n| format!("pod {n} (not torn down)"))
-            .collect();
-        left.extend(cluster::left_in(&kubelet_dir, &self.uids, mounter));
-        left
-    }
-
-    /// Whether [`Self::nothing_left`] can see the driver's own volumes: an in-process driver's state, or
-    /// an external driver's ListVolumes.
-    pub fn can_see_driver_volumes(&self) -> bool {
-        matches!(self.driver, DriverRun::InProcess(_))
-            || self.conf.info.controller_has("LIST_VOLUMES")
-    }
-
     /// A Controller client straight to the driver (for what an administrator or provisioner does, such as
     /// creating the volume a PV names).
     pub async fn controller(&self) -> Result<ControllerClient<tonic::transport::Channel>, String> {
@@ -658,53 +499,6 @@ impl CheckEnv {
         inlet_proto::uds::connect(&self.driver_socket)
             .await
             .map_err(|e| format!("the driver's socket: {e}"))
-    }
-
-    /// What the driver still holds of `volume_ids`: files named after them in an in-process driver's
-    /// state (and an image driver's volume state), or volumes an external driver lists (LIST_VOLUMES).
-    async fn driver_holds(&self, volume_ids: &[String]) -> Result<Vec<String>, String> {
-        let mut held = Vec::new();
-        match &self.driver {
-            DriverRun::InProcess(_) => {
-                let state = self
-                    .node_root()
-                    .join("plugins")
-                    .join(self.conf.setup.name())
-                    .join("state");
-                for entry in walkdir::WalkDir::new(&state).into_iter().flatten() {
-                    let name = entry.file_name().to_string_lossy();
-                    if volume_ids.iter().any(|id| name.contains(id.as_str())) {
-                        held.push(format!("driver state {}", entry.path().display()));
-                    }
-                }
-                if self.conf.setup.arg.source == DriverSource::Image {
-                    held.extend(
-                        inlet_image::leftovers(&state)
-                            .into_iter()
-                            .map(|p| format!("image volume state {}", p.display())),
-                    );
-                }
-            }
-            DriverRun::External if self.conf.info.controller_has("LIST_VOLUMES") => {
-                let listed = self
-                    .controller()
-                    .await?
-                    .list_volumes(csi::ListVolumesRequest::default())
-                    .await
-                    .map_err(|s| format!("ListVolumes: {}", s.message()))?
-                    .into_inner();
-                held.extend(
-                    listed
-                        .entries
-                        .into_iter()
-                        .filter_map(|e| e.volume.map(|v| v.volume_id))
-                        .filter(|id| volume_ids.contains(id))
-                        .map(|id| format!("volume {id} (still in ListVolumes)")),
-                );
-            }
-            DriverRun::External => {}
-        }
-        Ok(held)
     }
 
     /// Stops the node's kubelet and starts a new one on the same root (reconstruction).
