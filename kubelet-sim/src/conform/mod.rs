@@ -3,14 +3,17 @@
 //! csi-sanity checks a driver's answers one gRPC call at a time; conform runs the driver through what a
 //! kubelet does with inline volumes (pod info, the ephemeral flag, retries after a deadline, republish,
 //! a kubelet restart, a driver restart, many pods at once, staging for PVs, secrets), as pods on a
-//! simulated node, over real sockets (real mounts as root). Laid out as:
+//! simulated node, over real sockets (real mounts as root), or (`--kubeconfig`) on a real cluster's node.
+//! Laid out as:
 //!
 //! ```text
 //! driver.rs   the driver under test: identity, capabilities, its CSIDriver (given or suggested); where it
 //!             runs (in-process, or on a socket) and how it restarts
 //! testdriver.rs  --testdriver: e2e's external driver definition (capabilities, InlineVolumes)
-//! proxy.rs    FaultProxy: between the kubelet and the driver, turns chosen OK answers into deadlines
-//! env.rs      CheckEnv: one check's fresh node, driver and proxy, and the steps checks are written in
+//! proxy.rs    FaultProxy: between the kubelet and the driver, records every call and turns chosen OK
+//!             answers into deadlines
+//! env/        CheckEnv: one check's node, driver and proxy, and the steps checks are written in; the node
+//!             a fresh simulation (sim.rs) or a real cluster's (cluster.rs); leftovers.rs what is left
 //! checks/     the catalogue (mod.rs: id, what it expects, its upstream source, when it applies), and
 //!             each group's checks in a file of its own
 //! output.rs   the table, the JSON report (every CSI call of a failed check), JUnit XML

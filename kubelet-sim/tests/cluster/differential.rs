@@ -12,7 +12,8 @@
 //! must be listed, with the release that explains it, in `kep/upstream-differences.md`: the test fails on a
 //! difference the document does not name, and prints them all.
 //!
-//! The same kit then runs the lifecycle pods (`lifecycle.rs`), compared as a user sees them.
+//! The same kit then runs the lifecycle pods (`lifecycle.rs`), compared as a user sees them, and
+//! `kubelet-sim conform --kubeconfig` against the same driver (`conform_on_kit.rs`).
 //!
 //! Registration is checked both ways on the real kubelet: through the kit's node-driver-registrar for the
 //! comparison, then, the sidecar stopped, through inlet's own `--registration-dir` service ([`Registrar`]),
@@ -36,7 +37,7 @@ use kit::{Kit, wait};
 
 use inlet_testkit::kit;
 
-use super::lifecycle;
+use super::{conform_on_kit, lifecycle};
 
 const BIN: &str = env!("CARGO_BIN_EXE_kubelet-sim");
 const DRIVER: &str = "local.inlet.dev";
@@ -179,6 +180,7 @@ fn through_the_kit(
     kit.stop(registrar);
     registers_without_the_sidecar(&kit, runtime, &socket);
     let pods = lifecycle::on_the_kit(&kit);
+    conform_on_kit::on_the_kit(&kit, &socket, dir);
     drop(kit);
     (calls, pods)
 }

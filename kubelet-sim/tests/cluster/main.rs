@@ -3,9 +3,10 @@
 //! node's own credential, and as a Deployment's pods (`hollow_nodes.rs`, `node_credentials.rs`,
 //! `hollow_deployment.rs`), the
 //! differential test against the kit's real kubelet (`differential.rs`, with `lifecycle.rs` for what pods
-//! show), and kubelet-sim on the kit's CRI-O, containerd 1.6 and 2.1 (`runtimes.rs`). The kit tests take
+//! show and `conform_on_kit.rs` for conform's checks on that kubelet), and kubelet-sim on the kit's CRI-O, containerd 1.6 and 2.1 (`runtimes.rs`). The kit tests take
 //! turns: the kit's addresses are fixed (`inlet_testkit::kit::Kit::up`).
 
+mod conform_on_kit;
 mod differential;
 mod hollow_deployment;
 mod hollow_nodes;

@@ -338,14 +338,15 @@ pub(super) async fn read_only(env: &mut CheckEnv) -> Outcome {
     if !ro.readonly {
         return Err("the kubelet did not send readonly for csi.readOnly: true".into());
     }
-    if env.container_mount_read_only("read-only", "/mnt/ro") == Some(false) {
+    let container = env.container_mount_read_only("read-only", "/mnt/ro");
+    if container == Some(false) {
         return Err("the container's mount of the read-only volume is not read-only".into());
     }
     let note = match env.conf.mounter.1 && try_write(&env.target("read-only", "ro")).is_ok() {
         true => {
             "the driver mounts the read-only volume read-write (allowed: the container's mount is read-only)"
         }
-        false => "",
+        false => unseen(container),
     };
     env.nothing_left(&[ro.volume_id]).await?;
     Ok(note.into())
@@ -357,11 +358,17 @@ pub(super) async fn read_only_mount(env: &mut CheckEnv) -> Outcome {
         ..InlineVolume::named("my-volume-0")
     };
     let publish = one_pod(env, "read-only-mount", volume).await?;
-    if env.container_mount_read_only("read-only-mount", "/mnt/my-volume-0") == Some(false) {
+    let container = env.container_mount_read_only("read-only-mount", "/mnt/my-volume-0");
+    if container == Some(false) {
         return Err("volumeMounts[].readOnly: the container's mount is not read-only".into());
     }
     env.nothing_left(&[publish.volume_id]).await?;
-    Ok(deletion_note(env))
+    let notes = [unseen(container).to_string(), deletion_note(env)];
+    Ok(notes
+        .into_iter()
+        .filter(|n| !n.is_empty())
+        .collect::<Vec<_>>()
+        .join("; "))
 }
 
 pub(super) async fn read_write(env: &mut CheckEnv) -> Outcome {
@@ -374,12 +381,20 @@ pub(super) async fn read_write(env: &mut CheckEnv) -> Outcome {
         true => {
             try_write(&env.target("read-write", "my-volume-0"))
                 .map_err(|e| format!("the read/write volume refuses writes: {e}"))?;
-            String::new()
+            unseen(container_read_only).into()
         }
         false => "not root: writes were not tried".into(),
     };
     env.nothing_left(&[publish.volume_id]).await?;
     Ok(note)
+}
+
+/// The note of a check that could not see the container's mount (`container_mount_read_only`).
+fn unseen(container_read_only: Option<bool>) -> &'static str {
+    match container_read_only {
+        Some(_) => "",
+        None => "the container's mount was not seen (no process of the pod found)",
+    }
 }
 
 /// The fsGroup of the mount-group check's pod.

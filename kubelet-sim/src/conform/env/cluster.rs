@@ -234,11 +234,17 @@ impl ClusterNode {
         self.pods.get(&key).map(|p| (*p).clone())
     }
 
-    /// Every pod of the namespace as last watched.
-    pub(super) fn pod_names(&self) -> Vec<String> {
+    /// The names of the pods of the namespace whose UID is one of `uids`' (name → UID): one check's pods,
+    /// not those another left.
+    pub(super) fn pods_of(&self, uids: &BTreeMap<String, String>) -> Vec<String> {
+        let ours = |pod: &&std::sync::Arc<Pod>| {
+            let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+            uids.values().any(|u| u == uid)
+        };
         self.pods
             .state()
             .iter()
+            .filter(ours)
             .filter_map(|p| p.metadata.name.clone())
             .collect()
     }
@@ -261,7 +267,7 @@ impl ClusterNode {
     }
 
     /// Changes the driver's CSIDriver. Its spec is immutable in a 1.20 API server (podInfoOnMount became
-    /// mutable only in 1.30), so it is deleted and made again; the kubelet's informer sees both.
+    /// mutable, with fsGroupPolicy, in 1.28: kubernetes#116209), so it is deleted and made again; the kubelet's informer sees both.
     pub(super) async fn edit_csi_driver(
         &self,
         edit: impl FnOnce(&mut CSIDriverSpec),
@@ -317,7 +323,20 @@ impl ClusterNode {
 
     /// Stops registering the driver (the kubelet deregisters it), the watches, and deletes the Secrets the
     /// check made.
-    pub(super) async fn finish(mut self) {
+    pub(super) async fn finish(mut self, uids: &BTreeMap<String, String>) {
+        // A failed check's pods can stay Terminating for ever (a driver whose unpublish keeps failing):
+        // removed from the API at once, so the next check can use their names; the kubelet still tears
+        // their volumes down as orphans.
+        let pods = kube::Api::<Pod>::namespaced(self.client.clone(), NAMESPACE);
+        for name in self.pods_of(uids) {
+            tracing::warn!("pod {name} was not torn down: deleting it from the API (grace 0)");
+            if let Err(e) = pods
+                .delete(&name, &DeleteParams::default().grace_period(0))
+                .await
+            {
+                tracing::warn!("deleting pod {name}: {e}");
+            }
+        }
         if let Some((stop, task)) = self.registration.take() {
             let _ = stop.send(());
             let _ = task.await;
@@ -444,4 +463,35 @@ pub(super) fn left_in(
         }
     }
     left
+}
+
+/// Whether a container of pod `uid` on this host has `container_path` mounted read-only, from the
+/// mountinfo of the pod's processes (found by the pod's cgroup: `pod<uid>` under cgroupfs, with
+/// underscores under systemd's driver): what the container sees, whatever the runtime. None when no
+/// process of the pod has such a mount (it exited, or conform is not root).
+pub(super) fn container_mount_read_only(uid: &str, container_path: &str) -> Option<bool> {
+    let slices = [format!("pod{uid}"), format!("pod{}", uid.replace('-', "_"))];
+    let processes = std::fs::read_dir("/proc").ok()?;
+    for process in processes.flatten() {
+        let dir = process.path();
+        let in_pod = std::fs::read_to_string(dir.join("cgroup"))
+            .is_ok_and(|cgroup| slices.iter().any(|s| cgroup.contains(s.as_str())));
+        if !in_pod {
+            continue;
+        }
+        let Ok(mountinfo) = std::fs::read_to_string(dir.join("mountinfo")) else {
+            continue;
+        };
+        // proc(5): ID PARENT MAJ:MIN ROOT MOUNT-POINT OPTIONS ...; the last mount of a point is the one seen.
+        let options = mountinfo
+            .lines()
+            .rev()
+            .map(|line| line.split(' ').collect::<Vec<_>>())
+            .find(|fields| fields.len() > 5 && fields[4] == container_path)
+            .map(|fields| fields[5].split(',').any(|o| o == "ro"));
+        if options.is_some() {
+            return options;
+        }
+    }
+    None
 }

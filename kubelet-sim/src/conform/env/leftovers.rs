@@ -55,10 +55,10 @@ impl CheckEnv {
         }
     }
 
-    /// Deletes every pod of the namespace on the real node and says what is left: pods the kubelet did not
-    /// let go, and the pod dirs and mounts of this check's pods.
+    /// Deletes this check's pods on the real node and says what is left: pods the kubelet did not let go,
+    /// and their pod dirs and mounts.
     async fn cluster_leftovers(&self, node: &ClusterNode) -> Vec<String> {
-        for name in node.pod_names() {
+        for name in node.pods_of(&self.uids) {
             if let Err(e) = node.delete_pod(&name).await {
                 return vec![e];
             }
@@ -66,12 +66,12 @@ impl CheckEnv {
         let kubelet_dir = self.node_root();
         let mounter = &*self.conf.mounter.0;
         let clean = |_: &Self| {
-            node.pod_names().is_empty()
+            node.pods_of(&self.uids).is_empty()
                 && cluster::left_in(&kubelet_dir, &self.uids, mounter).is_empty()
         };
         self.until(clean).await;
         let mut left: Vec<String> = node
-            .pod_names()
+            .pods_of(&self.uids)
             .into_iter()
             .map(|n| format!("pod {n} (not torn down)"))
             .collect();

@@ -424,10 +424,15 @@ impl CheckEnv {
             .unwrap_or_default()
     }
 
-    /// Whether the runtime mounts `container_path` read-only in pod `name`'s container (the CRI mount);
-    /// None where conform cannot see the runtime's mounts (a real node).
+    /// Whether the runtime mounts `container_path` read-only in pod `name`'s container: the CRI mount in
+    /// the simulation, the container's mountinfo on a real node; None where that cannot be seen.
     pub fn container_mount_read_only(&self, name: &str, container_path: &str) -> Option<bool> {
-        let sim = self.sim().ok()?;
+        let sim = match &self.backend {
+            Backend::Sim(sim) => sim,
+            Backend::Cluster(_) => {
+                return cluster::container_mount_read_only(&self.uid(name), container_path);
+            }
+        };
         let runtime = sim.node(NODE).and_then(|n| n.pod_runtime(&self.uid(name)));
         Some(runtime.is_some_and(|r| {
             r.containers
@@ -537,7 +542,7 @@ impl CheckEnv {
     pub async fn finish(self) {
         match self.backend {
             Backend::Sim(sim) => sim.shutdown().await,
-            Backend::Cluster(node) => node.finish().await,
+            Backend::Cluster(node) => node.finish(&self.uids).await,
         }
         let _ = self.proxy_stop.send(());
         // The proxy stops gracefully, after its calls in flight: bounded, as a hung driver's call is.
