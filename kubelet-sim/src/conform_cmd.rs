@@ -83,6 +83,10 @@ pub struct ConformArgs {
         default_value = "registry.k8s.io/e2e-test-images/busybox:1.36.1-1"
     )]
     pod_image: String,
+    /// With --kubeconfig: a shell command that restarts the node's kubelet and returns once it runs again
+    /// (for restart/kubelet). Without it, that check is skipped on a real node.
+    #[arg(long, requires = "kubeconfig", value_name = "COMMAND")]
+    kubelet_restart_command: Option<String>,
 }
 
 fn parse_glob(text: &str) -> Result<glob::Pattern, String> {
@@ -134,7 +138,8 @@ pub async fn run(args: ConformArgs) -> ExitCode {
                 );
                 return ExitCode::from(2);
             }
-            match cluster_target(kubeconfig, args.node, args.kubelet_dir, args.pod_image).await {
+            let flags = (args.node, args.kubelet_dir, args.pod_image);
+            match cluster_target(kubeconfig, flags, args.kubelet_restart_command).await {
                 Ok(target) => Some(target),
                 Err(e) => {
                     eprintln!("kubelet-sim conform: {e}");
@@ -202,9 +207,8 @@ pub async fn run(args: ConformArgs) -> ExitCode {
 /// The real node of `--kubeconfig`: `--node`, or the cluster's only node.
 async fn cluster_target(
     kubeconfig: &std::path::Path,
-    node: Option<String>,
-    kubelet_dir: PathBuf,
-    pod_image: String,
+    (node, kubelet_dir, pod_image): (Option<String>, PathBuf, String),
+    kubelet_restart_command: Option<String>,
 ) -> Result<conform::env::ClusterTarget, String> {
     let client = kubelet_sim::cluster::connect(kubeconfig)
         .await
@@ -252,5 +256,6 @@ async fn cluster_target(
         kubelet_version,
         kubelet_dir,
         pod_image,
+        kubelet_restart_command,
     })
 }

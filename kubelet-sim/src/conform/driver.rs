@@ -245,18 +245,7 @@ impl DriverSetup {
                 let command = self.restart_command.as_deref().ok_or_else(|| {
                     ConformError::Usage("no --restart-command to restart the driver with".into())
                 })?;
-                let failed = |reason: String| ConformError::Restart {
-                    command: command.to_string(),
-                    reason,
-                };
-                let status = tokio::process::Command::new("sh")
-                    .args(["-c", command])
-                    .status()
-                    .await
-                    .map_err(|e| failed(e.to_string()))?;
-                if !status.success() {
-                    return Err(failed(format!("failed: {status}")));
-                }
+                run_restart("restart-command", command, RESTART_WAIT).await?;
                 let DriverSource::Socket(path) = &self.arg.source else {
                     return Err(ConformError::Usage(
                         "an external driver without a socket".into(),
@@ -273,6 +262,32 @@ impl DriverSetup {
         if let DriverRun::InProcess(Some(handle)) = run {
             handle.stop().await;
         }
+    }
+}
+
+/// How long a restart command may take.
+const RESTART_WAIT: Duration = Duration::from_secs(120);
+
+/// Runs the restart command `command` of `--flag` with `sh -c`, killed if it takes longer than `wait`.
+pub(crate) async fn run_restart(
+    flag: &'static str,
+    command: &str,
+    wait: Duration,
+) -> Result<(), ConformError> {
+    let failed = |reason: String| ConformError::Restart {
+        flag,
+        command: command.to_string(),
+        reason,
+    };
+    let child = tokio::process::Command::new("sh")
+        .args(["-c", command])
+        .kill_on_drop(true)
+        .status();
+    match tokio::time::timeout(wait, child).await {
+        Err(_) => Err(failed(format!("did not return within {wait:?}"))),
+        Ok(Err(e)) => Err(failed(e.to_string())),
+        Ok(Ok(status)) if !status.success() => Err(failed(format!("failed: {status}"))),
+        Ok(Ok(_)) => Ok(()),
     }
 }
 

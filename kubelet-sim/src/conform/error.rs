@@ -65,9 +65,11 @@ pub enum ConformError {
     /// An in-process driver did not start.
     #[error(transparent)]
     Driver(#[from] DriverError),
-    /// `--restart-command` could not be run, or failed.
-    #[error("--restart-command {command:?}: {reason}")]
+    /// `--restart-command` or `--kubelet-restart-command` could not be run, or failed.
+    #[error("--{flag} {command:?}: {reason}")]
     Restart {
+        /// The flag that gave it.
+        flag: &'static str,
         /// The command.
         command: String,
         /// What went wrong.

@@ -269,6 +269,26 @@ fn bad_flags_and_an_unknown_check_exit_2() {
     ]);
     assert_eq!(code, 2);
     assert!(stderr.contains("expected KEY=VALUE"), "{stderr}");
+    // A real node runs a driver of this host's, and only a real node's kubelet is restarted by command.
+    let (code, _, stderr) = conform(&[
+        "--driver",
+        "local.inlet.dev=local",
+        "--kubeconfig",
+        "/nonexistent/kubeconfig",
+    ]);
+    assert_eq!(code, 2);
+    assert!(
+        stderr.contains("serving on a socket of this host"),
+        "{stderr}"
+    );
+    let (code, _, stderr) = conform(&[
+        "--driver",
+        "local.inlet.dev=local",
+        "--kubelet-restart-command",
+        "true",
+    ]);
+    assert_eq!(code, 2);
+    assert!(stderr.contains("--kubeconfig"), "{stderr}");
 }
 
 /// `--testdriver` takes e2e's file unchanged, says what e2e would ignore in it, and refuses one that

@@ -11,19 +11,28 @@ use inlet_testkit::kit::Kit;
 
 const BIN: &str = env!("CARGO_BIN_EXE_kubelet-sim");
 const DRIVER: &str = "local.inlet.dev";
+const RESTART: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/cluster/kit-restart-kubelet.sh"
+);
 
-/// The checks that must pass: a lifecycle, the kubelet's retry after a lost answer, a Secret looked up in
-/// the pod's namespace only, the CSIDriver's effects (missing; pod info changed on the live object).
-const PASS: [&str; 5] = [
+/// The checks that must pass: a lifecycle, the kubelet's retry after a lost answer, a restart of the
+/// kubelet (`kit-restart-kubelet.sh`), a Secret looked up in the pod's namespace only, the CSIDriver's
+/// effects (missing; pod info changed on the live object).
+const PASS: [&str; 6] = [
     "ephemeral/lifecycle",
     "idempotency/publish-retried-after-deadline",
+    "restart/kubelet",
     "secrets/only-when-referenced",
     "csidriver/missing",
     "pod-info/disabled-later",
 ];
 /// The checks that must be skipped on this node, and a word of the reason.
 const SKIP: [(&str, &str); 3] = [
-    ("restart/kubelet", "on a real node"),
+    (
+        "regression/127229-deleted-while-kubelet-down",
+        "on a real node",
+    ),
     ("persistent/stage-publish", "simulated control plane"),
     ("tokens/audiences", "predates CSIServiceAccountToken"),
 ];
@@ -41,6 +50,9 @@ pub fn on_the_kit(kit: &Kit, socket: &Path, dir: &Path) {
         .arg("--kubelet-dir")
         .arg(kit.kubelet_dir())
         .args(["--pod-image", "localhost/kit/busybox:1.35"])
+        .arg("--kubelet-restart-command")
+        .arg(format!("sh {RESTART}"))
+        .env("KIT_RUN", &kit.run)
         .arg("--report")
         .arg(&report);
     for id in PASS.iter().chain(SKIP.iter().map(|(id, _)| id)) {

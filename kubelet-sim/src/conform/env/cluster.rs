@@ -36,6 +36,8 @@ pub struct ClusterTarget {
     pub kubelet_dir: PathBuf,
     /// The image of the checks' pods (`--pod-image`): it must have `sh` and `sleep`.
     pub pod_image: String,
+    /// How to restart the node's kubelet (`--kubelet-restart-command`), for restart/kubelet.
+    pub kubelet_restart_command: Option<String>,
 }
 
 impl ClusterTarget {

@@ -508,6 +508,15 @@ impl CheckEnv {
 
     /// Stops the node's kubelet and starts a new one on the same root (reconstruction).
     pub async fn restart_kubelet(&mut self) -> Result<(), String> {
+        if let Some(target) = &self.conf.cluster {
+            let command = target
+                .kubelet_restart_command
+                .as_deref()
+                .ok_or(ON_A_CLUSTER)?;
+            let run =
+                super::driver::run_restart("kubelet-restart-command", command, self.conf.wait);
+            return run.await.map_err(|e| e.to_string());
+        }
         self.stop_kubelet().await?;
         self.start_kubelet().await
     }
