@@ -73,10 +73,14 @@ pub(super) async fn same_definition(env: &mut CheckEnv) -> Outcome {
         (_, true, _) => "the definition is ReadOnly: isolation not looked at".to_string(),
         (_, _, false) => "not root: isolation not looked at".to_string(),
         _ => {
-            let written = env.target("first", "data").join("hello-world");
+            let written = env.volume_dir("first", "data").join("hello-world");
             std::fs::write(&written, b"first")
                 .map_err(|e| format!("writing in the first pod's volume: {e}"))?;
-            if env.target("second", "data").join("hello-world").exists() {
+            if env
+                .volume_dir("second", "data")
+                .join("hello-world")
+                .exists()
+            {
                 return Err(
                     "a file the first pod wrote shows in the second pod's volume: the \
                             definition must be declared Shared (--testdriver, InlineVolumes[0])"

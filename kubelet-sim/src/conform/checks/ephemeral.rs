@@ -379,7 +379,7 @@ pub(super) async fn read_write(env: &mut CheckEnv) -> Outcome {
     }
     let note = match env.conf.mounter.1 {
         true => {
-            try_write(&env.target("read-write", "my-volume-0"))
+            try_write(&env.volume_dir("read-write", "my-volume-0"))
                 .map_err(|e| format!("the read/write volume refuses writes: {e}"))?;
             unseen(container_read_only).into()
         }
@@ -417,7 +417,7 @@ pub(super) async fn mount_group(env: &mut CheckEnv) -> Outcome {
     let mut note = String::new();
     if env.conf.mounter.1 {
         use std::os::unix::fs::MetadataExt;
-        let file = env.target("mount-group", "data").join(".conform-group");
+        let file = env.volume_dir("mount-group", "data").join(".conform-group");
         std::fs::write(&file, b"conform").map_err(|e| format!("writing in the volume: {e}"))?;
         let gid = std::fs::metadata(&file).map_err(|e| e.to_string())?.gid();
         let _ = std::fs::remove_file(&file);

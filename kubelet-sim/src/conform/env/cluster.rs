@@ -467,11 +467,11 @@ pub(super) fn left_in(
     left
 }
 
-/// Whether a container of pod `uid` on this host has `container_path` mounted read-only, from the
-/// mountinfo of the pod's processes (found by the pod's cgroup: `pod<uid>` under cgroupfs, with
-/// underscores under systemd's driver): what the container sees, whatever the runtime. None when no
-/// process of the pod has such a mount (it exited, or conform is not root).
-pub(super) fn container_mount_read_only(uid: &str, container_path: &str) -> Option<bool> {
+/// A process of pod `uid` on this host that has `container_path` mounted (its `/proc/<pid>`), and whether
+/// that mount is read-only, from its mountinfo. The pod's processes are found by its cgroup (`pod<uid>`
+/// under cgroupfs, with underscores under systemd's driver): what the container sees, whatever the
+/// runtime. None when no process of the pod has such a mount (it exited, or conform is not root).
+fn pod_mount(uid: &str, container_path: &str) -> Option<(PathBuf, bool)> {
     let slices = [format!("pod{uid}"), format!("pod{}", uid.replace('-', "_"))];
     let processes = std::fs::read_dir("/proc").ok()?;
     for process in processes.flatten() {
@@ -485,15 +485,31 @@ pub(super) fn container_mount_read_only(uid: &str, container_path: &str) -> Opti
             continue;
         };
         // proc(5): ID PARENT MAJ:MIN ROOT MOUNT-POINT OPTIONS ...; the last mount of a point is the one seen.
-        let options = mountinfo
+        let read_only = mountinfo
             .lines()
             .rev()
             .map(|line| line.split(' ').collect::<Vec<_>>())
             .find(|fields| fields.len() > 5 && fields[4] == container_path)
             .map(|fields| fields[5].split(',').any(|o| o == "ro"));
-        if options.is_some() {
-            return options;
+        if let Some(read_only) = read_only {
+            return Some((dir, read_only));
         }
     }
     None
+}
+
+/// Whether a container of pod `uid` has `container_path` mounted read-only ([`pod_mount`]).
+pub(super) fn container_mount_read_only(uid: &str, container_path: &str) -> Option<bool> {
+    pod_mount(uid, container_path).map(|(_, read_only)| read_only)
+}
+
+/// `container_path` as a container of pod `uid` sees it, through its process's root
+/// (`/proc/<pid>/root/...`): I/O there goes through the container's own mount, as e2e's exec does.
+pub(super) fn container_view(uid: &str, container_path: &str) -> Option<PathBuf> {
+    let (process, _) = pod_mount(uid, container_path)?;
+    Some(
+        process
+            .join("root")
+            .join(container_path.trim_start_matches('/')),
+    )
 }

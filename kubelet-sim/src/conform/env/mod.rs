@@ -197,6 +197,7 @@ impl CheckEnv {
             .enumerate()
             .map(|(i, v)| {
                 let read_only = v.mount_read_only || self.conf.inline(i).read_only;
+                // volume_dir's path in the container.
                 json!({"name": v.name, "mountPath": format!("/mnt/{}", v.name), "readOnly": read_only})
             })
             .collect();
@@ -440,6 +441,25 @@ impl CheckEnv {
                 .flat_map(|c| &c.mounts)
                 .any(|m| m.container_path == container_path && m.readonly)
         }))
+    }
+
+    /// Where a check does I/O in volume `volume` of pod `pod`: on a real node the container's view of it
+    /// (`/mnt/<volume>` through its process's root, as e2e writes from inside the pod), else the target path
+    /// the kubelet published it at.
+    pub fn volume_dir(&self, pod: &str, volume: &str) -> PathBuf {
+        let in_container = match &self.backend {
+            Backend::Sim(_) => None,
+            Backend::Cluster(_) => {
+                cluster::container_view(&self.uid(pod), &format!("/mnt/{volume}"))
+            }
+        };
+        match in_container {
+            Some(dir) => {
+                tracing::debug!(pod, volume, "I/O in the container at {}", dir.display());
+                dir
+            }
+            None => self.target(pod, volume),
+        }
     }
 
     /// The pod's UID.
