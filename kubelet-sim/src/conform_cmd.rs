@@ -138,6 +138,13 @@ pub async fn run(args: ConformArgs) -> ExitCode {
                 );
                 return ExitCode::from(2);
             }
+            if !inlet_host::mount::can_mount() || matches!(args.mounter, MounterKind::Recording) {
+                eprintln!(
+                    "kubelet-sim conform: --kubeconfig runs on the node as root, with the real mounter: \
+                     it looks at the kubelet's mounts and the pods' processes"
+                );
+                return ExitCode::from(2);
+            }
             let flags = (args.node, args.kubelet_dir, args.pod_image);
             match cluster_target(kubeconfig, flags, args.kubelet_restart_command).await {
                 Ok(target) => Some(target),
@@ -250,6 +257,9 @@ async fn cluster_target(
             kubelet_dir.display()
         ));
     }
+    // As the kubelet writes it in target paths, which the checks compare with.
+    let kubelet_dir = std::fs::canonicalize(&kubelet_dir)
+        .map_err(|e| format!("--kubelet-dir {}: {e}", kubelet_dir.display()))?;
     Ok(conform::env::ClusterTarget {
         client,
         node,

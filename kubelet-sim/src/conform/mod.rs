@@ -204,6 +204,16 @@ pub async fn run(
         mounter: options.mounter.clone(),
         cluster: options.cluster.clone(),
     });
+    // On a real cluster the checks replace the driver's CSIDriver: what was there is put back after.
+    let saved_csi_driver = match &conf.cluster {
+        Some(target) => Some(
+            target
+                .save_csi_driver(&info.name)
+                .await
+                .map_err(ConformError::Cluster)?,
+        ),
+        None => None,
+    };
     output::write_header(table, &info).map_err(ConformError::io("the table"))?;
     let mut results = Vec::new();
     let mut interrupts = options.interrupts;
@@ -215,6 +225,9 @@ pub async fn run(
         let result = run_check(check, &conf, &mut interrupts).await;
         output::write_row(table, &result).map_err(ConformError::io("the table"))?;
         results.push(result);
+    }
+    if let (Some(target), Some(saved)) = (&conf.cluster, saved_csi_driver) {
+        target.restore_csi_driver(&info.name, saved).await;
     }
     let count = |v: Verdict| results.iter().filter(|r| r.result == v).count();
     let report = ConformReport {

@@ -1,6 +1,7 @@
 //! The catalogue: each check is named after the KEP-596 or CSI behaviour it shows, says what it expects
 //! and where that comes from, decides whether it applies to the driver (its capabilities and CSIDriver),
-//! and runs as pods through the simulated kubelet. `conform.md` beside this crate explains each one.
+//! and runs as pods through the simulated kubelet, or a real one (`--kubeconfig`). `conform.md` beside this
+//! crate explains each one.
 //!
 //! The catalogue, when each check applies and the steps several share are here; each group's checks are
 //! in a file named after the group (`ephemeral.rs` holds `ephemeral/*`).

@@ -46,6 +46,48 @@ impl ClusterTarget {
         let version = self.kubelet_version.strip_prefix('v')?;
         version.split('.').nth(1)?.parse().ok()
     }
+
+    /// The cluster's CSIDriver `name` before the checks replace it (None: there is none), for
+    /// [`ClusterTarget::restore_csi_driver`].
+    pub async fn save_csi_driver(&self, name: &str) -> Result<Option<CSIDriver>, String> {
+        kube::Api::<CSIDriver>::all(self.client.clone())
+            .get_opt(name)
+            .await
+            .map_err(failed("reading the CSIDriver"))
+    }
+
+    /// Puts the CSIDriver back as it was before the run: its spec, labels, annotations and owners (a
+    /// Helm release's, say), or no CSIDriver at all. Failures are said, not fatal: the run is over.
+    pub async fn restore_csi_driver(&self, name: &str, saved: Option<CSIDriver>) {
+        let api = kube::Api::<CSIDriver>::all(self.client.clone());
+        let deleted = api.delete(name, &DeleteParams::default()).await;
+        if let Err(e) = unless(deleted, 404) {
+            eprintln!("kubelet-sim conform: the CSIDriver {name} could not be put back: {e}");
+            return;
+        }
+        let Some(mut saved) = saved else {
+            return;
+        };
+        let meta = &mut saved.metadata;
+        (meta.uid, meta.resource_version, meta.creation_timestamp) = (None, None, None);
+        (meta.managed_fields, meta.generation) = (None, None);
+        // Deletion is not instant: a create can meet the old object for a moment.
+        for _ in 0..50 {
+            match api.create(&PostParams::default(), &saved).await {
+                Err(kube::Error::Api(status)) if status.code == 409 => {
+                    tokio::time::sleep(Duration::from_millis(100)).await
+                }
+                Err(e) => {
+                    eprintln!(
+                        "kubelet-sim conform: the CSIDriver {name} could not be put back: {e}"
+                    );
+                    return;
+                }
+                Ok(_) => return,
+            }
+        }
+        eprintln!("kubelet-sim conform: the CSIDriver {name} could not be put back: still there");
+    }
 }
 
 /// One check's view of the real node.
@@ -63,7 +105,7 @@ pub(super) struct ClusterNode {
         tokio::task::JoinHandle<()>,
     )>,
     /// The Secrets this check created, deleted when it finishes.
-    secrets: Vec<(String, String)>,
+    secrets: Vec<(String, String, String)>,
 }
 
 fn failed(what: &str) -> impl Fn(kube::Error) -> String + '_ {
@@ -164,12 +206,15 @@ impl ClusterNode {
         }
     }
 
-    /// Creates the objects in the conform namespace: pods bound to the node, with the run's image.
-    /// Returns the pods' names and UIDs.
+    /// Creates the objects in the conform namespace: pods bound to the node, with the run's image. Each
+    /// pod's UID goes into `uids` as it is made (what a check deletes, and only that), and the step waits
+    /// until the watch has seen them all, so that none is taken for gone before it was seen.
     pub(super) async fn create(
         &mut self,
         objects: Vec<Object>,
-    ) -> Result<Vec<(String, String)>, String> {
+        uids: &mut BTreeMap<String, String>,
+        wait: Duration,
+    ) -> Result<(), String> {
         let mut created = Vec::new();
         for object in objects {
             match object {
@@ -180,11 +225,12 @@ impl ClusterNode {
                     if namespace != NAMESPACE {
                         create_namespace(&self.client, &namespace).await?;
                     }
-                    kube::Api::<Secret>::namespaced(self.client.clone(), &namespace)
+                    let made = kube::Api::<Secret>::namespaced(self.client.clone(), &namespace)
                         .create(&PostParams::default(), &secret)
                         .await
                         .map_err(refused)?;
-                    self.secrets.push((namespace, name));
+                    let uid = made.metadata.uid.unwrap_or_default();
+                    self.secrets.push((namespace, name, uid));
                 }
                 Object::Pod(pod) => {
                     let pod = self.on_node(*pod);
@@ -192,8 +238,9 @@ impl ClusterNode {
                         .create(&PostParams::default(), &pod)
                         .await
                         .map_err(refused)?;
-                    let (name, uid) = (made.metadata.name, made.metadata.uid);
-                    created.push((name.unwrap_or_default(), uid.unwrap_or_default()));
+                    let uid = made.metadata.uid.unwrap_or_default();
+                    uids.insert(made.metadata.name.unwrap_or_default(), uid.clone());
+                    created.push(uid);
                 }
                 _ => {
                     return Err(
@@ -204,7 +251,14 @@ impl ClusterNode {
                 }
             }
         }
-        Ok(created)
+        let seen = |uid: &String| {
+            let pods = self.pods.state();
+            pods.iter().any(|p| p.metadata.uid.as_ref() == Some(uid))
+        };
+        match poll(wait, || created.iter().all(seen)).await {
+            true => Ok(()),
+            false => Err(format!("the pods made were not seen within {wait:?}")),
+        }
     }
 
     /// A check's pod as the node runs it: bound to it (no scheduler needed), the run's image, a short
@@ -262,10 +316,11 @@ impl ClusterNode {
     }
 
     /// Asks the API server to delete pod `name` (the kubelet deletes its object once torn down).
-    pub(super) async fn delete_pod(&self, name: &str) -> Result<(), String> {
+    pub(super) async fn delete_pod(&self, name: &str, uid: &str) -> Result<(), String> {
         let pods = kube::Api::<Pod>::namespaced(self.client.clone(), NAMESPACE);
-        let deleted = pods.delete(name, &DeleteParams::default()).await;
-        unless(deleted, 404).map_err(|e| format!("deleting pod {name}: {e}"))
+        let deleted = pods.delete(name, &only(uid)).await;
+        // 409: a pod of that name that is not this check's (the UID precondition failed).
+        unless(unless(deleted, 404), 409).map_err(|e| format!("deleting pod {name}: {e}"))
     }
 
     /// Changes the driver's CSIDriver. Its spec is immutable in a 1.20 API server (podInfoOnMount became
@@ -323,8 +378,8 @@ impl ClusterNode {
         }
     }
 
-    /// Stops registering the driver (the kubelet deregisters it), the watches, and deletes the Secrets the
-    /// check made.
+    /// Removes the check's pods the kubelet did not let go from the API (grace 0), stops registering the
+    /// driver (the kubelet deregisters it) and the watches, and deletes the Secrets the check made.
     pub(super) async fn finish(mut self, uids: &BTreeMap<String, String>) {
         // A failed check's pods can stay Terminating for ever (a driver whose unpublish keeps failing):
         // removed from the API at once, so the next check can use their names; the kubelet still tears
@@ -332,20 +387,18 @@ impl ClusterNode {
         let pods = kube::Api::<Pod>::namespaced(self.client.clone(), NAMESPACE);
         for name in self.pods_of(uids) {
             tracing::warn!("pod {name} was not torn down: deleting it from the API (grace 0)");
-            if let Err(e) = pods
-                .delete(&name, &DeleteParams::default().grace_period(0))
-                .await
-            {
+            let uid = uids.get(&name).map(String::as_str).unwrap_or_default();
+            if let Err(e) = pods.delete(&name, &only(uid).grace_period(0)).await {
                 tracing::warn!("deleting pod {name}: {e}");
             }
         }
         if let Some((stop, task)) = self.registration.take() {
             let _ = stop.send(());
-            let _ = task.await;
+            let _ = tokio::time::timeout(crate::conform::CLEANUP_WAIT, task).await;
         }
-        for (namespace, name) in &self.secrets {
+        for (namespace, name, uid) in &self.secrets {
             let secrets = kube::Api::<Secret>::namespaced(self.client.clone(), namespace);
-            if let Err(e) = secrets.delete(name, &DeleteParams::default()).await {
+            if let Err(e) = secrets.delete(name, &only(uid)).await {
                 tracing::warn!("deleting secret {namespace}/{name}: {e}");
             }
         }
@@ -361,6 +414,17 @@ impl Drop for ClusterNode {
         for task in &self.watches {
             task.abort();
         }
+    }
+}
+
+/// A deletion of the object with `uid` only (never another of the same name).
+fn only(uid: &str) -> DeleteParams {
+    DeleteParams {
+        preconditions: Some(kube::api::Preconditions {
+            uid: Some(uid.to_string()),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
     }
 }
 
@@ -472,6 +536,9 @@ pub(super) fn left_in(
 /// under cgroupfs, with underscores under systemd's driver): what the container sees, whatever the
 /// runtime. None when no process of the pod has such a mount (it exited, or conform is not root).
 fn pod_mount(uid: &str, container_path: &str) -> Option<(PathBuf, bool)> {
+    if uid.is_empty() {
+        return None;
+    }
     let slices = [format!("pod{uid}"), format!("pod{}", uid.replace('-', "_"))];
     let processes = std::fs::read_dir("/proc").ok()?;
     for process in processes.flatten() {

@@ -59,7 +59,7 @@ impl CheckEnv {
     /// and their pod dirs and mounts.
     async fn cluster_leftovers(&self, node: &ClusterNode) -> Vec<String> {
         for name in node.pods_of(&self.uids) {
-            if let Err(e) = node.delete_pod(&name).await {
+            if let Err(e) = node.delete_pod(&name, &self.uid(&name)).await {
                 return vec![e];
             }
         }

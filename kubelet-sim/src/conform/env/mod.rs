@@ -31,7 +31,7 @@ use cluster::ClusterNode;
 pub use cluster::ClusterTarget;
 pub use settings::{Conformance, InlineVolume, inline_volumes};
 
-/// The node every check runs on.
+/// The simulated node every check runs on (on a real cluster, `--node`).
 pub const NODE: &str = "node-1";
 /// The namespace of every check's pods.
 pub const NAMESPACE: &str = "conform";
@@ -97,7 +97,10 @@ impl CheckEnv {
             .setup
             .start(NODE, &node_root, cri.as_deref().unwrap_or(Path::new("")))
             .await?;
-        let proxy = FaultProxy::new(conf.setup.name(), &driver_socket, sim::csi_timeout(&conf));
+        // The kubelet's deadline: the simulated one's, or a real one's csiTimeout (2 minutes), whichever
+        // is shorter, so the proxy never holds a call its kubelet gave up.
+        let deadline = sim::csi_timeout(&conf).min(inlet_volume::csi::CSI_TIMEOUT);
+        let proxy = FaultProxy::new(conf.setup.name(), &driver_socket, deadline);
         let proxy_socket = root.join("proxy.sock");
         let incoming = inlet_proto::uds::listen(&proxy_socket)
             .await
@@ -258,7 +261,11 @@ impl CheckEnv {
 
     /// Waits until `done` holds or the step's wait is over; says which.
     pub async fn until(&self, done: impl Fn(&Self) -> bool) -> bool {
-        cluster::poll(self.conf.wait, || done(self)).await
+        match &self.backend {
+            // The simulation's own wait backs off, so polling does not starve it.
+            Backend::Sim(sim) => sim.wait_for(self.conf.wait, |_| done(self)).await,
+            Backend::Cluster(_) => cluster::poll(self.conf.wait, || done(self)).await,
+        }
     }
 
     /// Creates objects (pods after the rest, as `kubelet-sim run` does); a refused one fails the step.
@@ -266,8 +273,7 @@ impl CheckEnv {
         let sim = match &mut self.backend {
             Backend::Sim(sim) => sim,
             Backend::Cluster(node) => {
-                self.uids.extend(node.create(objects).await?);
-                return Ok(());
+                return node.create(objects, &mut self.uids, self.conf.wait).await;
             }
         };
         let refused_before = sim.report().rejected.len();
@@ -393,7 +399,7 @@ impl CheckEnv {
                 sim.delete_pod(NAMESPACE, name);
                 Ok(())
             }
-            Backend::Cluster(node) => node.delete_pod(name).await,
+            Backend::Cluster(node) => node.delete_pod(name, &self.uid(name)).await,
         }
     }
 
@@ -532,7 +538,7 @@ impl CheckEnv {
             let command = target
                 .kubelet_restart_command
                 .as_deref()
-                .ok_or(ON_A_CLUSTER)?;
+                .ok_or("no --kubelet-restart-command to restart the node's kubelet with")?;
             let run =
                 super::driver::run_restart("kubelet-restart-command", command, self.conf.wait);
             return run.await.map_err(|e| e.to_string());
