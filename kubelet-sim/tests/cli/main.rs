@@ -1,7 +1,9 @@
-//! kubelet-sim's process-level tests, in one test binary (one link, not three, on 2 cores): the binary
-//! run as a user runs it (`commands.rs`), `kubelet-sim conform` as a driver author runs it
-//! (`conform.rs`), kill-anywhere crash points (`crash_points.rs`), drivers that lie (`hostile.rs`), and signals mid-run (`signals.rs`).
+//! kubelet-sim's process-level tests, in one test binary (one link, not several, on 2 cores): the binary
+//! run as a user runs it (`commands.rs`, and `bench.rs` for `kubelet-sim bench`), `kubelet-sim conform`
+//! as a driver author runs it (`conform.rs`), kill-anywhere crash points (`crash_points.rs`), drivers
+//! that lie (`hostile.rs`), metrics (`metrics.rs`) and signals mid-run (`signals.rs`).
 
+mod bench;
 mod commands;
 mod common;
 mod conform;
