@@ -145,8 +145,14 @@ pub async fn run(args: ConformArgs) -> ExitCode {
                 );
                 return ExitCode::from(2);
             }
-            let flags = (args.node, args.kubelet_dir, args.pod_image);
-            match cluster_target(kubeconfig, flags, args.kubelet_restart_command).await {
+            let target = cluster_target(
+                kubeconfig,
+                args.node,
+                args.kubelet_dir,
+                args.pod_image,
+                args.kubelet_restart_command,
+            );
+            match target.await {
                 Ok(target) => Some(target),
                 Err(e) => {
                     eprintln!("kubelet-sim conform: {e}");
@@ -214,7 +220,9 @@ pub async fn run(args: ConformArgs) -> ExitCode {
 /// The real node of `--kubeconfig`: `--node`, or the cluster's only node.
 async fn cluster_target(
     kubeconfig: &std::path::Path,
-    (node, kubelet_dir, pod_image): (Option<String>, PathBuf, String),
+    node: Option<String>,
+    kubelet_dir: PathBuf,
+    pod_image: String,
     kubelet_restart_command: Option<String>,
 ) -> Result<conform::env::ClusterTarget, String> {
     let client = kubelet_sim::cluster::connect(kubeconfig)

@@ -59,14 +59,17 @@ impl ClusterTarget {
     /// Puts the CSIDriver back as it was before the run: its spec, labels, annotations and owners (a
     /// Helm release's, say), or no CSIDriver at all. Failures are said, not fatal: the run is over.
     pub async fn restore_csi_driver(&self, name: &str, saved: Option<CSIDriver>) {
+        if let Err(e) = self.put_back(name, saved).await {
+            eprintln!("kubelet-sim conform: the CSIDriver {name} could not be put back: {e}");
+        }
+    }
+
+    async fn put_back(&self, name: &str, saved: Option<CSIDriver>) -> Result<(), String> {
         let api = kube::Api::<CSIDriver>::all(self.client.clone());
         let deleted = api.delete(name, &DeleteParams::default()).await;
-        if let Err(e) = unless(deleted, 404) {
-            eprintln!("kubelet-sim conform: the CSIDriver {name} could not be put back: {e}");
-            return;
-        }
+        unless(deleted, 404).map_err(|e| e.to_string())?;
         let Some(mut saved) = saved else {
-            return;
+            return Ok(());
         };
         let meta = &mut saved.metadata;
         (meta.uid, meta.resource_version, meta.creation_timestamp) = (None, None, None);
@@ -77,16 +80,10 @@ impl ClusterTarget {
                 Err(kube::Error::Api(status)) if status.code == 409 => {
                     tokio::time::sleep(Duration::from_millis(100)).await
                 }
-                Err(e) => {
-                    eprintln!(
-                        "kubelet-sim conform: the CSIDriver {name} could not be put back: {e}"
-                    );
-                    return;
-                }
-                Ok(_) => return,
+                created => return created.map(drop).map_err(|e| e.to_string()),
             }
         }
-        eprintln!("kubelet-sim conform: the CSIDriver {name} could not be put back: still there");
+        Err("the old one is still there".into())
     }
 }
 
@@ -104,7 +101,7 @@ pub(super) struct ClusterNode {
         tokio::sync::oneshot::Sender<()>,
         tokio::task::JoinHandle<()>,
     )>,
-    /// The Secrets this check created, deleted when it finishes.
+    /// The Secrets this check created (namespace, name, UID), deleted when it finishes.
     secrets: Vec<(String, String, String)>,
 }
 
@@ -324,7 +321,8 @@ impl ClusterNode {
     }
 
     /// Changes the driver's CSIDriver. Its spec is immutable in a 1.20 API server (podInfoOnMount became
-    /// mutable, with fsGroupPolicy, in 1.28: kubernetes#116209), so it is deleted and made again; the kubelet's informer sees both.
+    /// mutable, with fsGroupPolicy, in 1.28: kubernetes#116209), so it is deleted and made again; the
+    /// kubelet's informer sees both.
     pub(super) async fn edit_csi_driver(
         &self,
         edit: impl FnOnce(&mut CSIDriverSpec),
