@@ -100,11 +100,17 @@ struct RunArgs {
     /// How many simulated nodes.
     #[arg(long, default_value_t = 1)]
     nodes: usize,
-    /// Feature gates, KEY=true|false,...: PersistentInlineCSI, CSIVolumeHealth (both default false).
+    /// Feature gates, KEY=true|false,...: PersistentInlineCSI, CSIVolumeHealth, SELinuxMount (default
+    /// false); SELinuxMountReadWriteOncePod, SELinuxChangePolicy (default true, as in 1.35).
     /// CSIVolumeHealth makes the stats calculator read volumes' conditions, and record an abnormal one
     /// as a VolumeConditionAbnormal event.
     #[arg(long, value_parser = parse_gates, default_value = "")]
     feature_gates: BTreeSet<String>,
+    /// Whether the nodes run SELinux: host (as this machine does), enabled (a simulated SELinux node:
+    /// drivers whose CSIDriver says seLinuxMount get `-o context=` for a pod's ReadWriteOncePod PVs), or
+    /// disabled.
+    #[arg(long, value_enum, default_value_t = SelinuxMode::Host)]
+    selinux: SelinuxMode,
     /// How often the kubelet's stats calculator asks each mounted volume for its metrics
     /// (NodeGetVolumeStats), jittered by up to as long again (`--volume-stats-agg-period`). 0 turns it off.
     #[arg(long, default_value = "1m", value_parser = humantime::parse_duration)]
@@ -145,6 +151,13 @@ struct RunArgs {
 }
 
 #[derive(Clone, Copy, ValueEnum)]
+enum SelinuxMode {
+    Host,
+    Enabled,
+    Disabled,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
 enum MounterKind {
     Auto,
     Linux,
@@ -169,12 +182,18 @@ impl MounterKind {
 }
 
 fn parse_gates(text: &str) -> Result<BTreeSet<String>, String> {
-    let mut on = BTreeSet::new();
+    let mut on = kubelet_sim::sim::default_gates();
     for pair in text.split(',').filter(|p| !p.is_empty()) {
         let (key, value) = pair
             .split_once('=')
             .ok_or_else(|| format!("{pair:?}: expected KEY=true|false"))?;
-        const KNOWN: [&str; 2] = ["PersistentInlineCSI", "CSIVolumeHealth"];
+        const KNOWN: [&str; 5] = [
+            "PersistentInlineCSI",
+            "CSIVolumeHealth",
+            "SELinuxMount",
+            "SELinuxMountReadWriteOncePod",
+            "SELinuxChangePolicy",
+        ];
         if !KNOWN.contains(&key) {
             return Err(format!(
                 "unknown feature gate {key:?} (known: {})",
@@ -308,6 +327,11 @@ async fn run(args: RunArgs) -> Result<Outcome, String> {
         drivers: args.drivers,
         cri,
         gates: args.feature_gates,
+        selinux: match args.selinux {
+            SelinuxMode::Host => inlet_host::selinux::enabled(),
+            SelinuxMode::Enabled => true,
+            SelinuxMode::Disabled => false,
+        },
         allowed_inline_drivers: allowed,
         backoff: BackoffPolicy::default(),
         volume_wait_timeout: Duration::from_secs(123),

@@ -33,6 +33,8 @@ mod images;
 mod pod_status;
 #[path = "bdd/registration.rs"]
 mod registration;
+#[path = "bdd/selinux.rs"]
+mod selinux;
 #[path = "bdd/tokens.rs"]
 mod tokens;
 #[path = "bdd/volume_files.rs"]
@@ -50,6 +52,8 @@ struct Sim {
     drivers: Vec<DriverArg>,
     manifests: Vec<String>,
     gates: BTreeSet<String>,
+    /// The nodes run SELinux.
+    selinux: bool,
     allowed: Option<BTreeSet<String>>,
     nodes: usize,
     sim: Option<Simulation>,
@@ -96,7 +100,8 @@ impl Sim {
             dir: tempfile::tempdir().expect("temp dir"),
             drivers: Vec::new(),
             manifests: Vec::new(),
-            gates: BTreeSet::new(),
+            gates: kubelet_sim::sim::default_gates(),
+            selinux: false,
             allowed: None,
             nodes: 1,
             sim: None,
@@ -219,7 +224,7 @@ fn manifests(w: &mut Sim, step: &Step) {
     w.manifests.push(step.docstring.clone().unwrap_or_default());
 }
 
-#[given(regex = r#"^the feature gate "(PersistentInlineCSI|CSIVolumeHealth)" is on$"#)]
+#[given(regex = r#"^the feature gate "(PersistentInlineCSI|CSIVolumeHealth|SELinuxMount)" is on$"#)]
 fn gate_on(w: &mut Sim, gate: String) {
     w.gates.insert(gate);
 }
@@ -258,6 +263,7 @@ async fn runs(w: &mut Sim) {
         drivers: w.drivers.clone(),
         cri: None,
         gates: w.gates.clone(),
+        selinux: w.selinux,
         allowed_inline_drivers: w.allowed.clone(),
         backoff: BackoffPolicy {
             initial: Duration::from_millis(20),

@@ -45,6 +45,9 @@ pub struct CsiCall {
     /// The capability's access type, `Mount` or `Block`, when the call has a capability.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub access_type: String,
+    /// The capability's mount flags, values redacted but for SELinux contexts ([`redact_mount_flag`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mount_flags: Vec<String>,
 }
 
 /// What a call's report needs from its request.
@@ -275,7 +278,23 @@ impl CsiCall {
                 Some(csi::volume_capability::AccessType::Block(_)) => "Block".into(),
                 None => String::new(),
             },
+            mount_flags: match info.capability.and_then(|c| c.access_type.as_ref()) {
+                Some(csi::volume_capability::AccessType::Mount(m)) => {
+                    m.mount_flags.iter().map(|f| redact_mount_flag(f)).collect()
+                }
+                _ => Vec::new(),
+            },
         }
+    }
+}
+
+/// A mount flag as a record keeps it: a PV's `mountOptions` may carry credentials (`password=` of a CIFS
+/// share), so a value is kept only for the SELinux context options the kubelet itself adds.
+pub fn redact_mount_flag(flag: &str) -> String {
+    const CONTEXTS: [&str; 4] = ["context", "fscontext", "defcontext", "rootcontext"];
+    match flag.split_once('=') {
+        Some((key, _)) if !CONTEXTS.contains(&key) => format!("{key}=<redacted>"),
+        _ => flag.to_string(),
     }
 }
 
@@ -308,4 +327,37 @@ pub fn rpc_error(status: &Status) -> String {
         status.code(),
         status.message()
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mount_flags_keep_contexts_and_lose_other_values() {
+        let mount = csi::volume_capability::MountVolume {
+            mount_flags: vec![
+                "noatime".into(),
+                "password=hunter2".into(),
+                "context=\"system_u:object_r:container_file_t:s0:c0,c1\"".into(),
+            ],
+            ..Default::default()
+        };
+        let request = csi::NodePublishVolumeRequest {
+            volume_capability: Some(csi::VolumeCapability {
+                access_type: Some(csi::volume_capability::AccessType::Mount(mount)),
+                access_mode: None,
+            }),
+            ..Default::default()
+        };
+        let call = CsiCall::of("d", &request, None);
+        assert_eq!(
+            call.mount_flags,
+            [
+                "noatime",
+                "password=<redacted>",
+                "context=\"system_u:object_r:container_file_t:s0:c0,c1\""
+            ]
+        );
+    }
 }

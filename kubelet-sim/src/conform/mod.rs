@@ -289,6 +289,7 @@ async fn describe(
         drivers: Vec::new(),
         cri: None,
         gates: Default::default(),
+        selinux: false,
         allowed_inline_drivers: None,
         backoff: Default::default(),
         volume_wait_timeout: options.wait,

@@ -97,6 +97,7 @@ impl AttachDetach {
             registry: None,
             mounter: Arc::new(RecordingMounter::new()),
             gates: gates.clone(),
+            selinux: false,
             tokens: Arc::new(TokenManager::new(Arc::clone(&api))),
         };
         Arc::new(Self {

@@ -32,6 +32,9 @@ pub struct NodeHost {
     pub mounter: Arc<dyn MountLayer>,
     /// Feature gates that are on.
     pub gates: BTreeSet<String>,
+    /// The node runs SELinux (`SELinuxLabelTranslator.SELinuxEnabled`): volumes may be mounted with a
+    /// context.
+    pub selinux: bool,
     /// The node's service-account tokens.
     pub tokens: Arc<TokenManager>,
 }

@@ -89,6 +89,8 @@ pub struct NodeConfig {
     pub root: PathBuf,
     /// Feature gates that are on.
     pub gates: BTreeSet<String>,
+    /// The node runs SELinux: volumes whose plugin supports it are mounted with the pod's label.
+    pub selinux: bool,
     /// Retry backoff for volume and pod operations.
     pub backoff: BackoffPolicy,
     /// How long a pod waits for its volumes before the kubelet logs "Unable to attach or mount volumes"
@@ -226,6 +228,7 @@ impl Kubelet {
             registry: Some(Arc::clone(&registry)),
             mounter,
             gates: config.gates.clone(),
+            selinux: config.selinux,
             tokens: Arc::clone(&tokens),
         });
         let mut plugins: Vec<Arc<dyn VolumePlugin>> = vec![

@@ -40,6 +40,16 @@ use crate::node::registry::DriverDirectory;
 use crate::node::{BackoffPolicy, ContainerTiming, Kubelet, NodeConfig};
 use crate::report::{Rejection, Report};
 
+/// The gates kubelet-sim models that 1.35 turns on by default: `SELinuxMountReadWriteOncePod` and
+/// `SELinuxChangePolicy` (both beta). The others it knows (`PersistentInlineCSI`, `CSIVolumeHealth`,
+/// `SELinuxMount`) are off by default.
+pub fn default_gates() -> BTreeSet<String> {
+    use inlet_volume::selinux::{SELINUX_CHANGE_POLICY, SELINUX_MOUNT_READ_WRITE_ONCE_POD};
+    [SELINUX_MOUNT_READ_WRITE_ONCE_POD, SELINUX_CHANGE_POLICY]
+        .map(String::from)
+        .into()
+}
+
 /// How a simulation is set up.
 #[derive(Clone)]
 pub struct SimConfig {
@@ -51,8 +61,11 @@ pub struct SimConfig {
     pub drivers: Vec<DriverArg>,
     /// A CRI runtime's socket; None starts cri-fake in-process.
     pub cri: Option<PathBuf>,
-    /// Feature gates that are on (`PersistentInlineCSI`).
+    /// Feature gates that are on (`PersistentInlineCSI`; [`crate::default_gates`] are 1.35's).
     pub gates: BTreeSet<String>,
+    /// The nodes run SELinux ([`inlet_host::selinux::enabled`] on a real host): a PV's volume whose
+    /// CSIDriver says `seLinuxMount` is mounted with the pod's label.
+    pub selinux: bool,
     /// The inline-driver policy (None: every driver allowed).
     pub allowed_inline_drivers: Option<BTreeSet<String>>,
     /// Retry backoff.
@@ -198,6 +211,7 @@ impl Simulation {
                 root: config.root.join(&name),
                 name,
                 gates: config.gates.clone(),
+                selinux: config.selinux,
                 backoff: config.backoff,
                 volume_wait_timeout: config.volume_wait_timeout,
                 csi_timeout: config.csi_timeout,

@@ -179,6 +179,7 @@ pub fn in_kubelet_sim(dir: &Path, runtime: &tokio::runtime::Runtime) -> BTreeMap
         drivers: Vec::new(),
         cri: None,
         gates: BTreeSet::new(),
+        selinux: false,
         allowed_inline_drivers: None,
         backoff: BackoffPolicy {
             initial: Duration::from_millis(20),

@@ -8,6 +8,7 @@
 //! - [`records`]: durable JSON records (write, fsync, rename), shared by the local driver and the image engine.
 //! - [`crash`]: named crash points (`INLET_CRASH_POINT`) for the kill-anywhere tests.
 //! - [`quantity`]: Kubernetes quantities (`64Mi`) as bytes.
+//! - [`selinux`]: whether the host runs SELinux, and a file's label.
 //! - [`metrics`]: Prometheus metrics: the `/metrics` endpoint, the process collector, upstream's buckets.
 //! - [`error`]: the one error type of the drivers and the image engine, and its mapping to gRPC codes.
 
@@ -19,5 +20,6 @@ pub mod mount;
 pub mod names;
 pub mod quantity;
 pub mod records;
+pub mod selinux;
 
 pub use error::{Error, Result};

@@ -11,6 +11,7 @@
 //!   tokens, VolumeAttachments, paths, the mount layer).
 //! - [`csi`]: the `kubernetes.io/csi` plugin, carrying the KEP-596 inline contract.
 //! - [`image`]: the `kubernetes.io/image` plugin: `volumes[].image` (KEP-4639) mounted kubelet-side.
+//! - [`selinux`]: the label a volume is mounted with for a pod (`-o context=`, KEP-1710).
 //! - [`secret`], [`config_map`], [`downward_api`], [`projected`], [`empty_dir`]: `secret`, `configMap`,
 //!   `downwardAPI`, `projected` and `emptyDir` volumes, as a real cluster's pods carry them (a 1.21+ API
 //!   server adds a projected `kube-api-access-*` volume to every pod, a 1.20 one a token `secret`); all but
@@ -29,6 +30,7 @@ pub mod image;
 mod ownership;
 pub mod projected;
 pub mod secret;
+pub mod selinux;
 mod spec;
 use std::path::{Path, PathBuf};
 
@@ -61,6 +63,11 @@ pub trait VolumePlugin: Send + Sync {
     fn construct_volume_spec(&self, spec_name: &str, pod_uid: &str) -> Result<Spec, VolumeError>;
     /// True when the volume must be mounted again periodically (CSIDriver `requiresRepublish`).
     async fn requires_remount(&self, spec: &Spec, pod: &PodInfo) -> bool;
+    /// True when the plugin mounts the volume with `-o context=` given a label
+    /// (`SupportsSELinuxContextMount`); most plugins leave labelling to the runtime.
+    async fn supports_selinux_context_mount(&self, _spec: &Spec) -> Result<bool, VolumeError> {
+        Ok(false)
+    }
     /// The usage and condition of the pod's mounted volume `spec_name` (`MetricsProvider.GetMetrics`, which
     /// the kubelet's stats provider polls); `Ok(None)` when the plugin or its driver cannot say.
     async fn metrics(
@@ -133,6 +140,9 @@ pub struct MounterArgs {
     /// (`MounterArgs.IsRemount` and `ReconstructedVolume`, 1.35 patch releases: kubernetes/kubernetes#121271,
     /// #136591). A mount a timeout left uncertain is not one: its final failure cleans up, as upstream's.
     pub remount: bool,
+    /// The SELinux label to mount with (`-o context=`), when the plugin supports it; empty: none
+    /// ([`selinux::labels`]).
+    pub selinux_label: String,
 }
 
 /// Mounts one volume for one pod.
@@ -177,12 +187,14 @@ pub trait Detacher: Send + Sync {
 /// Mounts a volume at its node-global path (NodeStageVolume).
 #[async_trait]
 pub trait DeviceMounter: Send + Sync {
-    /// Stages `spec` at `path` for `pod` (whose namespace resolves secret references). Idempotent.
+    /// Stages `spec` at `path` for `pod` (whose namespace resolves secret references), with the SELinux
+    /// label `selinux_label` when not empty (`DeviceMounterArgs`). Idempotent.
     async fn mount_device(
         &self,
         spec: &Spec,
         pod: &PodInfo,
         path: &Path,
+        selinux_label: &str,
     ) -> Result<(), VolumeError>;
 }
 

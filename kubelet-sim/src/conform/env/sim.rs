@@ -17,7 +17,13 @@ pub(super) fn config(conf: &Conformance, root: &std::path::Path) -> SimConfig {
         drivers: Vec::new(),
         cri: None,
         // stats/volume-condition reads volumes' conditions, as a kubelet with the alpha gate does.
-        gates: [inlet_volume::csi::metrics::CSI_VOLUME_HEALTH.to_string()].into(),
+        gates: {
+            let mut gates = crate::sim::default_gates();
+            gates.insert(inlet_volume::csi::metrics::CSI_VOLUME_HEALTH.to_string());
+            gates
+        },
+        // The host's own answer: a driver is only given contexts where its mounts can take them.
+        selinux: inlet_host::selinux::enabled(),
         allowed_inline_drivers: None,
         // Fast retries: a check waits on what the kubelet does, not on upstream's back-off.
         backoff: BackoffPolicy {

@@ -4,6 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
+use inlet_volume::selinux::Labels;
 use inlet_volume::{PodInfo, Spec};
 
 /// One pod's use of a volume.
@@ -20,6 +21,9 @@ pub struct PodVolume {
     pub read_only: bool,
     /// The driver asks to be published again periodically (CSIDriver `requiresRepublish`).
     pub requires_republish: bool,
+    /// The SELinux labels of the volume for the pod; once added, `mount` is the volume's, which the first
+    /// pod that added it set (`effectiveSELinuxMountFileLabel`): what it is mounted with (`-o context=`).
+    pub selinux: Labels,
 }
 
 /// A volume some pods want.
@@ -32,6 +36,8 @@ pub struct DesiredVolume {
     /// The pods that want it, by UID.
     /// Shared: the reconciler's actions and operations hold them too.
     pub pods: BTreeMap<String, Arc<PodVolume>>,
+    /// The SELinux labels of the first pod that added it.
+    pub selinux: Labels,
 }
 
 /// The volumes wanted on this node.
@@ -43,14 +49,15 @@ pub struct DesiredState {
 }
 
 impl DesiredState {
-    /// Adds a pod's use of a volume.
+    /// Adds a pod's use of a volume. A pod whose SELinux label differs from the one the volume is mounted
+    /// with, where the volume takes one, is refused in upstream's words (`AddPodToVolume`).
     pub fn add(
         &mut self,
         unique: &str,
         attachable: bool,
         device_mountable: bool,
-        volume: PodVolume,
-    ) {
+        mut volume: PodVolume,
+    ) -> Result<(), String> {
         let entry = self
             .volumes
             .entry(unique.to_string())
@@ -58,12 +65,24 @@ impl DesiredState {
                 attachable,
                 device_mountable,
                 pods: BTreeMap::new(),
+                selinux: volume.selinux.clone(),
             });
+        let theirs = &entry.selinux.original;
+        let new_pod = !entry.pods.contains_key(&volume.pod.uid);
+        if new_pod && volume.selinux.supported && *theirs != volume.selinux.original {
+            return Err(format!(
+                "conflicting SELinux labels of volume {}: {theirs:?} and {:?}",
+                volume.spec.name(),
+                volume.selinux.original
+            ));
+        }
+        volume.selinux.mount = entry.selinux.mount.clone();
         self.by_pod
             .entry(volume.pod.uid.clone())
             .or_default()
             .insert(unique.to_string());
         entry.pods.insert(volume.pod.uid.clone(), Arc::new(volume));
+        Ok(())
     }
 
     /// Removes every volume use of a pod; volumes no pod wants any more go.

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use inlet_volume::PodInfo;
+use inlet_volume::selinux::{self, SELINUX_MOUNT_READ_WRITE_ONCE_POD};
 use k8s_openapi::api::core::v1::Pod;
 
 use super::VolumeManager;
@@ -44,13 +45,18 @@ impl VolumeManager {
             {
                 continue;
             }
-            match self.pod_volumes(pod).await {
-                Ok(volumes) => {
-                    let mut dsw = self.dsw.lock();
-                    for (unique, attachable, device_mountable, volume) in volumes {
-                        dsw.add(&unique, attachable, device_mountable, volume);
-                    }
-                    drop(dsw);
+            let added = self.pod_volumes(pod).await.and_then(|volumes| {
+                let mut dsw = self.dsw.lock();
+                let added =
+                    volumes
+                        .into_iter()
+                        .map(|(unique, attachable, device_mountable, volume)| {
+                            dsw.add(&unique, attachable, device_mountable, volume)
+                        });
+                added.collect::<Result<Vec<()>, String>>()
+            });
+            match added {
+                Ok(_) => {
                     self.processed.lock().insert(uid, fingerprint);
                 }
                 Err(message) => self
@@ -67,6 +73,12 @@ impl VolumeManager {
     /// Every volume of a pod with its plugin's answers; the first error names the volume.
     async fn pod_volumes(&self, pod: &Pod) -> Result<Vec<(String, bool, bool, PodVolume)>, String> {
         let info = PodInfo::from_pod(pod);
+        let selinux_contexts = selinux::container_contexts(pod);
+        let change_policy = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.security_context.as_ref())
+            .and_then(|c| c.se_linux_change_policy.as_deref());
         let mut out = Vec::new();
         for volume in pod
             .spec
@@ -102,12 +114,33 @@ impl VolumeManager {
                 None => false,
             };
             let requires_republish = plugin.requires_remount(&spec, &info).await;
+            // The CSIDriver is asked only where a label could come of it (`GetMountSELinuxLabel`).
+            let gate = |g: &str| self.host.gates.contains(g);
+            let plugin_supports = match self.host.selinux && gate(SELINUX_MOUNT_READ_WRITE_ONCE_POD)
+            {
+                true => plugin
+                    .supports_selinux_context_mount(&spec)
+                    .await
+                    .map_err(|e| fail(e.message))?,
+                false => false,
+            };
+            let contexts = selinux_contexts.get(&name).map(Vec::as_slice);
+            let selinux = selinux::labels(
+                &spec,
+                contexts.unwrap_or_default(),
+                change_policy,
+                plugin_supports,
+                self.host.selinux,
+                gate,
+            )
+            .map_err(fail)?;
             let volume = PodVolume {
                 pod: info.clone(),
                 outer_name: name,
                 spec,
                 read_only,
                 requires_republish,
+                selinux,
             };
             out.push((unique, attachable, device_mountable, volume));
         }

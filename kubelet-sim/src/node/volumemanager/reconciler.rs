@@ -330,6 +330,7 @@ impl VolumeManager {
         let args = MounterArgs {
             fs_group: volume.pod.fs_group,
             remount: self.asw.lock().is_remount(&unique, &volume.pod.uid),
+            selinux_label: volume.selinux.mount.clone(),
         };
         match mounter.set_up_at(&path, &args).await {
             Ok(()) => {
@@ -406,7 +407,7 @@ impl VolumeManager {
         let mounter = plugin.new_device_mounter();
         let result = match plugin.device_mount_path(&volume.spec, &volume.pod).await {
             Ok(path) => mounter
-                .mount_device(&volume.spec, &volume.pod, &path)
+                .mount_device(&volume.spec, &volume.pod, &path, &volume.selinux.mount)
                 .await
                 .map(|()| path),
             Err(e) => Err(e),

@@ -19,7 +19,7 @@ use k8s_openapi::api::storage::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::handle::attachment_name;
-use super::mounter::{capability, mount_options, publish_context, read_secret};
+use super::mounter::{capability, mount_options_with_label, publish_context, read_secret};
 use super::source::{CsiSource, resolve};
 use super::vol_data::VolData;
 use super::{PLUGIN_NAME, log, spec_driver};
@@ -155,13 +155,20 @@ impl DeviceMounter for CsiAttacher {
         spec: &Spec,
         pod: &PodInfo,
         path: &Path,
+        selinux_label: &str,
     ) -> Result<(), VolumeError> {
-        self.stage(spec, pod, path).await
+        self.stage(spec, pod, path, selinux_label).await
     }
 }
 
 impl CsiAttacher {
-    async fn stage(&self, spec: &Spec, pod: &PodInfo, path: &Path) -> Result<(), VolumeError> {
+    async fn stage(
+        &self,
+        spec: &Spec,
+        pod: &PodInfo,
+        path: &Path,
+        selinux_label: &str,
+    ) -> Result<(), VolumeError> {
         let host = self.host.as_ref();
         let driver_name = spec_driver(spec);
         let client = host.csi_client(&driver_name).await.map_err(|e| {
@@ -216,9 +223,11 @@ impl CsiAttacher {
                     path.display()
                 )))
             })?;
-        VolData::save_staging(parent, &handle, &driver_name).map_err(|e| {
-            VolumeError::final_(log(format!("failed to save volume info data: {e}")))
-        })?;
+        let (options, selinux_mount_context) =
+            mount_options_with_label(host, spec, driver.as_ref(), selinux_label);
+        VolData::save_staging(parent, &handle, &driver_name, &selinux_mount_context).map_err(
+            |e| VolumeError::final_(log(format!("failed to save volume info data: {e}"))),
+        )?;
         if !stages {
             // Upstream: "STAGE_UNSTAGE_VOLUME capability not set. Skipping MountDevice...".
             return Ok(());
@@ -237,7 +246,7 @@ impl CsiAttacher {
             volume_capability: Some(capability(
                 &source,
                 access_mode,
-                mount_options(spec),
+                options,
                 volume_mount_group,
             )),
             secrets,

@@ -246,6 +246,16 @@ impl VolumePlugin for CsiPlugin {
             .unwrap_or(false)
     }
 
+    /// `csiPlugin.SupportsSELinuxContextMount`: the CSIDriver's `seLinuxMount`; no CSIDriver is no.
+    async fn supports_selinux_context_mount(&self, spec: &Spec) -> Result<bool, VolumeError> {
+        let driver = self
+            .host
+            .csi_driver(&spec_driver(spec))
+            .await
+            .map_err(VolumeError::transient)?;
+        Ok(driver.and_then(|d| d.spec.se_linux_mount) == Some(true))
+    }
+
     fn attachable(&self) -> Option<&dyn AttachableVolumePlugin> {
         Some(self)
     }

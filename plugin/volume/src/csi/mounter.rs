@@ -175,8 +175,15 @@ impl CsiMounter {
             _ => String::new(),
         };
 
+        // 13. The SELinux context, when the driver mounts with one.
+        let (options, selinux_mount_context) =
+            mount_options_with_label(host, &self.spec, driver.as_ref(), &args.selinux_label);
+
         // 14. vol_data.json, so the volume can be unmounted (and reconstructed) without the pod.
-        let data = vol_data(host, &self.spec, &driver_name, &handle, source.mode);
+        let data = VolData {
+            selinux_mount_context,
+            ..vol_data(host, &self.spec, &driver_name, &handle, source.mode)
+        };
         data.save(&record_dir).map_err(|e| {
             VolumeError::transient(log(format!(
                 "mounter.SetUpAt failed to save volume info data: {e}"
@@ -193,7 +200,7 @@ impl CsiMounter {
             volume_capability: Some(capability(
                 &source,
                 access_mode,
-                mount_options(&self.spec),
+                options,
                 volume_mount_group,
             )),
             readonly: source.read_only,
@@ -303,6 +310,7 @@ fn vol_data(
         node_name: host.node_name().to_string(),
         attachment_id: attachment_name(handle, driver_name, host.node_name()),
         lifecycle_mode: mode.as_str().to_string(),
+        selinux_mount_context: String::new(),
     }
 }
 
@@ -432,6 +440,28 @@ pub(super) fn mount_options(spec: &Spec) -> Vec<String> {
             .unwrap_or_default(),
         Spec::Inline { .. } => Vec::new(),
     }
+}
+
+/// The spec's mount options, then `context="<label>"` when the `SELinuxMountReadWriteOncePod` gate is on,
+/// the CSIDriver says `seLinuxMount` and the volume manager gave a label (csi_mounter.go SetUpAt,
+/// csi_attacher.go MountDevice); with the label mounted with, which `vol_data.json` records as
+/// `seLinuxMountContext`.
+pub(super) fn mount_options_with_label(
+    host: &dyn VolumeHost,
+    spec: &Spec,
+    driver: Option<&CSIDriver>,
+    label: &str,
+) -> (Vec<String>, String) {
+    let mut options = mount_options(spec);
+    let supports = driver.and_then(|d| d.spec.se_linux_mount) == Some(true);
+    if !host.feature_enabled(crate::selinux::SELINUX_MOUNT_READ_WRITE_ONCE_POD)
+        || !supports
+        || label.is_empty()
+    {
+        return (options, String::new());
+    }
+    options.push(crate::selinux::mount_option(label));
+    (options, label.to_string())
 }
 
 /// Reads a referenced secret: every key of `data`, as strings. A missing one is transient: the mount goes

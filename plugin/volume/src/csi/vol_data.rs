@@ -8,6 +8,9 @@ use std::path::Path;
 /// The file's name.
 pub const FILE_NAME: &str = "vol_data.json";
 
+/// The key of the SELinux label a volume was mounted with.
+const SELINUX_KEY: &str = "seLinuxMountContext";
+
 /// The recorded facts of one volume.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct VolData {
@@ -23,6 +26,9 @@ pub struct VolData {
     pub attachment_id: String,
     /// `volumeLifecycleMode`: `Ephemeral` or `Persistent`.
     pub lifecycle_mode: String,
+    /// `seLinuxMountContext`: the label the volume was mounted with (`-o context=`), written only when
+    /// there was one.
+    pub selinux_mount_context: String,
 }
 
 /// One JSON object on one line, then a newline, as Go's `json.NewEncoder(file).Encode` writes it.
@@ -35,7 +41,7 @@ fn write_line(dir: &Path, map: &BTreeMap<&str, &str>) -> std::io::Result<()> {
 impl VolData {
     /// Writes `dir/vol_data.json`.
     pub fn save(&self, dir: &Path) -> std::io::Result<()> {
-        let map = BTreeMap::from([
+        let mut map = BTreeMap::from([
             ("specVolID", self.spec_vol_id.as_str()),
             ("volumeHandle", &self.volume_handle),
             ("driverName", &self.driver_name),
@@ -43,16 +49,26 @@ impl VolData {
             ("attachmentID", &self.attachment_id),
             ("volumeLifecycleMode", &self.lifecycle_mode),
         ]);
+        if !self.selinux_mount_context.is_empty() {
+            map.insert(SELINUX_KEY, &self.selinux_mount_context);
+        }
         write_line(dir, &map)
     }
 
     /// Writes the record `MountDevice` keeps beside a staging dir: just `volumeHandle` and `driverName`
-    /// (`csi_attacher.go`), all `UnmountDevice` needs.
-    pub fn save_staging(dir: &Path, volume_handle: &str, driver_name: &str) -> std::io::Result<()> {
-        write_line(
-            dir,
-            &BTreeMap::from([("volumeHandle", volume_handle), ("driverName", driver_name)]),
-        )
+    /// (`csi_attacher.go`), all `UnmountDevice` needs, and the SELinux label it staged with, if any.
+    pub fn save_staging(
+        dir: &Path,
+        volume_handle: &str,
+        driver_name: &str,
+        selinux_mount_context: &str,
+    ) -> std::io::Result<()> {
+        let mut map =
+            BTreeMap::from([("volumeHandle", volume_handle), ("driverName", driver_name)]);
+        if !selinux_mount_context.is_empty() {
+            map.insert(SELINUX_KEY, selinux_mount_context);
+        }
+        write_line(dir, &map)
     }
 
     /// Reads `dir/vol_data.json` (keys it lacks read as empty).
@@ -68,6 +84,7 @@ impl VolData {
             node_name: get("nodeName"),
             attachment_id: get("attachmentID"),
             lifecycle_mode: get("volumeLifecycleMode"),
+            selinux_mount_context: get(SELINUX_KEY),
         })
     }
 }
