@@ -88,12 +88,14 @@ fn the_local_driver_passes_every_check_and_the_junit_file_says_so() {
             !case.children().any(|c| c.has_tag_name("failure")),
             "{name} failed: {xml}"
         );
-        // The CSIDriver sets podInfoOnMount, and without root the checks that look at a mount cannot;
-        // everything else runs.
+        // The CSIDriver sets podInfoOnMount and not seLinuxMount (the local driver's bind mounts cannot
+        // take a context), and without root the checks that look at a mount cannot; everything else runs.
         if let Some(skipped) = case.children().find(|c| c.has_tag_name("skipped")) {
             let reason = skipped.attribute("message").unwrap_or_default();
             assert!(
                 name == "pod-info/disabled"
+                    || (name == "selinux/mount-context"
+                        && reason.contains("the CSIDriver does not say seLinuxMount: true"))
                     || (reason == "needs real mounts (root)" && !inlet_host::mount::can_mount()),
                 "{name} skipped: {reason}"
             );
@@ -291,6 +293,49 @@ fn bad_flags_and_an_unknown_check_exit_2() {
     assert!(stderr.contains("--kubeconfig"), "{stderr}");
 }
 
+/// A CSIDriver that says `seLinuxMount: true`: on a host without SELinux the kubelet gives no context, so
+/// the check is skipped and says why; on an SELinux host (as root) the local driver, whose bind mounts
+/// cannot take a context, refuses the flag and fails it.
+#[test]
+fn the_selinux_check_follows_the_host() {
+    let dir = tempfile::tempdir().unwrap();
+    let csidriver = dir.path().join("csidriver.yaml");
+    let yaml = LOCAL_CSIDRIVER.replace(
+        "fsGroupPolicy: File",
+        "fsGroupPolicy: File\n  seLinuxMount: true",
+    );
+    std::fs::write(&csidriver, yaml).unwrap();
+    let report = dir.path().join("conform.json");
+    let (code, stdout, stderr) = conform(&[
+        "--driver",
+        "local.inlet.dev=local",
+        "--csidriver",
+        csidriver.to_str().unwrap(),
+        "--only",
+        "selinux/mount-context",
+        "--report",
+        report.to_str().unwrap(),
+    ]);
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    let check = &json["checks"][0];
+    assert_eq!(check["id"], "selinux/mount-context", "{stdout}");
+    if !inlet_host::selinux::enabled() {
+        assert_eq!(
+            (code, &check["result"]),
+            (0, &"skip".into()),
+            "{stdout}{stderr}"
+        );
+        let reason = check["reason"].as_str().unwrap_or_default();
+        assert!(reason.contains("does not run SELinux"), "{reason}");
+    } else if inlet_host::mount::can_mount() {
+        assert_eq!(
+            (code, &check["result"]),
+            (1, &"fail".into()),
+            "{stdout}{stderr}"
+        );
+    }
+}
+
 /// `--testdriver` takes e2e's file unchanged, says what e2e would ignore in it, and refuses one that
 /// describes another driver.
 #[test]
@@ -454,6 +499,7 @@ fn csi_driver_host_path_results_are_those_conform_md_records() {
             "persistent/raw-block",
             "pod-info/disabled",
             "fsgroup/read-write-once-with-fstype",
+            "selinux/mount-context",
             "regression/121271-failed-republish"
         ],
         "{stdout}"
@@ -462,8 +508,8 @@ fn csi_driver_host_path_results_are_those_conform_md_records() {
     assert!(
         doc.contains("csi-driver-host-path v1.16.1")
             && doc.contains(&format!(
-                "{} passed, 1 failed, 6 skipped",
-                catalogue().len() - 7
+                "{} passed, 1 failed, 7 skipped",
+                catalogue().len() - 8
             ))
     );
 }

@@ -20,6 +20,7 @@ mod regression;
 mod republish;
 mod restart;
 mod secrets;
+mod selinux;
 mod stats;
 mod tokens;
 
@@ -70,6 +71,7 @@ pub fn catalogue() -> Vec<Check> {
         pod_info::checks(),
         csidriver::checks(),
         fsgroup::checks(),
+        selinux::checks(),
         tokens::checks(),
         stats::checks(),
         regression::checks(),

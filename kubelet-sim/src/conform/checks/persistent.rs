@@ -108,13 +108,16 @@ pub(super) fn mount_capability() -> csi::VolumeCapability {
     }
 }
 
-/// A PV of the created volume, a claim bound to it, and pods using the claim (as a filesystem at
-/// `/mnt/data`, or as the raw `block` device `/dev/xvda`); runs the pods.
+/// A PV of the created volume with the one access mode `access_mode`, a claim bound to it, and pods
+/// (with `pod_spec` merged into their spec) using the claim (as a filesystem at `/mnt/data`, or as the raw
+/// `block` device `/dev/xvda`); runs the pods.
 pub(super) async fn run_on_pv(
     env: &mut CheckEnv,
     volume: &csi::Volume,
     pods: &[&str],
     block: bool,
+    access_mode: &str,
+    pod_spec: serde_json::Value,
 ) -> Result<(), String> {
     let driver = env.conf.setup.name().to_string();
     let mode = if block { "Block" } else { "Filesystem" };
@@ -123,7 +126,7 @@ pub(super) async fn run_on_pv(
         "spec": {
             "capacity": {"storage": "16Mi"},
             "volumeMode": mode,
-            "accessModes": ["ReadWriteOnce"],
+            "accessModes": [access_mode],
             "claimRef": {"name": "conform-claim", "namespace": NAMESPACE},
             "csi": {"driver": driver, "volumeHandle": volume.volume_id,
                     "volumeAttributes": volume.volume_context},
@@ -132,7 +135,7 @@ pub(super) async fn run_on_pv(
     .map_err(|e| e.to_string())?;
     let claim: PersistentVolumeClaim = serde_json::from_value(json!({
         "metadata": {"name": "conform-claim", "namespace": NAMESPACE},
-        "spec": {"accessModes": ["ReadWriteOnce"], "volumeName": "conform-pv", "volumeMode": mode,
+        "spec": {"accessModes": [access_mode], "volumeName": "conform-pv", "volumeMode": mode,
                  "resources": {"requests": {"storage": "16Mi"}}},
     }))
     .map_err(|e| e.to_string())?;
@@ -144,7 +147,7 @@ pub(super) async fn run_on_pv(
     let pods =
         pods.iter()
             .map(|name| {
-                let mut pod = env.pod(name, &[], json!({}));
+                let mut pod = env.pod(name, &[], pod_spec.clone());
                 let spec = pod.spec.get_or_insert_with(Default::default);
                 spec.volumes =
                     Some(vec![serde_json::from_value(json!(
@@ -200,7 +203,7 @@ pub(super) async fn stage_publish(env: &mut CheckEnv) -> Outcome {
 
 pub(super) async fn stage_publish_on(env: &mut CheckEnv, volume: &csi::Volume) -> Outcome {
     let handle = volume.volume_id.as_str();
-    run_on_pv(env, volume, &["staged"], false).await?;
+    run_on_pv(env, volume, &["staged"], false, "ReadWriteOnce", json!({})).await?;
     let calls = env.calls();
     let published = first_ok(&calls, "NodePublishVolume", handle);
     let publish = &calls[published.ok_or("no successful NodePublishVolume")?];
@@ -252,7 +255,15 @@ pub(super) async fn shared_staging(env: &mut CheckEnv) -> Outcome {
 
 pub(super) async fn shared_staging_on(env: &mut CheckEnv, volume: &csi::Volume) -> Outcome {
     let handle = volume.volume_id.as_str();
-    run_on_pv(env, volume, &["first", "second"], false).await?;
+    run_on_pv(
+        env,
+        volume,
+        &["first", "second"],
+        false,
+        "ReadWriteOnce",
+        json!({}),
+    )
+    .await?;
     let count = |env: &CheckEnv, method: &str| {
         env.calls()
             .iter()
@@ -287,7 +298,7 @@ pub(super) async fn raw_block(env: &mut CheckEnv) -> Outcome {
 
 async fn raw_block_on(env: &mut CheckEnv, volume: &csi::Volume) -> Outcome {
     let handle = volume.volume_id.as_str();
-    run_on_pv(env, volume, &["block"], true).await?;
+    run_on_pv(env, volume, &["block"], true, "ReadWriteOnce", json!({})).await?;
     let devices = env
         .node_root()
         .join("plugins/kubernetes.io/csi/volumeDevices");
