@@ -130,8 +130,12 @@ pub struct ConformReport {
     pub skipped: usize,
 }
 
-/// How long a failed check's teardown is waited for.
+/// How long a failed check's teardown is waited for (and conform's own tasks to stop).
 pub(crate) const CLEANUP_WAIT: Duration = Duration::from_secs(5);
+
+/// The same on a real node, whose kubelet takes 10 to 20 s to let a pod go (its status manager syncs
+/// every 10 s): long enough for an orderly teardown before the pods are removed from the API.
+const CLUSTER_CLEANUP_WAIT: Duration = Duration::from_secs(30);
 
 /// How long a whole check may take, whatever its steps' waits: a hung driver call cannot stall the run.
 fn check_deadline(wait: Duration) -> Duration {
@@ -372,8 +376,11 @@ async fn run_check(
                 result.csi_calls = env.calls();
                 result.csi_calls.extend(env.calls_in_flight());
                 // Best effort, and briefly: a driver that failed may never let its pods go.
-                let cleanup =
-                    tokio::time::timeout(CLEANUP_WAIT.min(conf.wait), env.nothing_left(&[]));
+                let wait = match conf.cluster {
+                    Some(_) => CLUSTER_CLEANUP_WAIT,
+                    None => CLEANUP_WAIT,
+                };
+                let cleanup = tokio::time::timeout(wait.min(conf.wait), env.nothing_left(&[]));
                 match cleanup.await {
                     Ok(Ok(())) => {}
                     Ok(Err(left)) => tracing::warn!(check = check.id, "after the failure: {left}"),

@@ -73,11 +73,12 @@ pub(super) async fn same_definition(env: &mut CheckEnv) -> Outcome {
         (_, true, _) => "the definition is ReadOnly: isolation not looked at".to_string(),
         (_, _, false) => "not root: isolation not looked at".to_string(),
         _ => {
-            let written = env.volume_dir("first", "data").join("hello-world");
+            let written = env.volume_dir("first", "data").await.join("hello-world");
             std::fs::write(&written, b"first")
                 .map_err(|e| format!("writing in the first pod's volume: {e}"))?;
             if env
                 .volume_dir("second", "data")
+                .await
                 .join("hello-world")
                 .exists()
             {

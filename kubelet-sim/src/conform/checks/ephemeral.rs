@@ -338,7 +338,7 @@ pub(super) async fn read_only(env: &mut CheckEnv) -> Outcome {
     if !ro.readonly {
         return Err("the kubelet did not send readonly for csi.readOnly: true".into());
     }
-    let container = env.container_mount_read_only("read-only", "/mnt/ro");
+    let container = env.container_mount_read_only("read-only", "/mnt/ro").await;
     if container == Some(false) {
         return Err("the container's mount of the read-only volume is not read-only".into());
     }
@@ -358,7 +358,9 @@ pub(super) async fn read_only_mount(env: &mut CheckEnv) -> Outcome {
         ..InlineVolume::named("my-volume-0")
     };
     let publish = one_pod(env, "read-only-mount", volume).await?;
-    let container = env.container_mount_read_only("read-only-mount", "/mnt/my-volume-0");
+    let container = env
+        .container_mount_read_only("read-only-mount", "/mnt/my-volume-0")
+        .await;
     if container == Some(false) {
         return Err("volumeMounts[].readOnly: the container's mount is not read-only".into());
     }
@@ -373,13 +375,15 @@ pub(super) async fn read_only_mount(env: &mut CheckEnv) -> Outcome {
 
 pub(super) async fn read_write(env: &mut CheckEnv) -> Outcome {
     let publish = one_pod(env, "read-write", InlineVolume::named("my-volume-0")).await?;
-    let container_read_only = env.container_mount_read_only("read-write", "/mnt/my-volume-0");
+    let container_read_only = env
+        .container_mount_read_only("read-write", "/mnt/my-volume-0")
+        .await;
     if publish.readonly || container_read_only == Some(true) {
         return Err("a read/write volume was published or mounted read-only".into());
     }
     let note = match env.conf.mounter.1 {
         true => {
-            try_write(&env.volume_dir("read-write", "my-volume-0"))
+            try_write(&env.volume_dir("read-write", "my-volume-0").await)
                 .map_err(|e| format!("the read/write volume refuses writes: {e}"))?;
             unseen(container_read_only).into()
         }
@@ -417,7 +421,10 @@ pub(super) async fn mount_group(env: &mut CheckEnv) -> Outcome {
     let mut note = String::new();
     if env.conf.mounter.1 {
         use std::os::unix::fs::MetadataExt;
-        let file = env.volume_dir("mount-group", "data").join(".conform-group");
+        let file = env
+            .volume_dir("mount-group", "data")
+            .await
+            .join(".conform-group");
         std::fs::write(&file, b"conform").map_err(|e| format!("writing in the volume: {e}"))?;
         let gid = std::fs::metadata(&file).map_err(|e| e.to_string())?.gid();
         let _ = std::fs::remove_file(&file);

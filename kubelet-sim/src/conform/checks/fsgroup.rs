@@ -103,7 +103,10 @@ async fn policy(
         ));
     }
     // As e2e: a directory of its own in the volume, and a file in it.
-    let dir = env.volume_dir("fsgroup", "data").join("conform-fsgroup");
+    let dir = env
+        .volume_dir("fsgroup", "data")
+        .await
+        .join("conform-fsgroup");
     let file = dir.join("file");
     let made = std::fs::create_dir(&dir).and_then(|()| std::fs::write(&file, b"conform"));
     made.map_err(|e| format!("writing in the volume: {e}"))?;

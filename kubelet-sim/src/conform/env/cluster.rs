@@ -182,13 +182,24 @@ impl ClusterNode {
         }
         let mut outcome = registrar.outcome();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let (failed, serve_error) = tokio::sync::oneshot::channel();
         let task = tokio::spawn(async move {
             if let Err(e) = registrar.serve(&dir, async { drop(stopped.await) }).await {
                 tracing::error!("conform's registration socket: {e}");
+                let _ = failed.send(e.to_string());
             }
         });
         self.registration = Some((stop, task));
-        let said = tokio::time::timeout(wait, outcome.wait_for(Option::is_some)).await;
+        // A socket that cannot be served fails at once, not after the wait.
+        let said = tokio::select! {
+            said = tokio::time::timeout(wait, outcome.wait_for(Option::is_some)) => said,
+            Ok(e) = serve_error => {
+                return Err(ConformError::Cluster(format!(
+                    "cannot serve the registration socket {}: {e}",
+                    socket.display()
+                )));
+            }
+        };
         match said.ok().and_then(|o| o.ok().and_then(|o| o.clone())) {
             Some(Ok(())) => Ok(()),
             Some(Err(reason)) => Err(ConformError::Cluster(format!(
@@ -370,10 +381,13 @@ impl ClusterNode {
             self.drivers.get(&key).map(|d| d.metadata.uid.clone())
                 == Some(made.metadata.uid.clone())
         };
-        match poll(wait, seen).await {
-            true => Ok(()),
-            false => Err(format!("the new CSIDriver {} was not seen", self.driver)),
+        if !poll(wait, seen).await {
+            return Err(format!("the new CSIDriver {} was not seen", self.driver));
         }
+        // The kubelet's CSIDriver informer hears of it from the same watch cache as conform's watch, but
+        // cannot be asked: a second of slack before a pod of the check is mounted with it.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        Ok(())
     }
 
     /// Removes the check's pods the kubelet did not let go from the API (grace 0), stops registering the

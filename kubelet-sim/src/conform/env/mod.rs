@@ -433,11 +433,17 @@ impl CheckEnv {
 
     /// Whether the runtime mounts `container_path` read-only in pod `name`'s container: the CRI mount in
     /// the simulation, the container's mountinfo on a real node; None where that cannot be seen.
-    pub fn container_mount_read_only(&self, name: &str, container_path: &str) -> Option<bool> {
+    pub async fn container_mount_read_only(
+        &self,
+        name: &str,
+        container_path: &str,
+    ) -> Option<bool> {
         let sim = match &self.backend {
             Backend::Sim(sim) => sim,
             Backend::Cluster(_) => {
-                return cluster::container_mount_read_only(&self.uid(name), container_path);
+                let (uid, path) = (self.uid(name), container_path.to_string());
+                let scan = move || cluster::container_mount_read_only(&uid, &path);
+                return tokio::task::spawn_blocking(scan).await.ok().flatten();
             }
         };
         let runtime = sim.node(NODE).and_then(|n| n.pod_runtime(&self.uid(name)));
@@ -452,11 +458,13 @@ impl CheckEnv {
     /// Where a check does I/O in volume `volume` of pod `pod`: on a real node the container's view of it
     /// (`/mnt/<volume>` through its process's root, as e2e writes from inside the pod), else the target path
     /// the kubelet published it at.
-    pub fn volume_dir(&self, pod: &str, volume: &str) -> PathBuf {
+    pub async fn volume_dir(&self, pod: &str, volume: &str) -> PathBuf {
         let in_container = match &self.backend {
             Backend::Sim(_) => None,
             Backend::Cluster(_) => {
-                cluster::container_view(&self.uid(pod), &format!("/mnt/{volume}"))
+                let (uid, path) = (self.uid(pod), format!("/mnt/{volume}"));
+                let scan = move || cluster::container_view(&uid, &path);
+                tokio::task::spawn_blocking(scan).await.ok().flatten()
             }
         };
         match in_container {
