@@ -37,6 +37,29 @@ Feature: Image volumes through CRI
     And pod "web" cannot write to "/site:new.txt"
 
   @mounts
+  Scenario: A program in an image volume runs: the volume is read-only, not noexec
+    KEP-4639 first asked runtimes for noexec image mounts; kubernetes/enhancements#5354 dropped that in 1.34
+    (and kubernetes#135775 the API's words), so tools shipped as images can be run from their volumes.
+    Given an image "example.inlet.dev/tools:v1" with files:
+      | path               | content                                 |
+      | (executable) bin/hello | #!/bin/sh\necho hello from the image |
+    And the manifests:
+      """
+      apiVersion: v1
+      kind: Pod
+      metadata: {name: tools}
+      spec:
+        containers: [{name: app, image: busybox, volumeMounts: [{name: tools, mountPath: /tools}, {name: csi-tools, mountPath: /csi-tools}]}]
+        volumes:
+        - {name: tools, image: {reference: example.inlet.dev/tools:v1}}
+        - {name: csi-tools, csi: {driver: image.inlet.dev, readOnly: true, volumeAttributes: {image: example.inlet.dev/tools:v1}}}
+      """
+    When the simulation runs
+    Then pod "tools" is Running
+    And pod "tools" runs "/tools:bin/hello", which prints "hello from the image"
+    And pod "tools" runs "/csi-tools:bin/hello", which prints "hello from the image"
+
+  @mounts
   Scenario: A subPath of an image volume mounts a directory of the image
     Given the manifests:
       """

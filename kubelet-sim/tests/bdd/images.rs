@@ -34,6 +34,10 @@ fn files(step: &Step) -> ImageBuilder {
                 image = image.annotation(&annotation["(annotation) ".len()..], &row[1])
             }
             path if row[1] == "(deleted)" => image = image.remove(path),
+            program if program.starts_with("(executable) ") => {
+                let body = row[1].replace("\\n", "\n");
+                image = image.file_with_mode(&program["(executable) ".len()..], body, 0o755)
+            }
             path => image = image.file(path, row[1].replace("\\n", "\n")),
         }
     }
@@ -239,6 +243,21 @@ fn reads(w: &mut Sim, pod: String, text: String, path: String) {
     let host = host_path(w, &pod, mount).join(file);
     let body = std::fs::read_to_string(&host).unwrap_or_else(|e| panic!("{}: {e}", host.display()));
     assert_eq!(body.trim_end(), text.replace("\\n", "\n").trim_end());
+}
+
+#[then(regex = r#"^pod "([^"]+)" runs "([^"]+)", which prints "(.*)"$"#)]
+fn runs_program(w: &mut Sim, pod: String, path: String, expected: String) {
+    let (mount, file) = split_mount(&path);
+    if !content_visible(&format!("pod {pod} runs {path}")) {
+        return;
+    }
+    // Executed through the volume's own mount, as the container's exec would be: a noexec mount refuses it.
+    let host = host_path(w, &pod, mount).join(file);
+    let out = std::process::Command::new(&host)
+        .output()
+        .unwrap_or_else(|e| panic!("running {}: {e}", host.display()));
+    assert!(out.status.success(), "{}: {out:?}", host.display());
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim_end(), expected);
 }
 
 #[then(regex = r#"^pod "([^"]+)" finds no "([^"]+)"$"#)]

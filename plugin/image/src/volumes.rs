@@ -293,6 +293,9 @@ impl ImageVolumes {
         self.host
             .run(move |h| {
                 create_dir(&target)?;
+                // Read-only, and not noexec: KEP-4639 asked runtimes for noexec until
+                // kubernetes/enhancements#5354 dropped it (1.34), so tools shipped as images run from
+                // their volumes (image_volumes.feature).
                 let read_only = MountFlags {
                     read_only: true,
                     ..Default::default()
