@@ -39,6 +39,43 @@ Feature: Private volume images
     And pod "intruder" is Pending
     And no report, log or call carries a secret value
 
+  Scenario: Pull records that cannot be read are set aside; a private image they knew still needs proof
+    Upstream's kubelet is not stopped by a pull record it cannot read (fs_pullrecords.go forces the pull);
+    inlet's one record per node is set aside, and its successor takes no unrecorded image for preloaded.
+    Given the manifests:
+      """
+      apiVersion: v1
+      kind: Pod
+      metadata: {name: allowed}
+      spec:
+        imagePullSecrets: [{name: regcred}]
+        containers: [{name: app, image: busybox, volumeMounts: [{name: data, mountPath: /data}]}]
+        volumes: [{name: data, image: {reference: "$REGISTRY/team/data:v1"}}]
+      """
+    When the simulation runs
+    Then pod "allowed" is Running
+    When the pull records of node "node-1" are overwritten with garbage
+    And these manifests are applied:
+      """
+      apiVersion: v1
+      kind: Pod
+      metadata: {name: intruder}
+      spec:
+        containers: [{name: app, image: busybox, volumeMounts: [{name: data, mountPath: /data}]}]
+        volumes: [{name: data, image: {reference: "$REGISTRY/team/data:v1", pullPolicy: IfNotPresent}}]
+      ---
+      apiVersion: v1
+      kind: Pod
+      metadata: {name: allowed-again}
+      spec:
+        imagePullSecrets: [{name: regcred}]
+        containers: [{name: app, image: busybox, volumeMounts: [{name: data, mountPath: /data}]}]
+        volumes: [{name: data, image: {reference: "$REGISTRY/team/data:v1", pullPolicy: IfNotPresent}}]
+      """
+    Then pod "intruder" has a Warning "FailedMount" event saying "was pulled with credentials this volume does not have"
+    And pod "allowed-again" is Running
+    And the unreadable pull records of node "node-1" were set aside
+
   Scenario: Wrong credentials are refused by the registry
     Given a pull secret "default/wrong" for the registry with user "alice" and password "guess"
     And the manifests:

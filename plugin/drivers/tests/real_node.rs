@@ -1,6 +1,6 @@
 //! inlet deployed as operators deploy it, on a real node: `deploy/overlays/<runtime>` applied to the kit's
 //! API server, the DaemonSets' pods running the image `deploy/build-images.sh` builds on the kit's kubelet
-//! v1.20.2, on containerd and then on CRI-O 1.32. Only the node's paths are patched (the kit keeps its
+//! v1.20.2, on containerd 1.6, containerd 2.1 and CRI-O 1.32. Only the node's paths are patched (the kit keeps its
 //! kubelet, runtime and stores under its own dir). For each runtime:
 //!
 //! 1. the image is loaded into the runtime (`ctr images import`, `skopeo copy` into containers-storage)
@@ -126,15 +126,22 @@ fn load_image(kit: &Kit, runtime: &str, archive: &Path) {
 /// `deploy/overlays/<runtime>` rendered by the kit's kubectl (kustomize), with the node's paths replaced by
 /// the kit's and the state dirs put under `state`. Nothing else is changed.
 fn overlay(kit: &Kit, runtime: &str, state: &Path) -> String {
-    let dir = repo().join("deploy/overlays").join(runtime);
+    // containerd 2 takes the containerd overlay unchanged: same socket and store paths on a real node.
+    let overlay = runtime.trim_end_matches('2');
+    let dir = repo().join("deploy/overlays").join(overlay);
     let rendered = kit.kubectl(&["kustomize", dir.to_str().unwrap()]);
     let run = kit.run.join("run");
+    let containerd = run.join(if runtime == "containerd2" {
+        "containerd2"
+    } else {
+        "containerd"
+    });
     let paths: Vec<(&str, PathBuf)> = vec![
         ("/var/lib/kubelet", kit.kubelet_dir()),
         ("/var/lib/inlet-local", state.join("local")),
         ("/var/lib/inlet-image", state.join("image")),
-        ("/run/containerd", run.join("containerd")),
-        ("/var/lib/containerd", run.join("containerd/root")),
+        ("/run/containerd", containerd.clone()),
+        ("/var/lib/containerd", containerd.join("root")),
         ("/run/crio", run.join("crio")),
         ("/var/lib/containers/storage", run.join("crio/root")),
         ("/run/containers/storage", run.join("crio/runroot")),
@@ -637,9 +644,9 @@ fn inlets_daemonsets_serve_a_real_kubelet_on_containerd_and_cri_o() {
             std::slice::from_ref(&registry.address),
         ))
         .unwrap();
-    // INLET_REAL_NODE_RUNTIMES=crio runs one runtime (to debug it); both by default.
+    // INLET_REAL_NODE_RUNTIMES=crio runs one runtime (to debug it); all by default.
     let chosen = std::env::var("INLET_REAL_NODE_RUNTIMES").unwrap_or_default();
-    for name in ["containerd", "crio"] {
+    for name in ["containerd", "containerd2", "crio"] {
         if chosen.is_empty() || chosen.split(',').any(|c| c == name) {
             on_runtime(dir.path(), &runtime, &archive, &image, name);
         }

@@ -404,18 +404,23 @@ impl Puller {
     }
 
     /// True when the caller may use the cached `image` (the runtime's `id` for it) without pulling it.
-    /// Records that cannot be read, or a pull announced and never recorded, mean no.
+    /// Under NeverVerify always; else records that cannot be read, a pull announced and never recorded,
+    /// or an unrecorded image where the record was lost (distrusted) mean no.
     fn may_use(&self, image: &str, id: &str, credentials: &[Credentials]) -> bool {
+        if self.verification == VerificationPolicy::NeverVerify {
+            return true;
+        }
         let Some(records) = &self.records else {
-            return self.verification == VerificationPolicy::NeverVerify;
+            return false;
         };
         records
             .read(|records| {
                 let Some(record) = records.images.get(id) else {
                     return !records.intents.contains(image)
+                        && !records.distrusted
                         && self.verification != VerificationPolicy::AlwaysVerify;
                 };
-                if self.verification == VerificationPolicy::NeverVerify || record.anonymous {
+                if record.anonymous {
                     return true;
                 }
                 credentials.iter().any(|c| {

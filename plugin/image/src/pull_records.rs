@@ -13,7 +13,10 @@
 //! It fails closed, as upstream's pull manager does: a pull is announced (an *intent*) before it starts
 //! and cleared only with its record, so a crash or a failed write between the two leaves the image
 //! "pulled by this node, credentials unknown"; a record that cannot be read makes every cached image need
-//! proof.
+//! proof. A record found unreadable (a torn disk, a hand edit) does not stop a puller, as one corrupt file
+//! does not stop upstream's kubelet (`fs_pullrecords.go` reports it and forces the pull): it is set aside
+//! beside the new one (`pulls.json.corrupt-<unix time>`), and the new record starts *distrusted*: an image
+//! with no record in it needs proof from then on, since it may be one the lost record knew as private.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -41,6 +44,10 @@ pub(crate) struct Records {
     /// Images (as requested) whose pull started and has no record yet.
     #[serde(default)]
     pub intents: BTreeSet<String>,
+    /// The record replaces one that could not be read: an image it has no record of is not taken for
+    /// preloaded.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub distrusted: bool,
 }
 
 /// Who pulled one image.
@@ -84,9 +91,16 @@ pub struct PullRecords {
 }
 
 impl PullRecords {
-    /// The record in `dir` (created, with the node's salt, when missing). A record that cannot be read
-    /// is an error: replacing it would forget who pulled what, and hand private images to anyone.
+    /// The record in `dir` (created, with the node's salt, when missing; one that cannot be read is set
+    /// aside, and its successor distrusted). `dir` must not be a symlink: the record is the node's, in the
+    /// place its pullers were given.
     pub fn open(dir: &Path) -> Result<Self> {
+        if fs::symlink_metadata(dir).is_ok_and(|m| m.file_type().is_symlink()) {
+            return Err(std::io::Error::other(
+                "it is a symlink; the pull records need a directory",
+            ))
+            .context(|| format!("opening the pull records dir {}", dir.display()));
+        }
         fs::create_dir_all(dir).context(|| format!("creating {}", dir.display()))?;
         let records = Self {
             dir: dir.to_path_buf(),
@@ -127,7 +141,10 @@ impl PullRecords {
         let _lock = Flock::lock(file, FlockArg::LockExclusive)
             .map_err(|(_, errno)| std::io::Error::from(errno))
             .context(what)?;
-        let mut records = self.load()?.map(|c| c.records).unwrap_or_default();
+        let mut records = match self.load() {
+            Ok(cached) => cached.map(|c| c.records).unwrap_or_default(),
+            Err(e) => self.set_aside(&e)?,
+        };
         if records.salt.is_empty() {
             records.salt = uuid::Uuid::new_v4().simple().to_string();
         }
@@ -139,6 +156,26 @@ impl PullRecords {
 
     fn path(&self) -> PathBuf {
         self.dir.join(format!("{RECORDS}.json"))
+    }
+
+    /// Moves an unreadable record aside (under the lock) and returns its distrusted successor.
+    fn set_aside(&self, error: &inlet_host::Error) -> Result<Records> {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs();
+        let path = self.path();
+        let aside = self.dir.join(format!("{RECORDS}.json.corrupt-{now}"));
+        fs::rename(&path, &aside).context(|| format!("setting {} aside", path.display()))?;
+        tracing::error!(
+            %error,
+            aside = %aside.display(),
+            "the pull records could not be read: set aside; an image not recorded from now on needs proof"
+        );
+        Ok(Records {
+            distrusted: true,
+            ..Default::default()
+        })
     }
 
     /// The file as it is now: None when there is none yet.
@@ -209,16 +246,40 @@ mod tests {
     }
 
     #[test]
-    fn a_record_that_cannot_be_read_fails_closed_and_is_not_replaced() {
+    fn a_record_that_cannot_be_read_fails_closed_and_is_set_aside_distrusted() {
         let dir = tempfile::tempdir().unwrap();
         let records = PullRecords::open(dir.path()).unwrap();
         fs::write(dir.path().join("pulls.json"), b"{not json").unwrap();
         assert!(records.read(|_| ()).is_none(), "unreadable: no answer");
-        assert!(records.update(|_| {}).is_err(), "not overwritten");
-        assert!(PullRecords::open(dir.path()).is_err());
+        // The next puller to start (or to write) is not stopped by it: the file is kept aside, and the
+        // new record trusts nothing it does not know.
+        let next = PullRecords::open(dir.path()).unwrap();
+        assert_eq!(next.read(|r| r.distrusted), Some(true));
         assert_eq!(
-            fs::read(dir.path().join("pulls.json")).unwrap(),
-            b"{not json"
+            records.read(|r| r.distrusted),
+            Some(true),
+            "the first sees it too"
         );
+        let aside: Vec<_> = fs::read_dir(dir.path())
+            .unwrap()
+            .flatten()
+            .filter(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .starts_with("pulls.json.corrupt-")
+            })
+            .collect();
+        assert_eq!(aside.len(), 1);
+        assert_eq!(fs::read(aside[0].path()).unwrap(), b"{not json");
+    }
+
+    #[test]
+    fn a_symlinked_records_dir_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let real = dir.path().join("real");
+        fs::create_dir(&real).unwrap();
+        std::os::unix::fs::symlink(&real, dir.path().join("link")).unwrap();
+        let err = PullRecords::open(&dir.path().join("link")).err().unwrap();
+        assert!(err.to_string().contains("symlink"), "{err}");
     }
 }
