@@ -224,8 +224,9 @@ Feature: Private volume images
     Then pod "intruder" has a Warning "FailedMount" event saying "was pulled with credentials this volume does not have"
     And pod "intruder" is Pending
 
-  Scenario Outline: A cached container image pulled with credentials, under <policy>
+  Scenario Outline: A cached container image pulled with credentials, under <policy> (allowlist "<allowlist>")
     Given the image pull credentials verification policy is <policy>
+    And the preloaded images verification allowlist is "<allowlist>"
     And the manifests:
       """
       apiVersion: v1
@@ -248,10 +249,13 @@ Feature: Private volume images
     Then pod "other" <outcome>
 
     Examples:
-      | policy                     | outcome                                                    |
-      | NeverVerifyPreloadedImages | has a Warning "Failed" event saying "401 Unauthorized"     |
-      | AlwaysVerify               | has a Warning "Failed" event saying "401 Unauthorized"     |
-      | NeverVerify                | is Running                                                 |
+      | policy                       | allowlist               | outcome                                                |
+      | NeverVerifyPreloadedImages   |                         | has a Warning "Failed" event saying "401 Unauthorized" |
+      | AlwaysVerify                 |                         | has a Warning "Failed" event saying "401 Unauthorized" |
+      | NeverVerify                  |                         | is Running                                             |
+      | NeverVerifyAllowlistedImages | $REGISTRY/team/data     | is Running                                             |
+      | NeverVerifyAllowlistedImages | $REGISTRY/team/*        | is Running                                             |
+      | NeverVerifyAllowlistedImages | $REGISTRY/other/*       | has a Warning "Failed" event saying "401 Unauthorized" |
 
   Scenario: A cached private container image with pull policy Never is not present for a pod without its credentials
     Given the manifests:

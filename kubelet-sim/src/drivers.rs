@@ -238,6 +238,7 @@ impl DriverHandle {
                 // The simulation's plain-HTTP registries serve artifacts too.
                 artifact_insecure_registries: on.images.insecure_registries.clone(),
                 verification: on.images.verification,
+                preloaded_allowlist: on.images.allowlist.clone(),
                 // One record per node of which credentials pulled which image, shared with the
                 // kubelet's own pulls: else an image one pulled with credentials looks preloaded to
                 // the other.

@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use inlet_image::allowlist::Allowlist;
 use inlet_image::pull::VerificationPolicy;
 
 /// Images in a simulation.
@@ -20,6 +21,8 @@ pub struct SimImages {
     /// `imagePullCredentialsVerificationPolicy`): container images, in-tree image volumes and the
     /// in-process image drivers alike.
     pub verification: VerificationPolicy,
+    /// The images `NeverVerifyAllowlistedImages` exempts (`preloadedImagesVerificationAllowlist`).
+    pub allowlist: Allowlist,
 }
 
 impl Default for SimImages {
@@ -30,6 +33,7 @@ impl Default for SimImages {
             // The kubelet's CSI timeout (two minutes) less the driver's margin.
             pull_wait: Duration::from_secs(100),
             verification: VerificationPolicy::default(),
+            allowlist: Allowlist::default(),
         }
     }
 }

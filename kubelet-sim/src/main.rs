@@ -143,6 +143,11 @@ struct RunArgs {
     /// the image drivers started here, which share one record per node of who pulled what.
     #[arg(long, value_enum, default_value_t = VerificationPolicy::NeverVerifyPreloadedImages)]
     image_pull_credentials_verification_policy: VerificationPolicy,
+    /// The images NeverVerifyAllowlistedImages hands to any pod without proof, comma-separated: full names
+    /// without tag or digest (`registry.example/team/tool`), or prefixes ending in `/*` (the kubelet's
+    /// preloadedImagesVerificationAllowlist).
+    #[arg(long, value_delimiter = ',', value_parser = inlet_image::allowlist::allowlist_entry)]
+    preloaded_images_verification_allowlist: Vec<String>,
     /// Serve the kubelet's storage metrics at http://HOST:PORT/metrics (`:PORT` for every interface) while
     /// the run lasts: `storage_operation_duration_seconds`, `csi_operations_seconds`,
     /// `volume_manager_total_volumes`, `process_*`, with upstream's names and labels.
@@ -344,6 +349,9 @@ async fn run(args: RunArgs) -> Result<Outcome, String> {
             layouts: args.image_layouts,
             insecure_registries: args.insecure_registries,
             verification: args.image_pull_credentials_verification_policy,
+            allowlist: inlet_image::allowlist::Allowlist::parse(
+                &args.preloaded_images_verification_allowlist,
+            )?,
             ..SimImages::default()
         },
         plugins_registry: args.plugins_registry,

@@ -111,6 +111,8 @@ pub struct NodeConfig {
     pub plugins_registry: Option<PathBuf>,
     /// Which cached images a pod must prove credentials for (`imagePullCredentialsVerificationPolicy`).
     pub image_verification: VerificationPolicy,
+    /// The images `NeverVerifyAllowlistedImages` exempts (`preloadedImagesVerificationAllowlist`).
+    pub image_allowlist: inlet_image::allowlist::Allowlist,
 }
 
 /// The kubelet-side image plugin's state dir under a node's root, which also holds the node's one record
@@ -127,10 +129,11 @@ pub async fn image_engine(
     cri_socket: &Path,
     node_root: &Path,
     mounter: &Arc<dyn MountLayer>,
-    verification: VerificationPolicy,
+    images: &crate::images::SimImages,
 ) -> Option<Arc<Engine>> {
     let config = EngineConfig {
-        verification,
+        verification: images.verification,
+        preloaded_allowlist: images.allowlist.clone(),
         ..EngineConfig::new(cri_socket, &image_plugin_dir(node_root))
     };
     match Engine::start(&config, Arc::clone(mounter)).await {
@@ -253,7 +256,8 @@ impl Kubelet {
                 .unwrap_or_else(|e| {
                     tracing::error!(node = %config.name, error = %e, "no image pull record");
                     Puller::unrecorded(cri.image.clone(), config.image_verification)
-                }),
+                })
+                .with_allowlist(config.image_allowlist.clone()),
             ),
         };
         if let Some(engine) = images {

@@ -221,6 +221,7 @@ impl Simulation {
                 containers: config.containers,
                 plugins_registry: config.plugins_registry.clone(),
                 image_verification: config.images.verification,
+                image_allowlist: config.images.allowlist.clone(),
             };
             let node = new_kubelet(
                 node_config,
@@ -527,13 +528,8 @@ async fn new_kubelet(
 ) -> Result<Arc<Kubelet>, SimError> {
     let timeout = config.containers.runtime_request_timeout;
     let cri = cri::connect_when_up(cri_socket, timeout).await?;
-    let images = crate::node::image_engine(
-        cri_socket,
-        &config.root,
-        &sim.mounter,
-        sim.images.verification,
-    )
-    .await;
+    let images =
+        crate::node::image_engine(cri_socket, &config.root, &sim.mounter, &sim.images).await;
     Ok(Kubelet::new(
         config,
         Arc::clone(api),

@@ -85,6 +85,19 @@ fn verification_policy(w: &mut Sim, policy: String) {
         .expect("a verification policy");
 }
 
+#[given(regex = r#"^the preloaded images verification allowlist is "([^"]*)"$"#)]
+fn verification_allowlist(w: &mut Sim, list: String) {
+    let address = w.registry.as_ref().map(|(r, ..)| r.address.clone());
+    let list = list.replace(REGISTRY_PLACEHOLDER, &address.unwrap_or_default());
+    let entries: Vec<String> = list
+        .split(',')
+        .filter(|e| !e.is_empty())
+        .map(String::from)
+        .collect();
+    w.images.allowlist =
+        inlet_image::allowlist::Allowlist::parse(&entries).expect("a valid allowlist");
+}
+
 #[given(regex = r"^one mount attempt waits at most (\d+)ms for a pull$")]
 fn pull_wait(w: &mut Sim, ms: u64) {
     w.images.pull_wait = Duration::from_millis(ms);

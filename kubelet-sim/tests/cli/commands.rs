@@ -316,6 +316,20 @@ fn bad_flags_exit_2_and_name_the_flag() {
             ],
             "NeverVerifyPreloadedImages",
         ),
+        (
+            vec![
+                "run",
+                "--manifests",
+                "x",
+                "--preloaded-images-verification-allowlist",
+                "registry.example/team/tool,registry.example/*/x",
+            ],
+            "not a valid wildcard pattern, only patterns ending with '/*' are allowed: registry.example/*/x",
+        ),
+        (
+            vec!["run", "--manifests", "x", "--selinux", "maybe"],
+            "--selinux",
+        ),
     ] {
         let (code, _, stderr) = run(&args);
         assert_eq!(code, 2, "{args:?}: {stderr}");

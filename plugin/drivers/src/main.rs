@@ -9,6 +9,7 @@ use std::sync::Arc;
 use clap::{Parser, Subcommand, ValueEnum};
 use inlet_host::mount::{LinuxMounter, MountLayer, RecordingMounter, can_mount};
 use inlet_host::quantity::parse_bytes;
+use inlet_image::allowlist::{Allowlist, allowlist_entry};
 use inlet_image::{Engine, EngineConfig, StorageKind, VerificationPolicy};
 use inlet_plugin::call_log::CallLog;
 use inlet_plugin::image::{ImageDriverConfig, ImageService};
@@ -131,6 +132,11 @@ struct ServeArgs {
     /// `image` driver: which cached images a volume must prove credentials for (KEP-2535's policy).
     #[arg(long, value_enum, default_value_t = VerificationPolicy::NeverVerifyPreloadedImages)]
     image_pull_credentials_verification_policy: VerificationPolicy,
+    /// `image` driver: the images NeverVerifyAllowlistedImages hands out without proof, comma-separated:
+    /// full names without tag or digest (`registry.example/team/tool`), or prefixes ending in `/*` (the
+    /// kubelet's preloadedImagesVerificationAllowlist).
+    #[arg(long, value_delimiter = ',', value_parser = allowlist_entry)]
+    preloaded_images_verification_allowlist: Vec<String>,
     /// `image` driver: the dir of the node's record of which credentials pulled which image (KEP-2535),
     /// shared with the node's other pullers of images (kubelet-sim keeps its own in
     /// `<kubelet-dir>/plugins/kubernetes.io/image`), so an image one pulled with credentials is not
@@ -341,6 +347,7 @@ async fn serve_image(
         snapshotter: args.snapshotter,
         state_dir: args.state_dir.clone(),
         verification: args.image_pull_credentials_verification_policy,
+        preloaded_allowlist: Allowlist::parse(&args.preloaded_images_verification_allowlist)?,
         pull_records_dir: args.pull_records_dir,
         artifact_insecure_registries: args.artifact_insecure_registries,
     };

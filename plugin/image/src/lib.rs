@@ -14,6 +14,7 @@
 //! - [`volumes`]: [`ImageVolumes`]: shared read-only views, writable copy-on-write volumes, records, recovery.
 //! - [`artifact`]: OCI artifacts runtimes cannot pull, fetched with oci-client on an explicit opt-in.
 
+pub mod allowlist;
 pub mod artifact;
 pub mod auth;
 mod locks;
@@ -75,6 +76,8 @@ pub struct EngineConfig {
     pub state_dir: PathBuf,
     /// Which cached images need proof of credentials.
     pub verification: VerificationPolicy,
+    /// The images `NeverVerifyAllowlistedImages` hands out without proof.
+    pub preloaded_allowlist: allowlist::Allowlist,
     /// Where the node's record of which credentials pulled which image is kept (see
     /// [`pull_records`]); pullers of one node share it. None: in `state_dir`.
     pub pull_records_dir: Option<PathBuf>,
@@ -93,6 +96,7 @@ impl EngineConfig {
             snapshotter: "overlayfs".into(),
             state_dir: state_dir.to_path_buf(),
             verification: VerificationPolicy::default(),
+            preloaded_allowlist: Default::default(),
             pull_records_dir: None,
             artifact_insecure_registries: Vec::new(),
         }
@@ -137,7 +141,8 @@ impl Engine {
                 .unwrap_or(&config.state_dir),
             config.verification,
             Some(Arc::clone(&store)),
-        )?;
+        )?
+        .with_allowlist(config.preloaded_allowlist.clone());
         let volumes = ImageVolumes::open(store, Arc::clone(&mounter), &config.state_dir)?;
         let published = volumes.recover().await?;
         let artifacts_dir = config.state_dir.join("artifacts");

@@ -23,6 +23,7 @@ use tokio::sync::watch;
 use tonic::Code;
 use tonic::transport::Channel;
 
+use super::allowlist::Allowlist;
 use super::auth::Credentials;
 use super::metrics::ImageMetrics;
 use super::pull_records::PullRecords;
@@ -80,6 +81,11 @@ pub enum VerificationPolicy {
     /// Every cached image needs proof unless it was pulled anonymously.
     #[value(name = "AlwaysVerify")]
     AlwaysVerify,
+    /// Images of the `preloadedImagesVerificationAllowlist` are handed to anyone, whoever pulled them;
+    /// every other cached image needs proof unless it was pulled anonymously
+    /// (`image_pull_policies.go`).
+    #[value(name = "NeverVerifyAllowlistedImages")]
+    NeverVerifyAllowlistedImages,
 }
 
 /// What a caller asks for.
@@ -236,6 +242,8 @@ pub struct Puller {
     records: Option<PullRecords>,
     running: Mutex<HashMap<String, Running>>,
     verification: VerificationPolicy,
+    /// What `NeverVerifyAllowlistedImages` exempts.
+    allowlist: Allowlist,
     progress: Option<Arc<dyn ImageStore>>,
     metrics: ImageMetrics,
 }
@@ -258,6 +266,7 @@ impl Puller {
             records: Some(PullRecords::open(records_dir)?),
             running: Mutex::default(),
             verification,
+            allowlist: Allowlist::default(),
             progress,
             metrics: ImageMetrics::default(),
         })
@@ -271,9 +280,16 @@ impl Puller {
             records: None,
             running: Mutex::default(),
             verification,
+            allowlist: Allowlist::default(),
             progress: None,
             metrics: ImageMetrics::default(),
         }
+    }
+
+    /// The puller with `allowlist` as the images `NeverVerifyAllowlistedImages` exempts.
+    pub fn with_allowlist(mut self, allowlist: Allowlist) -> Self {
+        self.allowlist = allowlist;
+        self
     }
 
     /// The puller's metrics, to expose them.
@@ -407,7 +423,9 @@ impl Puller {
     /// Under NeverVerify always; else records that cannot be read, a pull announced and never recorded,
     /// or an unrecorded image where the record was lost (distrusted) mean no.
     fn may_use(&self, image: &str, id: &str, credentials: &[Credentials]) -> bool {
-        if self.verification == VerificationPolicy::NeverVerify {
+        let allowlisted = self.verification == VerificationPolicy::NeverVerifyAllowlistedImages
+            && self.allowlist.matches(image);
+        if self.verification == VerificationPolicy::NeverVerify || allowlisted {
             return true;
         }
         let Some(records) = &self.records else {
@@ -418,7 +436,7 @@ impl Puller {
                 let Some(record) = records.images.get(id) else {
                     return !records.intents.contains(image)
                         && !records.distrusted
-                        && self.verification != VerificationPolicy::AlwaysVerify;
+                        && self.verification == VerificationPolicy::NeverVerifyPreloadedImages;
                 };
                 if record.anonymous {
                     return true;
