@@ -39,9 +39,10 @@ Feature: Private volume images
     And pod "intruder" is Pending
     And no report, log or call carries a secret value
 
-  Scenario: Pull records that cannot be read are set aside; a private image they knew still needs proof
-    Upstream's kubelet is not stopped by a pull record it cannot read (fs_pullrecords.go forces the pull);
-    inlet's one record per node is set aside, and its successor takes no unrecorded image for preloaded.
+  Scenario: A pulled-image record that cannot be read makes its image need proof, and a pull writes it anew
+    Records are kept as the kubelet keeps them (`<root>/image_manager/pulled/sha256-<image id hash>`), and
+    one that cannot be read stops nothing: its image needs proof (fs_pullrecords.go forces the pull), and
+    the next pull with credentials writes it again.
     Given the manifests:
       """
       apiVersion: v1
@@ -54,7 +55,7 @@ Feature: Private volume images
       """
     When the simulation runs
     Then pod "allowed" is Running
-    When the pull records of node "node-1" are overwritten with garbage
+    When the pulled-image records of node "node-1" are overwritten with garbage
     And these manifests are applied:
       """
       apiVersion: v1
@@ -74,7 +75,7 @@ Feature: Private volume images
       """
     Then pod "intruder" has a Warning "FailedMount" event saying "was pulled with credentials this volume does not have"
     And pod "allowed-again" is Running
-    And the unreadable pull records of node "node-1" were set aside
+    And the pulled-image records of node "node-1" are the kubelet's again
 
   Scenario: Wrong credentials are refused by the registry
     Given a pull secret "default/wrong" for the registry with user "alice" and password "guess"

@@ -242,7 +242,7 @@ impl DriverHandle {
                 // One record per node of which credentials pulled which image, shared with the
                 // kubelet's own pulls: else an image one pulled with credentials looks preloaded to
                 // the other.
-                pull_records_dir: Some(crate::node::image_plugin_dir(on.node_root)),
+                pull_records_dir: Some(crate::node::pull_records_dir(on.node_root)),
                 ..EngineConfig::new(on.cri_socket, &dir.join("state"))
             },
             Arc::clone(&on.mounter),

@@ -115,11 +115,15 @@ pub struct NodeConfig {
     pub image_allowlist: inlet_image::allowlist::Allowlist,
 }
 
-/// The kubelet-side image plugin's state dir under a node's root, which also holds the node's one record
-/// of which credentials pulled which image: every image puller of the node (container images, in-tree
-/// image volumes, the in-process image drivers) shares it.
+/// The kubelet-side image plugin's state dir under a node's root.
 pub fn image_plugin_dir(node_root: &Path) -> PathBuf {
     node_root.join("plugins/kubernetes.io/image")
+}
+
+/// The node's record of which credentials pulled which image (KEP-2535), where the kubelet keeps it
+/// (`<root>/image_manager`, in its format): every image puller of the node shares it.
+pub fn pull_records_dir(node_root: &Path) -> PathBuf {
+    node_root.join("image_manager")
 }
 
 /// The kubelet-side image engine of a node, over the runtime at `cri_socket`, with its state under the
@@ -134,6 +138,7 @@ pub async fn image_engine(
     let config = EngineConfig {
         verification: images.verification,
         preloaded_allowlist: images.allowlist.clone(),
+        pull_records_dir: Some(pull_records_dir(node_root)),
         ..EngineConfig::new(cri_socket, &image_plugin_dir(node_root))
     };
     match Engine::start(&config, Arc::clone(mounter)).await {
@@ -249,7 +254,7 @@ impl Kubelet {
             None => Arc::new(
                 Puller::new(
                     cri.image.clone(),
-                    &image_plugin_dir(&config.root),
+                    &pull_records_dir(&config.root),
                     config.image_verification,
                     None,
                 )

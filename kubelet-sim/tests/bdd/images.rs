@@ -415,37 +415,36 @@ pub fn registry_available() -> bool {
     LocalRegistry::available()
 }
 
-/// A node's pull records (KEP-2535), shared by its pullers.
-fn pull_records(w: &Sim, node: &str) -> PathBuf {
-    w.dir
+/// A node's pulled-image records (KEP-2535), where the kubelet keeps them.
+fn pulled_records(w: &Sim, node: &str) -> Vec<PathBuf> {
+    let dir = w
+        .dir
         .path()
         .join("root")
         .join(node)
-        .join("plugins/kubernetes.io/image/pulls.json")
-}
-
-#[when(regex = r#"^the pull records of node "([^"]+)" are overwritten with garbage$"#)]
-fn corrupt_pull_records(w: &mut Sim, node: String) {
-    let path = pull_records(w, &node);
-    assert!(path.exists(), "{}", path.display());
-    std::fs::write(&path, b"\0garbage").unwrap();
-}
-
-#[then(regex = r#"^the unreadable pull records of node "([^"]+)" were set aside$"#)]
-fn pull_records_set_aside(w: &mut Sim, node: String) {
-    let path = pull_records(w, &node);
-    let dir = path.parent().unwrap();
-    let aside = std::fs::read_dir(dir)
-        .unwrap()
+        .join("image_manager/pulled");
+    let files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
         .flatten()
-        .filter(|e| {
-            e.file_name()
-                .to_string_lossy()
-                .starts_with("pulls.json.corrupt-")
-        })
-        .count();
-    assert_eq!(aside, 1, "in {}", dir.display());
-    let text = std::fs::read_to_string(&path).unwrap();
-    let record: serde_json::Value = serde_json::from_str(&text).unwrap();
-    assert_eq!(record["distrusted"], true, "{text}");
+        .map(|e| e.path())
+        .collect();
+    assert!(!files.is_empty(), "no record in {}", dir.display());
+    files
+}
+
+#[when(regex = r#"^the pulled-image records of node "([^"]+)" are overwritten with garbage$"#)]
+fn corrupt_pull_records(w: &mut Sim, node: String) {
+    for path in pulled_records(w, &node) {
+        std::fs::write(&path, b"\0garbage").unwrap();
+    }
+}
+
+#[then(regex = r#"^the pulled-image records of node "([^"]+)" are the kubelet's again$"#)]
+fn pull_records_rewritten(w: &mut Sim, node: String) {
+    for path in pulled_records(w, &node) {
+        let text = std::fs::read(&path).unwrap();
+        let record: serde_json::Value =
+            serde_json::from_slice(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        assert_eq!(record["kind"], "ImagePulledRecord", "{}", path.display());
+    }
 }

@@ -138,9 +138,9 @@ struct ServeArgs {
     #[arg(long, value_delimiter = ',', value_parser = allowlist_entry)]
     preloaded_images_verification_allowlist: Vec<String>,
     /// `image` driver: the dir of the node's record of which credentials pulled which image (KEP-2535),
-    /// shared with the node's other pullers of images (kubelet-sim keeps its own in
-    /// `<kubelet-dir>/plugins/kubernetes.io/image`), so an image one pulled with credentials is not
-    /// taken for preloaded by the other. Default: --state-dir.
+    /// in the kubelet's format and shared with the node's other pullers (the kubelet itself, kubelet-sim),
+    /// so an image one pulled with credentials is not taken for preloaded by another. Default: the
+    /// kubelet's, `<kubelet-dir>/image_manager`.
     #[arg(long, value_name = "DIR")]
     pull_records_dir: Option<PathBuf>,
     /// `image` driver: a registry OCI artifacts (`artifact: "true"` volumes, fetched without the runtime)
@@ -348,7 +348,10 @@ async fn serve_image(
         state_dir: args.state_dir.clone(),
         verification: args.image_pull_credentials_verification_policy,
         preloaded_allowlist: Allowlist::parse(&args.preloaded_images_verification_allowlist)?,
-        pull_records_dir: args.pull_records_dir,
+        pull_records_dir: Some(
+            args.pull_records_dir
+                .unwrap_or_else(|| args.kubelet_dir.join("image_manager")),
+        ),
         artifact_insecure_registries: args.artifact_insecure_registries,
     };
     tracing::info!(driver = %args.name, runtime, "starting image driver");

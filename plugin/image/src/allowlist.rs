@@ -45,7 +45,7 @@ impl Allowlist {
             if !entry.contains('/') {
                 return Err("at least registry hostname is required".into());
             }
-            match name(entry) {
+            match image_name(entry) {
                 Some(normalized) if normalized == *entry => list.names.push(normalized),
                 Some(normalized) => {
                     return Err(format!(
@@ -60,7 +60,7 @@ impl Allowlist {
 
     /// True when `image` (a reference as pods write it) is allowlisted.
     pub fn matches(&self, image: &str) -> bool {
-        let Some(name) = name(image) else {
+        let Some(name) = image_name(image) else {
             return false;
         };
         self.names.contains(&name) || self.prefixes.iter().any(|p| name.starts_with(p))
@@ -74,7 +74,7 @@ pub fn allowlist_entry(entry: &str) -> Result<String, String> {
 
 /// An image's normalized name without tag or digest (`nginx:1` is `docker.io/library/nginx`), as
 /// `ParseNormalizedNamed(...).Name()`.
-fn name(image: &str) -> Option<String> {
+pub(crate) fn image_name(image: &str) -> Option<String> {
     let reference = oci_client::Reference::try_from(image).ok()?;
     Some(format!(
         "{}/{}",

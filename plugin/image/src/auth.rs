@@ -4,8 +4,8 @@
 //! runtime as a CRI `AuthConfig`.
 //!
 //! [`Credentials`] never prints its secrets: `Debug` shows only the server and user. A credential is
-//! remembered on disk only as a salted hash (its [`Credentials::fingerprint`]), as KEP-2535 does for the
-//! kubelet's pulled-image records.
+//! remembered on disk only as its [`Credentials::credential_hash`], the one the kubelet's pulled-image
+//! records keep (KEP-2535), with the coordinates of the pull secret it came from.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -34,6 +34,21 @@ pub struct Credentials {
     pub identity_token: String,
     /// A bearer token sent as it is.
     pub registry_token: String,
+    /// The entry's `email` (kept only for the hash, as the kubelet's keyring keeps it).
+    pub email: String,
+    /// The pull secret it came from; None when only its data is known (a CSI `secrets` map).
+    pub source: Option<SecretSource>,
+}
+
+/// A pull secret's coordinates.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SecretSource {
+    /// Its namespace.
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
+    /// Its uid.
+    pub uid: String,
 }
 
 impl fmt::Debug for Credentials {
@@ -60,20 +75,30 @@ impl Credentials {
         }
     }
 
-    /// A salted hash that identifies this credential without revealing it.
-    pub fn fingerprint(&self, salt: &[u8]) -> String {
-        let mut hash = Sha256::new();
-        hash.update(salt);
-        for part in [
-            &self.username,
-            &self.password,
-            &self.identity_token,
-            &self.registry_token,
-        ] {
-            hash.update((part.len() as u64).to_le_bytes());
-            hash.update(part.as_bytes());
-        }
-        hex::encode(hash.finalize())
+    /// The hash the kubelet keeps of a credential in its pulled-image records (`hashAuthConfig` in
+    /// `pkg/credentialprovider`): SHA-256, in hex, of Go's `json.Marshal` of its `AuthConfig` (fields in
+    /// the struct's order, empty ones left out, `<`, `>` and `&` escaped as Go escapes them), so a record
+    /// a real kubelet wrote matches inlet's credential and the other way round.
+    pub fn credential_hash(&self) -> String {
+        let fields = [
+            ("username", &self.username),
+            ("password", &self.password),
+            ("email", &self.email),
+            ("identitytoken", &self.identity_token),
+            ("registrytoken", &self.registry_token),
+        ];
+        let members: Vec<String> = fields
+            .iter()
+            .filter(|(_, v)| !v.is_empty())
+            .map(|(k, v)| format!("\"{k}\":{}", serde_json::Value::String(v.to_string())))
+            .collect();
+        let text = format!("{{{}}}", members.join(","))
+            .replace('<', "\\u003c")
+            .replace('>', "\\u003e")
+            .replace('&', "\\u0026")
+            .replace('\u{2028}', "\\u2028")
+            .replace('\u{2029}', "\\u2029");
+        hex::encode(Sha256::digest(text.as_bytes()))
     }
 }
 
@@ -105,6 +130,8 @@ struct DockerAuth {
     identity_token: String,
     #[serde(default, rename = "registrytoken")]
     registry_token: String,
+    #[serde(default)]
+    email: String,
 }
 
 /// Every credential in one secret's data. Understands `.dockerconfigjson`, `.dockercfg`, and a plain
@@ -143,7 +170,17 @@ pub fn from_secret(
         .flatten()
         .map(|(k, v)| (k.clone(), v.0.clone()))
         .collect();
-    from_secret_data(&data)
+    let meta = &secret.metadata;
+    let source = SecretSource {
+        namespace: meta.namespace.clone().unwrap_or_default(),
+        name: meta.name.clone().unwrap_or_default(),
+        uid: meta.uid.clone().unwrap_or_default(),
+    };
+    let mut found = from_secret_data(&data)?;
+    for credentials in &mut found {
+        credentials.source = Some(source.clone());
+    }
+    Ok(found)
 }
 
 fn entries(
@@ -172,6 +209,8 @@ fn entries(
                 password,
                 identity_token: auth.identity_token,
                 registry_token: auth.registry_token,
+                email: auth.email,
+                source: None,
             })
         })
         .collect()
@@ -293,17 +332,26 @@ mod tests {
     }
 
     #[test]
-    fn fingerprints_differ_by_salt_and_secret() {
+    fn the_credential_hash_is_the_kubelets() {
+        let sha = |text: &str| hex::encode(Sha256::digest(text.as_bytes()));
         let a = Credentials {
             username: "u".into(),
-            password: "p".into(),
+            password: "p<&>".into(),
+            server: "ignored.example".into(),
             ..Default::default()
         };
+        // Go's json.Marshal of AuthConfig{Username, Password}: struct order, HTML characters escaped.
+        assert_eq!(
+            a.credential_hash(),
+            sha(r#"{"username":"u","password":"p\u003c\u0026\u003e"}"#)
+        );
         let b = Credentials {
-            password: "q".into(),
+            email: "e@x".into(),
             ..a.clone()
         };
-        assert_ne!(a.fingerprint(b"s"), b.fingerprint(b"s"));
-        assert_ne!(a.fingerprint(b"s"), a.fingerprint(b"t"));
+        assert_eq!(
+            b.credential_hash(),
+            sha(r#"{"username":"u","password":"p\u003c\u0026\u003e","email":"e@x"}"#)
+        );
     }
 }

@@ -8,6 +8,8 @@
 //! - [`auth`]: registry credentials from pull secrets and CSI secrets, matched to an image's registry.
 //! - [`pull`]: [`Puller`]: CRI pulls with pull policies, background pulls past a caller's deadline, and the
 //!   check that a cached private image goes only to callers with credentials for it.
+//! - [`pull_records`]: who pulled what, in the kubelet's own record (`image_manager/`); [`allowlist`]: the
+//!   images `NeverVerifyAllowlistedImages` exempts.
 //! - [`metrics`]: pulls by result (count, bytes, seconds) and the pull record's decisions, for Prometheus.
 //! - [`store`]: where the runtime keeps images: containerd's snapshots or containers/storage's layers.
 //! - `locks`: one async lock per target or store key, so volumes of other images never wait on each other.
@@ -79,7 +81,8 @@ pub struct EngineConfig {
     /// The images `NeverVerifyAllowlistedImages` hands out without proof.
     pub preloaded_allowlist: allowlist::Allowlist,
     /// Where the node's record of which credentials pulled which image is kept (see
-    /// [`pull_records`]); pullers of one node share it. None: in `state_dir`.
+    /// [`pull_records`]: the kubelet's `<root>/image_manager`); pullers of one node share it. None: in
+    /// `state_dir`.
     pub pull_records_dir: Option<PathBuf>,
     /// Registries OCI artifacts are fetched from over plain HTTP (artifacts bypass the runtime).
     pub artifact_insecure_registries: Vec<String>,

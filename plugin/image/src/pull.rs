@@ -10,7 +10,8 @@
 //!   longer (warm-metal PR #71).
 //! - A cached image pulled with credentials is handed only to callers that prove access (KEP-2535, "ensure
 //!   secret pulled images"): by a credential that pulled it before, or by pulling it again with their own.
-//!   Which credentials pulled which image is kept on disk as salted hashes, so restarts keep the rule.
+//!   Which credentials pulled which image is kept on disk as the kubelet keeps it ([`PullRecords`]), so
+//!   restarts keep the rule and a real kubelet on the node shares it.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -23,7 +24,7 @@ use tokio::sync::watch;
 use tonic::Code;
 use tonic::transport::Channel;
 
-use super::allowlist::Allowlist;
+use super::allowlist::{Allowlist, image_name};
 use super::auth::Credentials;
 use super::metrics::ImageMetrics;
 use super::pull_records::PullRecords;
@@ -304,23 +305,11 @@ impl Puller {
         let Some(records) = &self.records else {
             return Ok(());
         };
-        records
-            .update(|r| {
-                r.intents.insert(image.to_string());
-            })
-            .map_err(|e| PullError::Failed {
-                image: image.to_string(),
-                code: None,
-                message: format!("recording the pull: {e}"),
-            })
-    }
-
-    /// The node's salt for fingerprints (empty if the record cannot be read: then nothing matches).
-    fn salt(&self) -> String {
-        self.records
-            .as_ref()
-            .and_then(|records| records.read(|r| r.salt.clone()))
-            .unwrap_or_default()
+        records.intend(image).map_err(|e| PullError::Failed {
+            image: image.to_string(),
+            code: None,
+            message: format!("recording the pull: {e}"),
+        })
     }
 
     /// Makes `request.image` present and usable by the caller, per its policy and credentials: the
@@ -393,7 +382,7 @@ impl Puller {
         let image = self.image(&id).await?;
         let size = image.as_ref().map(|i| i.size).unwrap_or_default();
         let id = image.map(|i| i.id).unwrap_or(id);
-        self.remember(&request.image, &id, fingerprint);
+        self.remember(&request.image, &id, &request.credentials, fingerprint);
         Ok(Pulled {
             id,
             pulled: true,
@@ -419,9 +408,11 @@ impl Puller {
         }
     }
 
-    /// True when the caller may use the cached `image` (the runtime's `id` for it) without pulling it.
-    /// Under NeverVerify always; else records that cannot be read, a pull announced and never recorded,
-    /// or an unrecorded image where the record was lost (distrusted) mean no.
+    /// True when the caller may use the cached `image` (the runtime's `id` for it) without pulling it, as
+    /// the kubelet's `MustAttemptImagePull` answers: always under NeverVerify, and for an allowlisted
+    /// image under NeverVerifyAllowlistedImages; an image this node never pulled (no record, no intent)
+    /// under NeverVerifyPreloadedImages; else only when its record, for the image's name, says the node's
+    /// pods may, or one of `credentials` pulled it. A record that cannot be read means no.
     fn may_use(&self, image: &str, id: &str, credentials: &[Credentials]) -> bool {
         let allowlisted = self.verification == VerificationPolicy::NeverVerifyAllowlistedImages
             && self.allowlist.matches(image);
@@ -431,43 +422,41 @@ impl Puller {
         let Some(records) = &self.records else {
             return false;
         };
-        records
-            .read(|records| {
-                let Some(record) = records.images.get(id) else {
-                    return !records.intents.contains(image)
-                        && !records.distrusted
-                        && self.verification == VerificationPolicy::NeverVerifyPreloadedImages;
-                };
-                if record.anonymous {
-                    return true;
-                }
-                credentials.iter().any(|c| {
-                    record
-                        .credentials
-                        .contains(&c.fingerprint(records.salt.as_bytes()))
-                })
-            })
-            .unwrap_or(false)
+        let record = match records.record(id) {
+            Ok(record) => record,
+            Err(e) => {
+                tracing::warn!(error = %e, "Unable to access cache records about image pulls");
+                return false;
+            }
+        };
+        let Some(record) = record else {
+            return self.verification == VerificationPolicy::NeverVerifyPreloadedImages
+                && !records.intended(image);
+        };
+        let name = image_name(image).unwrap_or_else(|| image.to_string());
+        record
+            .credential_mapping
+            .get(&name)
+            .is_some_and(|pulled| pulled.grants(credentials))
     }
 
-    /// Records who pulled `image` (the runtime's `id`), and clears its intent. A failure is logged: the
+    /// Records who pulled `image` (the runtime's `id`): the one of `credentials` whose hash is
+    /// `credential_hash`, or nobody (an anonymous pull); and clears its intent. A failure is logged: the
     /// intent stays, so the image keeps needing proof.
-    fn remember(&self, image: &str, id: &str, fingerprint: Option<String>) {
+    fn remember(
+        &self,
+        image: &str,
+        id: &str,
+        credentials: &[Credentials],
+        credential_hash: Option<String>,
+    ) {
         let Some(records) = &self.records else {
             return;
         };
-        let saved = records.update(|records| {
-            let record = records.images.entry(id.to_string()).or_default();
-            match fingerprint {
-                Some(f) => {
-                    record.credentials.insert(f);
-                }
-                None => record.anonymous = true,
-            }
-            records.intents.remove(image);
-        });
-        if let Err(e) = saved {
-            tracing::warn!(error = %e, "could not save pull records");
+        let pulled_with = credential_hash
+            .and_then(|hash| credentials.iter().find(|c| c.credential_hash() == hash));
+        if let Err(e) = records.remember(image, id, pulled_with) {
+            tracing::warn!(error = %e, "could not save the pull record");
         }
     }
 
@@ -476,11 +465,10 @@ impl Puller {
         &self,
         request: &PullRequest,
     ) -> Result<(String, Option<String>, Duration), PullError> {
-        let salt = self.salt();
         let fingerprints: Vec<String> = request
             .credentials
             .iter()
-            .map(|c| c.fingerprint(salt.as_bytes()))
+            .map(Credentials::credential_hash)
             .collect();
         let key = format!("{}\n{}", request.image, fingerprints.join(","));
         let (started, mut done) = {
