@@ -39,10 +39,10 @@ Feature: Private volume images
     And pod "intruder" is Pending
     And no report, log or call carries a secret value
 
-  Scenario: A pulled-image record that cannot be read makes its image need proof, and a pull writes it anew
+  Scenario: A pulled-image record that cannot be read makes its image need proof, and is left as it is
     Records are kept as the kubelet keeps them (`<root>/image_manager/pulled/sha256-<image id hash>`), and
-    one that cannot be read stops nothing: its image needs proof (fs_pullrecords.go forces the pull), and
-    the next pull with credentials writes it again.
+    one that cannot be read stops nothing: its image needs proof (fs_pullrecords.go forces the pull); it is
+    not overwritten, since a kubelet's names for the image may be in it.
     Given the manifests:
       """
       apiVersion: v1
@@ -75,7 +75,7 @@ Feature: Private volume images
       """
     Then pod "intruder" has a Warning "FailedMount" event saying "was pulled with credentials this volume does not have"
     And pod "allowed-again" is Running
-    And the pulled-image records of node "node-1" are the kubelet's again
+    And the pulled-image records of node "node-1" are left as they were
 
   Scenario: Wrong credentials are refused by the registry
     Given a pull secret "default/wrong" for the registry with user "alice" and password "guess"

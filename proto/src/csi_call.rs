@@ -289,12 +289,20 @@ impl CsiCall {
 }
 
 /// A mount flag as a record keeps it: a PV's `mountOptions` may carry credentials (`password=` of a CIFS
-/// share), so a value is kept only for the SELinux context options the kubelet itself adds.
+/// share), so a value is kept only for an SELinux context option as the kubelet adds it: one quoted
+/// value and nothing after it (an entry such as `context="x",password=y` is redacted whole).
 pub fn redact_mount_flag(flag: &str) -> String {
     const CONTEXTS: [&str; 4] = ["context", "fscontext", "defcontext", "rootcontext"];
-    match flag.split_once('=') {
-        Some((key, _)) if !CONTEXTS.contains(&key) => format!("{key}=<redacted>"),
-        _ => flag.to_string(),
+    let Some((key, value)) = flag.split_once('=') else {
+        return flag.to_string();
+    };
+    let quoted = value.len() >= 2
+        && value.starts_with('"')
+        && value.ends_with('"')
+        && !value[1..value.len() - 1].contains('"');
+    match CONTEXTS.contains(&key) && quoted {
+        true => flag.to_string(),
+        false => format!("{key}=<redacted>"),
     }
 }
 
@@ -340,6 +348,7 @@ mod tests {
                 "noatime".into(),
                 "password=hunter2".into(),
                 "context=\"system_u:object_r:container_file_t:s0:c0,c1\"".into(),
+                "context=\"x\",password=hunter2".into(),
             ],
             ..Default::default()
         };
@@ -356,7 +365,8 @@ mod tests {
             [
                 "noatime",
                 "password=<redacted>",
-                "context=\"system_u:object_r:container_file_t:s0:c0,c1\""
+                "context=\"system_u:object_r:container_file_t:s0:c0,c1\"",
+                "context=<redacted>"
             ]
         );
     }

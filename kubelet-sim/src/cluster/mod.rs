@@ -61,10 +61,10 @@ pub async fn connect_in_cluster() -> Result<kube::Client, ClusterError> {
     client(config).map_err(|e| bad(e.into()))
 }
 
-/// A client for `config` whose requests are counted (`rest_client_requests_total`). An API server that stops
-/// answering fails a request after 295 s, counted from when it was sent, where kube waits for ever by
-/// default: longer than a watch's 290 s server-side timeout (kube-runtime's), as client-go's transport gives
-/// up on a silent connection rather than hang a caller.
+/// A client for `config` whose requests are counted (`rest_client_requests_total`). A connection silent
+/// for 295 s (no byte read or written) fails its request, where kube waits for ever by default: longer
+/// than a watch's 290 s server-side timeout (kube-runtime's), as client-go's transport gives up on a
+/// silent connection rather than hang a caller.
 fn client(mut config: kube::Config) -> Result<kube::Client, kube::Error> {
     config.read_timeout = Some(std::time::Duration::from_secs(295));
     config.reset_reader_on_write = true;

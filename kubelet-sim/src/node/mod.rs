@@ -258,6 +258,10 @@ impl Kubelet {
                     config.image_verification,
                     None,
                 )
+                .and_then(|puller| {
+                    puller.import_legacy(&image_plugin_dir(&config.root))?;
+                    Ok(puller)
+                })
                 .unwrap_or_else(|e| {
                     tracing::error!(node = %config.name, error = %e, "no image pull record");
                     Puller::unrecorded(cri.image.clone(), config.image_verification)

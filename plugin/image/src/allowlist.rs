@@ -1,7 +1,8 @@
 //! The kubelet's `preloadedImagesVerificationAllowlist` (KEP-2535): the images `NeverVerifyAllowlistedImages`
 //! hands to any pod without proof, as `pkg/kubelet/images/pullmanager/image_pull_policies.go` reads it. An
 //! entry is a full image name without tag or digest (`registry.example/team/tool`, matched exactly once the
-//! image is normalized), or a prefix ending in `/*` (`registry.example/base/*`). The errors are upstream's.
+//! image is normalized), or a prefix ending in `/*` (`registry.example/base/*`). The errors are upstream's
+//! where it has one for the case.
 
 /// A parsed allowlist.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -114,7 +115,7 @@ mod tests {
             err("a.io/*/b"),
             "not a valid wildcard pattern, only patterns ending with '/*' are allowed: a.io/*/b"
         );
-        assert_eq!(err("a.io/b*"), err("a.io/b*"));
+        assert!(err("a.io/b*").starts_with("not a valid wildcard pattern"));
         assert_eq!(err("/*"), "at least registry hostname is required");
         assert_eq!(err("nginx"), "at least registry hostname is required");
         assert_eq!(

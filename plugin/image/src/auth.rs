@@ -78,14 +78,13 @@ impl Credentials {
     /// The hash the kubelet keeps of a credential in its pulled-image records (`hashAuthConfig` in
     /// `pkg/credentialprovider`): SHA-256, in hex, of Go's `json.Marshal` of its `AuthConfig` (fields in
     /// the struct's order, empty ones left out, `<`, `>` and `&` escaped as Go escapes them), so a record
-    /// a real kubelet wrote matches inlet's credential and the other way round.
+    /// a real kubelet wrote matches inlet's credential and the other way round. The kubelet's keyring
+    /// keeps only a pull secret's user, password and email (`BasicDockerKeyring.Add`): so does the hash.
     pub fn credential_hash(&self) -> String {
         let fields = [
             ("username", &self.username),
             ("password", &self.password),
             ("email", &self.email),
-            ("identitytoken", &self.identity_token),
-            ("registrytoken", &self.registry_token),
         ];
         let members: Vec<String> = fields
             .iter()

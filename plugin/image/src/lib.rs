@@ -146,6 +146,11 @@ impl Engine {
             Some(Arc::clone(&store)),
         )?
         .with_allowlist(config.preloaded_allowlist.clone());
+        // Where inlet kept its earlier record: the state dir, or a records dir given.
+        puller.import_legacy(&config.state_dir)?;
+        if let Some(dir) = &config.pull_records_dir {
+            puller.import_legacy(dir)?;
+        }
         let volumes = ImageVolumes::open(store, Arc::clone(&mounter), &config.state_dir)?;
         let published = volumes.recover().await?;
         let artifacts_dir = config.state_dir.join("artifacts");

@@ -374,7 +374,17 @@ impl Puller {
     /// a running pull of the same image and credentials; waits at most `request.wait`.
     pub async fn pull(&self, request: &PullRequest) -> Result<Pulled, PullError> {
         self.intend_pull(&request.image)?;
-        let (id, fingerprint, pull_duration) = self.join_pull(request).await?;
+        let (id, fingerprint, pull_duration) = match self.join_pull(request).await {
+            Ok(pulled) => pulled,
+            Err(e) => {
+                // A pull still running keeps its intent; a failed one withdraws it (upstream's
+                // RecordImagePullFailed), unless another pull of the image runs here.
+                if !matches!(e, PullError::InProgress { .. }) {
+                    self.withdraw_intent(&request.image);
+                }
+                return Err(e);
+            }
+        };
         // PullImage's `image_ref` is the image id on containerd but `repository@digest` on CRI-O: the id
         // the store and the credential record know comes from ImageStatus. Recording credentials under
         // the reference instead would leave a private image pulled on CRI-O unrecorded, so served to
@@ -455,8 +465,38 @@ impl Puller {
         };
         let pulled_with = credential_hash
             .and_then(|hash| credentials.iter().find(|c| c.credential_hash() == hash));
-        if let Err(e) = records.remember(image, id, pulled_with) {
-            tracing::warn!(error = %e, "could not save the pull record");
+        match records.remember(image, id, pulled_with) {
+            Ok(()) => self.withdraw_intent(image),
+            Err(e) => tracing::warn!(error = %e, "could not save the pull record"),
+        }
+    }
+
+    /// Withdraws the intent of a pull of `image` that ended, unless another pull of it still runs here
+    /// (its intent is the same file). A failure is logged: the image keeps needing proof.
+    fn withdraw_intent(&self, image: &str) {
+        let Some(records) = &self.records else {
+            return;
+        };
+        let prefix = format!("{image}\n");
+        let others = self
+            .running
+            .lock()
+            .iter()
+            .any(|(key, r)| key.starts_with(&prefix) && r.done.borrow().is_none());
+        if others {
+            return;
+        }
+        if let Err(e) = records.withdraw(image) {
+            tracing::warn!(error = %e, "could not withdraw the pull intent");
+        }
+    }
+
+    /// Imports the node's record of inlet's earlier format from `dir` (see
+    /// [`PullRecords::import_legacy`]).
+    pub fn import_legacy(&self, dir: &Path) -> inlet_host::Result<()> {
+        match &self.records {
+            Some(records) => records.import_legacy(dir),
+            None => Ok(()),
         }
     }
 

@@ -9,13 +9,18 @@
 //!   tag or digest, normalized) the credentials that pulled it: `nodePodsAccessible` for an anonymous pull,
 //!   else each pull secret's coordinates (uid, namespace, name) and `credentialHash`.
 //!
-//! `<dir>` is the kubelet's `<root>/image_manager`. Files are JSON, owner-only, written to a `.tmp` beside
-//! and renamed (each writer its own `.tmp`, which the kubelet's listing skips); inlet's writers also take a
-//! `flock` on `<dir>/inlet-pull-records.lock` around a record's read-change-write, so two of them never
-//! lose each other's credentials (a kubelet, which takes no such lock, can at worst make an image need
-//! proof again). Written as `kubelet.config.k8s.io/v1beta1`, read as `v1alpha1` too. A file that cannot be
-//! read does not stop anyone: as upstream, the image then needs proof, and the next successful pull
-//! writes it anew.
+//! `<dir>` is the kubelet's `<root>/image_manager`. Files are JSON, owner-only, written to a temporary file
+//! beside (a fresh name each time, which the kubelet's listing skips) and renamed; inlet's writers also
+//! take a `flock` on `<dir>/inlet-pull-records.lock` around a record's read-change-write, so two of them
+//! never lose each other's credentials (a kubelet, which takes no such lock, can at worst make an image
+//! need proof again). A new record is written as `kubelet.config.k8s.io/v1alpha1`, which every kubelet
+//! with the feature reads (1.33 on; newer ones migrate it), an updated one in the version it had. A record
+//! that cannot be read, or of a kind or version inlet does not know, stops nothing and is not overwritten
+//! (a kubelet's names may be in it): its image needs proof, as upstream forces the pull.
+//!
+//! Records of inlet's earlier format (one `pulls.json` per node) are imported at start
+//! ([`PullRecords::import_legacy`]): each image it knew gets a record naming no one, so it needs proof
+//! rather than passing for preloaded.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -30,55 +35,73 @@ use inlet_host::error::{IoContext, Result};
 
 use crate::auth::Credentials;
 
-/// The version files are written in.
-pub const API_VERSION: &str = "kubelet.config.k8s.io/v1beta1";
+/// The version new files are written in: the one every kubelet with the feature reads.
+pub const API_VERSION: &str = "kubelet.config.k8s.io/v1alpha1";
 /// The versions read.
-const READABLE: [&str; 2] = [API_VERSION, "kubelet.config.k8s.io/v1alpha1"];
+const READABLE: [&str; 2] = [API_VERSION, "kubelet.config.k8s.io/v1beta1"];
 /// Most secrets a record keeps for one image name before it stops adding (upstream's bound).
 const MAX_SECRETS: usize = 100;
 
 /// `ImagePullIntent`.
 #[derive(Debug, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 struct Intent {
     kind: String,
     api_version: String,
     image: String,
 }
 
-/// `ImagePulledRecord`.
+/// `ImagePulledRecord`. Fields a newer kubelet adds are kept as they are.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct PulledRecord {
     kind: String,
     api_version: String,
     /// RFC 3339, when the record last changed.
+    #[serde(default)]
     pub last_updated_time: String,
     /// The runtime's image id.
+    #[serde(default)]
     pub image_ref: String,
     /// By image name, who pulled it.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[serde(default, deserialize_with = "null_as_default")]
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub credential_mapping: BTreeMap<String, PullCredentials>,
+    #[serde(flatten)]
+    other: BTreeMap<String, serde_json::Value>,
+}
+
+/// Go writes a nil slice or map without `omitempty` as `null`.
+fn null_as_default<'de, D, T>(deserializer: D) -> std::result::Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Default + Deserialize<'de>,
+{
+    Ok(Option::<T>::deserialize(deserializer)?.unwrap_or_default())
 }
 
 /// `ImagePullCredentials`: who pulled one image name.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct PullCredentials {
     /// Pull secrets that pulled it.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, deserialize_with = "null_as_default")]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub kubernetes_secrets: Vec<PullSecret>,
     /// Service accounts whose credentials pulled it (kept as read; inlet pulls with none).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, deserialize_with = "null_as_default")]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub kubernetes_service_accounts: Vec<serde_json::Value>,
     /// Pulled without credentials (or with the node's own): any pod may use it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub node_pods_accessible: bool,
+    #[serde(flatten)]
+    other: BTreeMap<String, serde_json::Value>,
 }
 
 /// `ImagePullSecret`: a pull secret's coordinates and the hash of the credential in it that pulled.
 #[derive(Debug, Clone, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct PullSecret {
     /// The secret's uid (empty when the caller had only its data, as a CSI driver does).
     #[serde(default)]
@@ -207,9 +230,21 @@ impl PullRecords {
         write(&self.intent_path(image), &intent)
     }
 
-    /// True when a pull of `image` was announced and not recorded.
+    /// True when a pull of `image` was announced and not recorded (or that cannot be told).
     pub fn intended(&self, image: &str) -> bool {
-        self.intent_path(image).exists()
+        self.intent_path(image).try_exists().unwrap_or(true)
+    }
+
+    /// Withdraws the announcement of a pull of `image`: recorded, or failed (upstream's
+    /// `RecordImagePullFailed`).
+    pub fn withdraw(&self, image: &str) -> Result<()> {
+        let intent = self.intent_path(image);
+        match fs::remove_file(&intent) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                Err(e).context(|| format!("removing {}", intent.display()))
+            }
+            _ => Ok(()),
+        }
     }
 
     /// The record of the runtime's image `image_ref`: None when there is none, an error when its file
@@ -221,55 +256,96 @@ impl PullRecords {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(e).context(|| format!("reading {}", path.display())),
         };
+        let what =
+            || format!("failed to deserialize content of file {path:?} into ImagePulledRecord");
         let record: PulledRecord = serde_json::from_slice(&text)
             .map_err(std::io::Error::from)
-            .context(|| {
-                format!("failed to deserialize content of file {path:?} into ImagePulledRecord")
-            })?;
-        let known =
-            record.kind == "ImagePulledRecord" && READABLE.contains(&record.api_version.as_str());
-        // A record of another image (a hash collision, a file copied by hand) is no record of this one.
-        Ok((known && record.image_ref == image_ref).then_some(record))
+            .context(what)?;
+        // A kind or version inlet does not know is a record it cannot read: the image needs proof.
+        if record.kind != "ImagePulledRecord" || !READABLE.contains(&record.api_version.as_str()) {
+            let found = format!(
+                "kind {:?}, apiVersion {:?}",
+                record.kind, record.api_version
+            );
+            return Err(std::io::Error::other(found)).context(what);
+        }
+        // A record of another image (a file copied by hand) is no record of this one, as upstream.
+        Ok((record.image_ref == image_ref).then_some(record))
     }
 
     /// Records that `image` (a normalized reference) was pulled as `image_ref` with `pulled_with` (None:
-    /// anonymously), then clears its intent. A record that could not be read is written anew.
+    /// anonymously). A record that cannot be read is an error and is left as it is (a kubelet's names
+    /// may be in it); the caller then keeps the intent, and the image keeps needing proof.
     pub fn remember(
         &self,
         image: &str,
         image_ref: &str,
         pulled_with: Option<&Credentials>,
     ) -> Result<()> {
-        let _lock = self.lock()?;
-        let mut record = match self.record(image_ref) {
-            Ok(Some(record)) => record,
-            Ok(None) => PulledRecord::default(),
-            Err(e) => {
-                tracing::warn!(error = %e, "failed to retrieve an ImagePulledRecord: writing it anew");
-                PulledRecord::default()
-            }
-        };
-        let before = record.clone();
         let name = crate::allowlist::image_name(image).unwrap_or_else(|| image.to_string());
-        record
-            .credential_mapping
-            .entry(name)
-            .or_default()
-            .add(pulled_with);
-        if record != before || before.image_ref.is_empty() {
-            record.kind = "ImagePulledRecord".into();
-            record.api_version = API_VERSION.into();
-            record.image_ref = image_ref.to_string();
-            record.last_updated_time = now_rfc3339();
-            write(&self.record_path(image_ref), &record)?;
+        self.change(image_ref, |record| {
+            let pulled = record.credential_mapping.entry(name).or_default();
+            pulled.add(pulled_with);
+        })
+    }
+
+    /// Changes the record of `image_ref` (made, naming no one, when missing) under inlet's lock, and
+    /// writes it if it changed.
+    fn change(&self, image_ref: &str, change: impl FnOnce(&mut PulledRecord)) -> Result<()> {
+        let _lock = self.lock()?;
+        let found = self.record(image_ref)?;
+        let mut record = found.clone().unwrap_or_else(|| PulledRecord {
+            kind: "ImagePulledRecord".into(),
+            api_version: API_VERSION.into(),
+            image_ref: image_ref.to_string(),
+            ..Default::default()
+        });
+        change(&mut record);
+        if found.as_ref() == Some(&record) {
+            return Ok(());
         }
-        let intent = self.intent_path(image);
-        match fs::remove_file(&intent) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                Err(e).context(|| format!("removing {}", intent.display()))
-            }
-            _ => Ok(()),
+        record.last_updated_time = now_rfc3339();
+        write(&self.record_path(image_ref), &record)
+    }
+
+    /// Imports inlet's earlier record, `<legacy_dir>/pulls.json`, if there is one: every image it knew
+    /// gets a record naming no one (so it needs proof instead of passing for preloaded), every pull it
+    /// announced an intent; then it is renamed `pulls.json.imported`. One that cannot be read is an
+    /// error: dropping it would make the private images it knew pass for preloaded.
+    pub fn import_legacy(&self, legacy_dir: &Path) -> Result<()> {
+        #[derive(Deserialize)]
+        struct Legacy {
+            #[serde(default)]
+            images: BTreeMap<String, serde_json::Value>,
+            #[serde(default)]
+            intents: Vec<String>,
         }
+        let path = legacy_dir.join("pulls.json");
+        let text = match fs::read(&path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(e).context(|| format!("reading {}", path.display())),
+        };
+        let what = || {
+            format!(
+                "importing the earlier pull record {} (move it away to start afresh: the images it \
+                 knew would then pass for preloaded)",
+                path.display()
+            )
+        };
+        let legacy: Legacy = serde_json::from_slice(&text)
+            .map_err(std::io::Error::from)
+            .context(what)?;
+        // Failures here name their own file; the earlier record stays until all are written.
+        for image_ref in legacy.images.keys() {
+            self.change(image_ref, |_| {})?;
+        }
+        for image in &legacy.intents {
+            self.intend(image)?;
+        }
+        fs::rename(&path, legacy_dir.join("pulls.json.imported")).context(what)?;
+        tracing::info!(from = %path.display(), images = legacy.images.len(), "imported the earlier pull record");
+        Ok(())
     }
 
     /// The lock inlet's writers take around a record's read-change-write.
@@ -289,32 +365,20 @@ impl PullRecords {
     }
 }
 
-/// Writes `value` as JSON to `path`, owner-only, through a `.tmp` of this process's, renamed over it.
+/// Writes `value` as JSON to `path`, owner-only, through a new temporary file beside it (created
+/// exclusively, so never through a link; its name, `.tmp…`, is one the kubelet's listing skips), renamed
+/// over it.
 fn write(path: &Path, value: &impl Serialize) -> Result<()> {
-    let tmp = path.with_file_name(format!(
-        "{}.inlet-{}.tmp",
-        path.file_name().unwrap_or_default().to_string_lossy(),
-        std::process::id()
-    ));
     let what = || format!("writing {}", path.display());
     let text = serde_json::to_vec(value)
         .map_err(std::io::Error::from)
         .context(what)?;
-    let written = (|| {
-        let mut file = fs::OpenOptions::new()
-            .create(true)
-            .truncate(true)
-            .write(true)
-            .mode(0o600)
-            .open(&tmp)?;
-        std::io::Write::write_all(&mut file, &text)?;
-        file.sync_all()?;
-        fs::rename(&tmp, path)
-    })();
-    if written.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
-    written.context(what)
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let mut file = tempfile::NamedTempFile::new_in(dir).context(what)?;
+    std::io::Write::write_all(&mut file, &text).context(what)?;
+    file.as_file().sync_all().context(what)?;
+    file.persist(path).map_err(|e| e.error).context(what)?;
+    Ok(())
 }
 
 fn now_rfc3339() -> String {
@@ -350,14 +414,14 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let records = PullRecords::open(dir.path()).unwrap();
         records.intend("repo.repo/test/test:v1").unwrap();
-        // Upstream's test data: this image's intent file.
+        // Upstream's test data: this image's intent file, word for word.
         let intent = dir.path().join(
             "pulling/sha256-ee81caca15454863449fb55a1d942904d56d5ed9f9b20a7cb3453944ea2c7e11",
         );
         let text = fs::read_to_string(&intent).unwrap();
         assert_eq!(
             text,
-            r#"{"kind":"ImagePullIntent","apiVersion":"kubelet.config.k8s.io/v1beta1","image":"repo.repo/test/test:v1"}"#
+            r#"{"kind":"ImagePullIntent","apiVersion":"kubelet.config.k8s.io/v1alpha1","image":"repo.repo/test/test:v1"}"#
         );
         assert_eq!(fs::metadata(&intent).unwrap().mode() & 0o077, 0);
         assert!(records.intended("repo.repo/test/test:v1"));
@@ -365,13 +429,12 @@ mod tests {
         records
             .remember("repo.repo/test/test:v1", "testimageref", Some(&pulled_with))
             .unwrap();
-        assert!(
-            !records.intended("repo.repo/test/test:v1"),
-            "the intent is cleared"
-        );
+        records.withdraw("repo.repo/test/test:v1").unwrap();
+        assert!(!records.intended("repo.repo/test/test:v1"));
         let path = dir
             .path()
             .join("pulled/sha256-b3c0cc4278800b03a308ceb2611161430df571ca733122f0a40ac8b9792a9064");
+        assert_eq!(fs::metadata(&path).unwrap().mode() & 0o077, 0);
         let json: serde_json::Value = serde_json::from_slice(&fs::read(path).unwrap()).unwrap();
         assert_eq!(json["kind"], "ImagePulledRecord");
         assert_eq!(json["imageRef"], "testimageref");
@@ -379,20 +442,37 @@ mod tests {
         assert_eq!(secrets[0]["name"], "pull-secret");
         assert_eq!(secrets[0]["uid"], "testsecretuid");
         assert_eq!(secrets[0]["credentialHash"], pulled_with.credential_hash());
+        let left: Vec<_> = fs::read_dir(dir.path().join("pulled"))
+            .unwrap()
+            .flatten()
+            .collect();
+        assert_eq!(left.len(), 1, "no temporary file is left: {left:?}");
     }
 
     #[test]
-    fn upstreams_v1alpha1_record_is_read() {
+    fn upstreams_records_are_read_with_their_nulls_and_newer_fields_kept() {
         let dir = tempfile::tempdir().unwrap();
         let records = PullRecords::open(dir.path()).unwrap();
         let path = records.record_path("testimageref");
-        fs::write(&path, r#"{"kind":"ImagePulledRecord","apiVersion":"kubelet.config.k8s.io/v1alpha1","lastUpdatedTime":"2024-10-21T12:26:40Z","imageRef":"testimageref","credentialMapping":{"docker.io/testing/test":{"kubernetesSecrets":[{"uid":"testsecretuid","namespace":"default","name":"pull-secret","credentialHash":"testsecrethash"}]}}}"#).unwrap();
+        fs::write(&path, r#"{"kind":"ImagePulledRecord","apiVersion":"kubelet.config.k8s.io/v1alpha1","lastUpdatedTime":"2024-10-21T12:26:40Z","imageRef":"testimageref","credentialMapping":{"docker.io/testing/test":{"kubernetesSecrets":[{"uid":"testsecretuid","namespace":"default","name":"pull-secret","credentialHash":"testsecrethash"}]},"docker.io/testing/open":{"kubernetesSecrets":null,"nodePodsAccessible":true,"preloaded":true}}}"#).unwrap();
         let record = records.record("testimageref").unwrap().unwrap();
         let mapping = &record.credential_mapping["docker.io/testing/test"];
         // The same secret, whatever its credential now (upstream updates the hash), proves access.
         assert!(mapping.grants(&[secret("pull-secret", "testsecretuid", "new")]));
         assert!(!mapping.grants(&[secret("pull-secret", "another-uid", "new")]));
         assert!(!mapping.grants(&[]));
+        assert!(record.credential_mapping["docker.io/testing/open"].grants(&[]));
+        // A change keeps what this version does not know.
+        records.remember("a.io/b:v1", "testimageref", None).unwrap();
+        let text = fs::read_to_string(&path).unwrap();
+        assert!(
+            text.contains(r#""preloaded":true"#) && text.contains("a.io/b"),
+            "{text}"
+        );
+        assert!(
+            text.contains("v1alpha1"),
+            "written in the version it had: {text}"
+        );
         assert_eq!(records.record("other").unwrap(), None);
     }
 
@@ -424,19 +504,46 @@ mod tests {
     }
 
     #[test]
-    fn a_file_that_cannot_be_read_is_an_error_and_is_written_anew() {
+    fn a_record_that_cannot_be_read_is_an_error_and_left_alone() {
         let dir = tempfile::tempdir().unwrap();
         let records = PullRecords::open(dir.path()).unwrap();
-        fs::write(records.record_path("img"), b"\0garbage").unwrap();
-        let err = records.record("img").unwrap_err();
-        assert!(err.to_string().contains("ImagePulledRecord"), "{err}");
-        // Another puller opens the dir all the same, and a pull rewrites the record.
-        let other = PullRecords::open(dir.path()).unwrap();
-        other.remember("a.io/b:v1", "img", None).unwrap();
+        for text in [
+            &b"\0garbage"[..],
+            br#"{"kind":"ImagePulledRecord","apiVersion":"kubelet.config.k8s.io/v9","imageRef":"img"}"#,
+        ] {
+            fs::write(records.record_path("img"), text).unwrap();
+            let err = records.record("img").unwrap_err();
+            assert!(err.to_string().contains("ImagePulledRecord"), "{err}");
+            // Another puller opens the dir all the same; a pull's record is refused, the file kept.
+            let other = PullRecords::open(dir.path()).unwrap();
+            assert!(other.remember("a.io/b:v1", "img", None).is_err());
+            assert_eq!(fs::read(records.record_path("img")).unwrap(), text);
+        }
+    }
+
+    #[test]
+    fn the_earlier_record_is_imported_as_images_needing_proof() {
+        let dir = tempfile::tempdir().unwrap();
+        let legacy = dir.path().join("plugin");
+        fs::create_dir(&legacy).unwrap();
+        fs::write(
+            legacy.join("pulls.json"),
+            r#"{"salt":"s","images":{"sha256:aa":{"anonymous":false,"credentials":["f"]}},"intents":["a.io/b:v1"]}"#,
+        )
+        .unwrap();
+        let records = PullRecords::open(&dir.path().join("image_manager")).unwrap();
+        records.import_legacy(&legacy).unwrap();
+        let record = records.record("sha256:aa").unwrap().unwrap();
         assert!(
-            records.record("img").unwrap().unwrap().credential_mapping["a.io/b"]
-                .node_pods_accessible
+            record.credential_mapping.is_empty(),
+            "names no one: {record:?}"
         );
+        assert!(records.intended("a.io/b:v1"));
+        assert!(legacy.join("pulls.json.imported").exists());
+        records.import_legacy(&legacy).unwrap();
+        fs::write(legacy.join("pulls.json"), b"{not json").unwrap();
+        let err = records.import_legacy(&legacy).unwrap_err();
+        assert!(err.to_string().contains("move it away"), "{err}");
     }
 
     #[test]

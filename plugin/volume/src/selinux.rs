@@ -20,25 +20,54 @@ pub const SELINUX_CHANGE_POLICY: &str = "SELinuxChangePolicy";
 /// Gate: mount every PV's volume with the pod's label, whatever its access modes (beta, off by default).
 pub const SELINUX_MOUNT: &str = "SELinuxMount";
 
-/// The file label a container process with `opts` gets on its files (`SELinuxOptionsToFileLabel`): the
-/// process type `container_t` becomes the file type `container_file_t`; parts left empty take Fedora's
-/// defaults, as upstream's translator on a Fedora-family node (a real node reads them from its policy's
-/// `lxc_contexts`; e2e sets every part so the defaults never matter).
+/// The file label a container process with `opts` gets on its files, as go-selinux's `InitLabels` makes
+/// it for the kubelet's translator (`SELinuxOptionsToFileLabel`): options with nothing set give none; the
+/// user is the given one (default `system_u`), the role always `object_r` and the type always the
+/// container file type, `container_file_t` (a process type such as `spc_t` changes only the process's
+/// label); a level left empty is a fresh random one (`s0:cN,cM`), as InitLabels allocates.
 pub fn file_label(opts: &SELinuxOptions) -> String {
-    let or = |value: &Option<String>, default: &'static str| match value.as_deref() {
-        Some(v) if !v.is_empty() => v.to_string(),
-        _ => default.to_string(),
+    let set = |v: &Option<String>| v.as_deref().filter(|v| !v.is_empty()).map(str::to_string);
+    let (user, role, type_, level) = (
+        set(&opts.user),
+        set(&opts.role),
+        set(&opts.type_),
+        set(&opts.level),
+    );
+    if user.is_none() && role.is_none() && type_.is_none() && level.is_none() {
+        return String::new();
+    }
+    let user = user.unwrap_or_else(|| "system_u".into());
+    let level = level.unwrap_or_else(random_level);
+    format!("{user}:object_r:container_file_t:{level}")
+}
+
+/// A random MCS level of two categories, as go-selinux allocates one.
+fn random_level() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u8(0);
+    let bits = hasher.finish();
+    let (a, b) = ((bits % 1024) as u16, ((bits >> 10) % 1024) as u16);
+    let (low, high) = if a == b {
+        (a, (a + 1) % 1024)
+    } else {
+        (a.min(b), a.max(b))
     };
-    let file_type = match opts.type_.as_deref() {
-        None | Some("") | Some("container_t") => "container_file_t".to_string(),
-        Some(t) => t.to_string(),
-    };
-    format!(
-        "{}:object_r:{file_type}:{}",
-        or(&opts.user, "system_u"),
-        // A process's role (`system_r`) is never a file's: files are `object_r`.
-        or(&opts.level, "s0:c998,c999"),
-    )
+    format!("s0:c{},c{}", low.min(high), low.max(high))
+}
+
+/// A label that cannot go into a mount option as one quoted value (a `"`, a `\\` or a control character
+/// would let a pod's `seLinuxOptions.level` add mount options of its own).
+fn checked(label: String) -> Result<String, String> {
+    match label
+        .chars()
+        .any(|c| c == '"' || c == '\\' || c.is_control())
+    {
+        true => Err(format!(
+            "failed to construct SELinux label: {label:?} is not a valid label"
+        )),
+        false => Ok(label),
+    }
 }
 
 /// The mount option for `label` (`AddSELinuxMountOption`): quoted, since a label's level may hold a comma.
@@ -123,10 +152,20 @@ pub fn labels(
     if !gate(SELINUX_MOUNT_READ_WRITE_ONCE_POD) || !enabled || !plugin_supports {
         return Ok(Labels::default());
     }
-    let found: BTreeSet<String> = contexts.iter().map(file_label).collect();
     let supported = volume_supports_selinux_mount(spec, &gate);
+    let found: BTreeSet<String> = contexts
+        .iter()
+        .map(file_label)
+        .filter(|l| !l.is_empty())
+        .map(checked)
+        .collect::<Result<_, _>>()?;
     let original = match found.len() {
-        0 => return Ok(Labels::default()),
+        0 => {
+            return Ok(Labels {
+                supported,
+                ..Default::default()
+            });
+        }
         1 => found.into_iter().next().unwrap_or_default(),
         _ if supported => {
             let all: Vec<String> = found.into_iter().collect();
@@ -189,9 +228,20 @@ mod tests {
     #[test]
     fn a_process_context_becomes_a_file_label() {
         assert_eq!(file_label(&opts("s0:c0,c1")), LABEL);
-        assert_eq!(
-            file_label(&SELinuxOptions::default()),
-            "system_u:object_r:container_file_t:s0:c998,c999"
+        // Nothing set: no label. A process type is not the file's; a missing level is a random one.
+        assert_eq!(file_label(&SELinuxOptions::default()), "");
+        let spc = SELinuxOptions {
+            type_: Some("spc_t".into()),
+            ..opts("s0:c0,c1")
+        };
+        assert_eq!(file_label(&spc), LABEL);
+        let random = file_label(&SELinuxOptions {
+            user: Some("u".into()),
+            ..Default::default()
+        });
+        assert!(
+            random.starts_with("u:object_r:container_file_t:s0:c"),
+            "{random}"
         );
         assert_eq!(
             mount_option(LABEL),
@@ -227,13 +277,9 @@ mod tests {
         let one = [opts("s0:c0,c1")];
         let mounted = labels(&rwop, &one, None, true, true, gate).unwrap();
         assert_eq!(mounted.mount, LABEL);
-        // No SELinux on the host, a plugin without context mounts, no context in the pod: nothing.
-        for (enabled, supports, contexts) in [
-            (false, true, &one[..]),
-            (true, false, &one[..]),
-            (true, true, &[][..]),
-        ] {
-            let l = labels(&rwop, contexts, None, supports, enabled, gate).unwrap();
+        // No SELinux on the host, a plugin without context mounts: nothing.
+        for (enabled, supports) in [(false, true), (true, false)] {
+            let l = labels(&rwop, &one, None, supports, enabled, gate).unwrap();
             assert_eq!(l, Labels::default());
         }
         // The pod opts out: the label is known, not mounted with.
@@ -246,6 +292,13 @@ mod tests {
         let two = [opts("s0:c0,c1"), opts("s0:c98,c99")];
         let err = labels(&rwop, &two, None, true, true, gate).unwrap_err();
         assert!(err.starts_with("multiple SELinux labels found: "), "{err}");
+        // A pod without a context on a volume that takes one: no label, but the volume still does.
+        let none = labels(&rwop, &[], None, true, true, gate).unwrap();
+        assert_eq!((none.mount.as_str(), none.supported), ("", true));
+        // A level that would close the quoted option is refused.
+        let sneaky = [opts("s0:c0,c1\",dev,suid,\"")];
+        let err = labels(&rwop, &sneaky, None, true, true, gate).unwrap_err();
+        assert!(err.contains("not a valid label"), "{err}");
         assert_eq!(
             labels(&inline(), &two, None, true, true, gate).unwrap(),
             Labels::default()
