@@ -145,6 +145,31 @@ Feature: Image volumes through CRI
     Then the driver got NodeUnpublishVolume for volume "site" of pod "a"
     And nothing is left on the node
 
+  @mounts
+  Scenario: A writable image volume keeps what its pod wrote across a restart of kubelet, driver and runtime
+    kubelet-sim restarts whole on the same root: the kubelet (which reconstructs the volume and publishes it
+    again), the image driver (which finds its record and the copy-on-write layer) and cri-fake. What the pod
+    wrote is still there; the volume ends with its pod. A node's reboot ends it too: its mounts are gone, so
+    the driver's recovery forgets the volume and removes its layer (an image PV is read-only, with no layer).
+    Given the manifests:
+      """
+      apiVersion: v1
+      kind: Pod
+      metadata: {name: editor, uid: 6b0c3c5e-0000-4000-8000-0000000000e1}
+      spec:
+        containers: [{name: app, image: busybox, volumeMounts: [{name: site, mountPath: /site}]}]
+        volumes: [{name: site, csi: {driver: image.inlet.dev, volumeAttributes: {image: example.inlet.dev/site:v1}}}]
+      """
+    When the simulation runs
+    Then pod "editor" is Running
+    When pod "editor" writes "draft" to "/site:draft.html"
+    And kubelet-sim restarts on the same root, its manifests applied 300 ms later
+    Then pod "editor" is Running
+    And pod "editor" reads "draft" at "/site:draft.html"
+    And pod "editor" reads "<h1>hello</h1>" at "/site:index.html"
+    When all pods are deleted
+    Then nothing is left on the node
+
   Scenario: A read-only inline CSI image volume shares the image's mount
     Given the manifests:
       """
