@@ -144,6 +144,14 @@ pub struct ImageArgs {
     /// Copies of the image's files for the baseline (0: none).
     #[arg(long, default_value_t = 5)]
     copies: usize,
+    /// After the figures, churn read-only volumes this long (a publish and an unpublish per driver each
+    /// --churn-period) while the image is removed from the runtime every second, counting volumes found
+    /// empty (0: no churn).
+    #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+    churn: Duration,
+    /// How often the churn publishes and unpublishes.
+    #[arg(long, default_value = "200ms", value_parser = humantime::parse_duration)]
+    churn_period: Duration,
     #[command(flatten)]
     output: Output,
 }
@@ -239,6 +247,8 @@ pub async fn run(bench: Bench) -> Result<(), BenchError> {
                 cycles: args.cycles,
                 write: args.write,
                 copies: args.copies,
+                churn: args.churn,
+                churn_period: args.churn_period,
                 root,
                 mounter,
                 interrupts,

@@ -270,6 +270,20 @@ pub fn print_image(out: &mut impl Write, f: &image::ImageFigures) -> std::io::Re
             }
         }
     }
+    if let Some(c) = &f.churn {
+        writeln!(
+            out,
+            "churn: {:.0} s, {} publishes and {} unpublishes (p50 {}, p99 {}), the image removed {} times \
+             meanwhile: {} volumes found empty",
+            c.seconds,
+            c.publishes,
+            c.unpublishes,
+            show(c.publish.p50_us),
+            show(c.publish.p99_us),
+            c.image_removals,
+            c.empties
+        )?;
+    }
     writeln!(
         out,
         "RO: further read-only NodePublish ({} volumes, 1/10 and 10/10: p50 of the first and last tenth); RW: writable NodePublish; DISK: bytes used after the 1st, 2nd, 10th read-only volume, and by a writable volume after {} written; {}",

@@ -104,6 +104,10 @@ fn bench_image_weighs_volumes_beside_copies_and_leaves_nothing() {
         "1Mi",
         "--copies",
         "2",
+        "--churn",
+        "3s",
+        "--churn-period",
+        "100ms",
         "--root",
         root.to_str().unwrap(),
         "--json",
@@ -125,6 +129,14 @@ fn bench_image_weighs_volumes_beside_copies_and_leaves_nothing() {
     assert_eq!(driver["readonly_publish"]["samples"], 20);
     assert_eq!(driver["writable_publish"]["samples"], 5);
     assert_eq!(driver["writable_written_bytes"], 1 << 20, "{driver}");
+    // The churn removed the image under published volumes, which kept their files.
+    let churn = &figures["churn"];
+    assert!(churn["publishes"].as_u64().unwrap() >= 10, "{churn}");
+    assert_eq!(churn["publishes"], churn["unpublishes"], "{churn}");
+    assert!(churn["image_removals"].as_u64().unwrap() >= 1, "{churn}");
+    if report["machine"]["real_mounts"] == true {
+        assert_eq!(churn["empties"], 0, "{churn}");
+    }
     if !isolated.mounted() {
         eprintln!(
             "disk figures not checked: the bench root has no filesystem of its own (not root)"

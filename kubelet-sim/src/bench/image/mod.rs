@@ -16,8 +16,11 @@
 //! Disk is the growth of the used blocks (`statvfs`) of the filesystems holding the runtime's images and
 //! the drivers' state, so it counts whatever a volume costs: snapshots, upper dirs, records, metadata.
 
+mod churn;
 mod runtime;
 mod volumes;
+
+pub use churn::ChurnFigures;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -67,6 +70,10 @@ pub struct ImageConfig {
     pub write: u64,
     /// Copies of the image made for the baseline.
     pub copies: usize,
+    /// `--churn`: how long read-only volumes are churned while the image is removed (zero: not at all).
+    pub churn: Duration,
+    /// `--churn-period`: a publish and an unpublish per driver this often.
+    pub churn_period: Duration,
     /// Where everything goes (target paths are under `<root>/<driver>/pods/`).
     pub root: PathBuf,
     /// The mount layer of drivers started here.
@@ -99,6 +106,9 @@ pub struct ImageFigures {
     pub drivers: Vec<DriverFigures>,
     /// The baseline: the image's files copied into a directory per volume.
     pub copy: Option<CopyFigures>,
+    /// `--churn`'s run, when asked for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub churn: Option<ChurnFigures>,
     /// Nothing was left: every volume unpublished, every driver started here with empty state, the image
     /// removed from the runtime.
     pub clean: bool,
@@ -268,6 +278,21 @@ async fn measure(
         },
         _ => Ok(None),
     };
+    // The churn runs once the figures are taken, with their volumes still published beside it.
+    let churned = match (&measured, config.churn.is_zero()) {
+        (Ok(_), false) => Some(
+            churn::churn(
+                &mut targets,
+                cri,
+                image,
+                config.churn,
+                config.churn_period,
+                &config.interrupts,
+            )
+            .await,
+        ),
+        _ => None,
+    };
     let mut clean = true;
     for target in &mut targets {
         clean &= unpublish_all(target).await;
@@ -280,6 +305,7 @@ async fn measure(
         }
     }
     let (mut drivers, copy) = (measured?, copy?);
+    let churn = churned.transpose()?;
     if let Some(copy) = &copy {
         for figures in &mut drivers {
             figures.speedup_over_copy =
@@ -297,6 +323,7 @@ async fn measure(
         image_status,
         drivers,
         copy,
+        churn,
         clean,
     })
 }

@@ -220,7 +220,7 @@ async fn publish(
 }
 
 /// Publishes the next volume of `image`; how long the call took.
-async fn publish_next(
+pub(super) async fn publish_next(
     target: &mut Target,
     image: &str,
     readonly: bool,
@@ -230,7 +230,11 @@ async fn publish_next(
 }
 
 /// Unpublishes the volume `(id, path)`; how long the call took.
-async fn unpublish(target: &mut Target, id: &str, path: &Path) -> Result<Duration, BenchError> {
+pub(super) async fn unpublish(
+    target: &mut Target,
+    id: &str,
+    path: &Path,
+) -> Result<Duration, BenchError> {
     let request = csi::NodeUnpublishVolumeRequest {
         volume_id: id.to_string(),
         target_path: path.display().to_string(),
