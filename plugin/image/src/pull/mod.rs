@@ -24,10 +24,12 @@ use tokio::sync::watch;
 use tonic::Code;
 use tonic::transport::Channel;
 
-use super::allowlist::{Allowlist, image_name};
+use super::allowlist::Allowlist;
 use super::auth::Credentials;
 use super::metrics::ImageMetrics;
 use super::pull_records::PullRecords;
+
+mod access;
 use super::store::ImageStore;
 use inlet_host::Error;
 
@@ -298,20 +300,6 @@ impl Puller {
         &self.metrics
     }
 
-    /// Announces a pull of `image` before it starts (upstream's pull intent): until its record is
-    /// written, the image counts as pulled by this node with credentials unknown. An error means the
-    /// pull must not start: its record could not be kept.
-    fn intend_pull(&self, image: &str) -> Result<(), PullError> {
-        let Some(records) = &self.records else {
-            return Ok(());
-        };
-        records.intend(image).map_err(|e| PullError::Failed {
-            image: image.to_string(),
-            code: None,
-            message: format!("recording the pull: {e}"),
-        })
-    }
-
     /// Makes `request.image` present and usable by the caller, per its policy and credentials: the
     /// runtime's ImageStatus, [`Self::decide`], then [`Self::pull`] when needed. A cached image the
     /// registry refuses the caller is [`PullError::Denied`].
@@ -415,88 +403,6 @@ impl Puller {
         match self.cri.clone().image_status(request).await {
             Ok(r) => Ok(r.into_inner().image),
             Err(s) => Err(classify(image, s)),
-        }
-    }
-
-    /// True when the caller may use the cached `image` (the runtime's `id` for it) without pulling it, as
-    /// the kubelet's `MustAttemptImagePull` answers: always under NeverVerify, and for an allowlisted
-    /// image under NeverVerifyAllowlistedImages; an image this node never pulled (no record, no intent)
-    /// under NeverVerifyPreloadedImages; else only when its record, for the image's name, says the node's
-    /// pods may, or one of `credentials` pulled it. A record that cannot be read means no.
-    fn may_use(&self, image: &str, id: &str, credentials: &[Credentials]) -> bool {
-        let allowlisted = self.verification == VerificationPolicy::NeverVerifyAllowlistedImages
-            && self.allowlist.matches(image);
-        if self.verification == VerificationPolicy::NeverVerify || allowlisted {
-            return true;
-        }
-        let Some(records) = &self.records else {
-            return false;
-        };
-        let record = match records.record(id) {
-            Ok(record) => record,
-            Err(e) => {
-                tracing::warn!(error = %e, "Unable to access cache records about image pulls");
-                return false;
-            }
-        };
-        let Some(record) = record else {
-            return self.verification == VerificationPolicy::NeverVerifyPreloadedImages
-                && !records.intended(image);
-        };
-        let name = image_name(image).unwrap_or_else(|| image.to_string());
-        record
-            .credential_mapping
-            .get(&name)
-            .is_some_and(|pulled| pulled.grants(credentials))
-    }
-
-    /// Records who pulled `image` (the runtime's `id`): the one of `credentials` whose hash is
-    /// `credential_hash`, or nobody (an anonymous pull); and clears its intent. A failure is logged: the
-    /// intent stays, so the image keeps needing proof.
-    fn remember(
-        &self,
-        image: &str,
-        id: &str,
-        credentials: &[Credentials],
-        credential_hash: Option<String>,
-    ) {
-        let Some(records) = &self.records else {
-            return;
-        };
-        let pulled_with = credential_hash
-            .and_then(|hash| credentials.iter().find(|c| c.credential_hash() == hash));
-        match records.remember(image, id, pulled_with) {
-            Ok(()) => self.withdraw_intent(image),
-            Err(e) => tracing::warn!(error = %e, "could not save the pull record"),
-        }
-    }
-
-    /// Withdraws the intent of a pull of `image` that ended, unless another pull of it still runs here
-    /// (its intent is the same file). A failure is logged: the image keeps needing proof.
-    fn withdraw_intent(&self, image: &str) {
-        let Some(records) = &self.records else {
-            return;
-        };
-        let prefix = format!("{image}\n");
-        let others = self
-            .running
-            .lock()
-            .iter()
-            .any(|(key, r)| key.starts_with(&prefix) && r.done.borrow().is_none());
-        if others {
-            return;
-        }
-        if let Err(e) = records.withdraw(image) {
-            tracing::warn!(error = %e, "could not withdraw the pull intent");
-        }
-    }
-
-    /// Imports the node's record of inlet's earlier format from `dir` (see
-    /// [`PullRecords::import_legacy`]).
-    pub fn import_legacy(&self, dir: &Path) -> inlet_host::Result<()> {
-        match &self.records {
-            Some(records) => records.import_legacy(dir),
-            None => Ok(()),
         }
     }
 
