@@ -170,6 +170,41 @@ Feature: Image volumes through CRI
     When all pods are deleted
     Then nothing is left on the node
 
+  @mounts
+  Scenario: A writable image volume keeps what its pod wrote while the runtime is down and after it is back
+    The runtime going away does not touch a published volume: its copy-on-write layer is the driver's, over
+    the image's layers. Once the runtime is back, new volumes of the image are published as before.
+    Given the manifests:
+      """
+      apiVersion: v1
+      kind: Pod
+      metadata: {name: editor}
+      spec:
+        containers: [{name: app, image: busybox, volumeMounts: [{name: site, mountPath: /site}]}]
+        volumes: [{name: site, csi: {driver: image.inlet.dev, volumeAttributes: {image: example.inlet.dev/site:v1}}}]
+      """
+    When the simulation runs
+    Then pod "editor" is Running
+    When pod "editor" writes "draft" to "/site:draft.html"
+    And the runtime stops
+    Then pod "editor" reads "draft" at "/site:draft.html"
+    When the runtime starts again
+    And these manifests are applied:
+      """
+      apiVersion: v1
+      kind: Pod
+      metadata: {name: reader}
+      spec:
+        containers: [{name: app, image: busybox, volumeMounts: [{name: site, mountPath: /site}]}]
+        volumes: [{name: site, csi: {driver: image.inlet.dev, volumeAttributes: {image: example.inlet.dev/site:v1}}}]
+      """
+    Then pod "reader" is Running
+    And pod "editor" is Running
+    And pod "editor" reads "draft" at "/site:draft.html"
+    And pod "reader" reads "<h1>hello</h1>" at "/site:index.html"
+    When all pods are deleted
+    Then nothing is left on the node
+
   Scenario: A read-only inline CSI image volume shares the image's mount
     Given the manifests:
       """
