@@ -192,12 +192,15 @@ fn parse_gates(text: &str) -> Result<BTreeSet<String>, String> {
         let (key, value) = pair
             .split_once('=')
             .ok_or_else(|| format!("{pair:?}: expected KEY=true|false"))?;
+        use inlet_volume::selinux::{
+            SELINUX_CHANGE_POLICY, SELINUX_MOUNT, SELINUX_MOUNT_READ_WRITE_ONCE_POD,
+        };
         const KNOWN: [&str; 5] = [
-            "PersistentInlineCSI",
-            "CSIVolumeHealth",
-            "SELinuxMount",
-            "SELinuxMountReadWriteOncePod",
-            "SELinuxChangePolicy",
+            inlet_volume::csi::source::PERSISTENT_INLINE_GATE,
+            inlet_volume::csi::metrics::CSI_VOLUME_HEALTH,
+            SELINUX_MOUNT,
+            SELINUX_MOUNT_READ_WRITE_ONCE_POD,
+            SELINUX_CHANGE_POLICY,
         ];
         if !KNOWN.contains(&key) {
             return Err(format!(

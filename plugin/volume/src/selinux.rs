@@ -41,22 +41,16 @@ pub fn file_label(opts: &SELinuxOptions) -> String {
     format!("{user}:object_r:container_file_t:{level}")
 }
 
-/// A random MCS level of two categories, as go-selinux allocates one.
+/// A random MCS level of two distinct categories of 1024, as go-selinux allocates one.
 fn random_level() -> String {
-    use std::hash::{BuildHasher, Hasher};
-    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-    hasher.write_u8(0);
-    let bits = hasher.finish();
-    let (a, b) = ((bits % 1024) as u16, ((bits >> 10) % 1024) as u16);
-    let (low, high) = if a == b {
-        (a, (a + 1) % 1024)
-    } else {
-        (a.min(b), a.max(b))
-    };
-    format!("s0:c{},c{}", low.min(high), low.max(high))
+    use std::hash::BuildHasher;
+    let bits = std::collections::hash_map::RandomState::new().hash_one(0u8);
+    let a = bits % 1024;
+    let b = (a + 1 + (bits >> 10) % 1023) % 1024;
+    format!("s0:c{},c{}", a.min(b), a.max(b))
 }
 
-/// A label that cannot go into a mount option as one quoted value (a `"`, a `\\` or a control character
+/// A label that cannot go into a mount option as one quoted value (a `"`, a `\` or a control character
 /// would let a pod's `seLinuxOptions.level` add mount options of its own).
 fn checked(label: String) -> Result<String, String> {
     match label

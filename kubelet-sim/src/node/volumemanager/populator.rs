@@ -47,16 +47,14 @@ impl VolumeManager {
             }
             let added = self.pod_volumes(pod).await.and_then(|volumes| {
                 let mut dsw = self.dsw.lock();
-                let added =
-                    volumes
-                        .into_iter()
-                        .map(|(unique, attachable, device_mountable, volume)| {
-                            dsw.add(&unique, attachable, device_mountable, volume)
-                        });
-                added.collect::<Result<Vec<()>, String>>()
+                volumes
+                    .into_iter()
+                    .try_for_each(|(unique, attachable, mountable, volume)| {
+                        dsw.add(&unique, attachable, mountable, volume)
+                    })
             });
             match added {
-                Ok(_) => {
+                Ok(()) => {
                     self.processed.lock().insert(uid, fingerprint);
                 }
                 Err(message) => self

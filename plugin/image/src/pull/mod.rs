@@ -28,10 +28,10 @@ use super::allowlist::Allowlist;
 use super::auth::Credentials;
 use super::metrics::ImageMetrics;
 use super::pull_records::PullRecords;
-
-mod access;
 use super::store::ImageStore;
 use inlet_host::Error;
+
+mod access;
 
 /// When to pull (the container image pull policy, reused by image volumes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -362,7 +362,7 @@ impl Puller {
     /// a running pull of the same image and credentials; waits at most `request.wait`.
     pub async fn pull(&self, request: &PullRequest) -> Result<Pulled, PullError> {
         self.intend_pull(&request.image)?;
-        let (id, fingerprint, pull_duration) = match self.join_pull(request).await {
+        let (id, credential_hash, pull_duration) = match self.join_pull(request).await {
             Ok(pulled) => pulled,
             Err(e) => {
                 // A pull still running keeps its intent; a failed one withdraws it (upstream's
@@ -380,7 +380,7 @@ impl Puller {
         let image = self.image(&id).await?;
         let size = image.as_ref().map(|i| i.size).unwrap_or_default();
         let id = image.map(|i| i.id).unwrap_or(id);
-        self.remember(&request.image, &id, &request.credentials, fingerprint);
+        self.remember(&request.image, &id, &request.credentials, credential_hash);
         Ok(Pulled {
             id,
             pulled: true,
@@ -411,12 +411,12 @@ impl Puller {
         &self,
         request: &PullRequest,
     ) -> Result<(String, Option<String>, Duration), PullError> {
-        let fingerprints: Vec<String> = request
+        let credential_hashes: Vec<String> = request
             .credentials
             .iter()
             .map(Credentials::credential_hash)
             .collect();
-        let key = format!("{}\n{}", request.image, fingerprints.join(","));
+        let key = format!("{}\n{}", request.image, credential_hashes.join(","));
         let (started, mut done) = {
             let mut running = self.running.lock();
             // A finished pull whose caller never came back (its pod was deleted) is forgotten after a while.
@@ -429,7 +429,8 @@ impl Puller {
                 let metrics = self.metrics.clone();
                 tokio::spawn(async move {
                     let started = Instant::now();
-                    let outcome = pull_with(cri.clone(), &request, &fingerprints, progress).await;
+                    let outcome =
+                        pull_with(cri.clone(), &request, &credential_hashes, progress).await;
                     let took = started.elapsed().as_secs_f64();
                     // The waiters first: the size is for the metric only, and asked with a bound.
                     let pulled = outcome.clone().map(|(id, _)| id);
@@ -455,7 +456,7 @@ impl Puller {
                 let outcome = outcome.unwrap_or_else(|| unreachable_outcome(&request.image));
                 // The result is taken once; the next caller starts afresh (a failed pull is retried).
                 self.running.lock().remove(&key);
-                outcome.map(|(id, fingerprint)| (id, fingerprint, started.elapsed()))
+                outcome.map(|(id, credential_hash)| (id, credential_hash, started.elapsed()))
             }
             Ok(Err(_)) => {
                 self.running.lock().remove(&key);
@@ -481,7 +482,7 @@ fn unreachable_outcome(image: &str) -> Result<(String, Option<String>), PullErro
 async fn pull_with(
     cri: ImageServiceClient<Channel>,
     request: &PullRequest,
-    fingerprints: &[String],
+    credential_hashes: &[String],
     progress: Option<Arc<dyn ImageStore>>,
 ) -> Result<(String, Option<String>), PullError> {
     let started = Instant::now();
@@ -491,13 +492,13 @@ async fn pull_with(
         request
             .credentials
             .iter()
-            .zip(fingerprints.iter().cloned())
+            .zip(credential_hashes.iter().cloned())
             .map(|(c, f)| (Some(c), Some(f)))
             .collect()
     };
     tracing::info!(image = %request.image, "pulling image");
     let mut last = None;
-    for (credentials, fingerprint) in attempts {
+    for (credentials, credential_hash) in attempts {
         let mut client = cri.clone();
         let pull = client.pull_image(cri::PullImageRequest {
             image: Some(image_spec(&request.image)),
@@ -520,7 +521,7 @@ async fn pull_with(
             Ok(reply) => {
                 let id = reply.into_inner().image_ref;
                 tracing::info!(image = %request.image, id, elapsed = ?started.elapsed(), "pulled image");
-                return Ok((id, fingerprint));
+                return Ok((id, credential_hash));
             }
             Err(status) => {
                 let err = classify(&request.image, status);
