@@ -5,10 +5,61 @@
 //! file; `$NAME` and `${NAME}` are the container's environment variables, as a shell expands them. Anything
 //! else runs until stopped, as before.
 
-use std::path::PathBuf;
+use std::os::unix::fs::FileTypeExt;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use inlet_proto::runtime::v1 as cri;
+
+/// A container's mount as its programs read it: a host dir, or an image's layers stacked as an overlay
+/// would stack them (KEP-4639's `Mount.image`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mount {
+    /// Where the container sees it.
+    pub container_path: String,
+    /// The dirs it shows, top first: a path is read from the first that has it, unless a layer above
+    /// whites it out.
+    pub layers: Vec<PathBuf>,
+}
+
+impl From<&cri::Mount> for Mount {
+    fn from(mount: &cri::Mount) -> Self {
+        Self {
+            container_path: mount.container_path.clone(),
+            layers: match mount.host_path.is_empty() {
+                true => Vec::new(),
+                false => vec![PathBuf::from(&mount.host_path)],
+            },
+        }
+    }
+}
+
+impl Mount {
+    /// Where `rest` (a relative path below the mount) is on the host: in the topmost layer that has it.
+    /// An OCI whiteout (`.wh.NAME`, or overlay's 0:0 character device) hides it and everything below.
+    fn find(&self, rest: &Path) -> Option<PathBuf> {
+        let whiteout = rest.file_name().map(|name| {
+            let mut marker = std::ffi::OsString::from(".wh.");
+            marker.push(name);
+            rest.with_file_name(marker)
+        });
+        for layer in &self.layers {
+            let path = layer.join(rest);
+            if let Ok(meta) = std::fs::symlink_metadata(&path) {
+                let overlay_whiteout = meta.file_type().is_char_device()
+                    && std::os::unix::fs::MetadataExt::rdev(&meta) == 0;
+                return (!overlay_whiteout).then_some(path);
+            }
+            if whiteout
+                .as_ref()
+                .is_some_and(|w| std::fs::symlink_metadata(layer.join(w)).is_ok())
+            {
+                return None;
+            }
+        }
+        None
+    }
+}
 
 /// How a started container ends.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -30,7 +81,7 @@ pub enum Outcome {
 pub fn run(
     command: &[String],
     args: &[String],
-    mounts: &[cri::Mount],
+    mounts: &[Mount],
     envs: &[cri::KeyValue],
 ) -> Outcome {
     let argv: Vec<&str> = command.iter().chain(args).map(String::as_str).collect();
@@ -68,7 +119,7 @@ enum Status {
 }
 
 struct Script<'a> {
-    mounts: &'a [cri::Mount],
+    mounts: &'a [Mount],
     envs: &'a [cri::KeyValue],
     after: Duration,
     output: Vec<String>,
@@ -180,7 +231,7 @@ impl Script<'_> {
         let mount = self
             .mounts
             .iter()
-            .filter(|m| !m.host_path.is_empty() && path.starts_with(&m.container_path))
+            .filter(|m| !m.layers.is_empty() && path.starts_with(&m.container_path))
             .max_by_key(|m| m.container_path.len())?;
         let rest = path.strip_prefix(&mount.container_path).ok()?;
         if rest
@@ -189,7 +240,7 @@ impl Script<'_> {
         {
             return None;
         }
-        Some(PathBuf::from(&mount.host_path).join(rest))
+        mount.find(rest)
     }
 }
 
@@ -312,11 +363,11 @@ mod tests {
     fn files_are_read_through_the_mounts() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("index.html"), "hi\n").unwrap();
-        let mounts = [cri::Mount {
+        let mounts = [Mount::from(&cri::Mount {
             container_path: "/data".into(),
             host_path: dir.path().display().to_string(),
             ..Default::default()
-        }];
+        })];
         let script = |text: &str| run(&argv(&["sh", "-c", text]), &[], &mounts, &[]);
         assert_eq!(
             script("test -f /data/index.html && cat /data/index.html"),
@@ -332,5 +383,29 @@ mod tests {
             "never outside the mount"
         );
         assert_eq!(script("cat /etc/hostname"), exits(1, Duration::ZERO, &[]));
+    }
+
+    #[test]
+    fn an_image_mount_reads_its_layers_top_first_with_whiteouts() {
+        let (lower, upper) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        for (dir, name, text) in [
+            (&lower, "a", "lower"),
+            (&lower, "b", "lower"),
+            (&lower, "c", "lower"),
+            (&upper, "a", "upper"),
+            (&upper, ".wh.b", ""),
+        ] {
+            std::fs::write(dir.path().join(name), text).unwrap();
+        }
+        let mounts = [Mount {
+            container_path: "/img".into(),
+            layers: vec![upper.path().into(), lower.path().into()],
+        }];
+        let script = |text: &str| run(&argv(&["sh", "-c", text]), &[], &mounts, &[]);
+        assert_eq!(
+            script("cat /img/a /img/c"),
+            exits(0, Duration::ZERO, &["upper", "lower"])
+        );
+        assert_eq!(script("test -e /img/b"), exits(1, Duration::ZERO, &[]));
     }
 }

@@ -368,7 +368,7 @@ impl ImageService for CriService {
     ) -> Reply<cri::RemoveImageResponse> {
         let reference = r.into_inner().image.map(|i| i.image).unwrap_or_default();
         self.runtime.enter("RemoveImage", &reference).await?;
-        self.runtime.images().remove(&reference)?;
+        self.runtime.remove_image(&reference)?;
         ok(cri::RemoveImageResponse {})
     }
 

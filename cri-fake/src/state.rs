@@ -59,6 +59,8 @@ pub struct Container {
     pub envs: Vec<cri::KeyValue>,
     /// The devices it was given (a block volume's, for one).
     pub devices: Vec<cri::Device>,
+    /// Its mounts as its programs read them (an image mount as the image's layers).
+    pub mounts: Vec<program::Mount>,
     /// When a started container that ends exits.
     exits_at: Option<Instant>,
 }
@@ -313,6 +315,11 @@ impl FakeRuntime {
             .as_ref()
             .map(|i| i.image.clone())
             .unwrap_or_default();
+        let mounts = config
+            .mounts
+            .iter()
+            .map(|m| self.container_mount(m))
+            .collect::<Result<Vec<_>, _>>()?;
         for mount in &config.mounts {
             if mount.host_path.is_empty() {
                 continue;
@@ -375,7 +382,7 @@ impl FakeRuntime {
             if let Some(sandbox) = s.sandboxes.get_mut(sandbox_id) {
                 sandbox.containers.push(id.clone());
             }
-            let outcome = program::run(&config.command, &config.args, &config.mounts, &config.envs);
+            let outcome = program::run(&config.command, &config.args, &mounts, &config.envs);
             s.containers.insert(
                 id.clone(),
                 Container {
@@ -386,11 +393,93 @@ impl FakeRuntime {
                     log_file,
                     envs: config.envs,
                     devices: config.devices,
+                    mounts,
                     exits_at: None,
                 },
             );
             Ok(id)
         })
+    }
+
+    /// A CRI mount as the container's programs read it. A mount with `image` set (KEP-4639) is the
+    /// image's layers, from `image_sub_path` down when one is given, read-only, as CRI-O 1.31 and
+    /// containerd 2.1 mount it: the image must be present (the kubelet pulled it) and the sub path must
+    /// be a relative path that exists in it, and the mount read-only with no host path (containerd's
+    /// checks). Failures are wrapped as both runtimes wrap them (`crierrors.ErrImageVolumeMountFailed`).
+    fn container_mount(&self, mount: &cri::Mount) -> Result<program::Mount, Status> {
+        let Some(image) = mount.image.as_ref().filter(|i| !i.image.is_empty()) else {
+            return Ok(program::Mount::from(mount));
+        };
+        let failed = |why: String| {
+            Status::unknown(format!(
+                "ImageVolumeMountFailed: failed to mount image {:?} at {:?}: {why}",
+                image.image, mount.container_path
+            ))
+        };
+        if !mount.host_path.is_empty() {
+            return Err(failed("hostpath must be empty while mount image".into()));
+        }
+        if !mount.readonly {
+            return Err(failed("readonly must be true while mount image".into()));
+        }
+        let id = self
+            .images
+            .get(&image.image)
+            .ok_or_else(|| failed("image not known (pull it first)".into()))?
+            .id;
+        let layers = self
+            .images
+            .storage()
+            .layer_dirs(id.trim_start_matches("sha256:"))
+            .map_err(|e| failed(e.to_string()))?
+            .ok_or_else(|| failed("image not known (pull it first)".into()))?;
+        let sub = std::path::Path::new(&mount.image_sub_path);
+        if sub
+            .components()
+            .any(|c| !matches!(c, std::path::Component::Normal(_)))
+        {
+            return Err(failed(format!(
+                "sub path {:?} is not a relative path inside the image",
+                mount.image_sub_path
+            )));
+        }
+        let view = program::Mount {
+            container_path: mount.container_path.clone(),
+            layers: layers.iter().map(|l| l.join(sub)).collect(),
+        };
+        if !mount.image_sub_path.is_empty() && !view.layers.iter().any(|l| l.exists()) {
+            // CRI-O's words (cri-o#9050).
+            return Err(failed(format!(
+                "sub path {:?} does not exist in image volume {:?}",
+                mount.image_sub_path, image.image
+            )));
+        }
+        Ok(view)
+    }
+
+    /// RemoveImage: refused while a container mounts the image (KEP-4639), as CRI-O keeps an image
+    /// volume's image; otherwise gone, with the layers no other image uses.
+    pub fn remove_image(&self, reference: &str) -> Result<(), Status> {
+        if let Some(image) = self.images.get(reference) {
+            let user = self.with(|s| {
+                s.containers
+                    .iter()
+                    .find(|(_, c)| {
+                        c.status.mounts.iter().any(|m| {
+                            m.image.as_ref().is_some_and(|i| {
+                                self.images.get(&i.image).is_some_and(|x| x.id == image.id)
+                            })
+                        })
+                    })
+                    .map(|(id, _)| id.clone())
+            });
+            if let Some(container) = user {
+                return Err(Status::failed_precondition(format!(
+                    "image {reference:?} is in use by container {container:?} as an image volume"
+                )));
+            }
+        }
+        self.images.remove(reference)
     }
 
     /// StartContainer: a created container starts running.
@@ -422,7 +511,7 @@ impl FakeRuntime {
         }
         let c = self.container(id)?;
         require_state(id, &c.status, cri::ContainerState::ContainerRunning)?;
-        Ok(program::run(cmd, &[], &c.status.mounts, &c.envs))
+        Ok(program::run(cmd, &[], &c.mounts, &c.envs))
     }
 
     /// True while the container `id` exists and runs.

@@ -253,6 +253,27 @@ impl Storage {
         Ok(())
     }
 
+    /// The dirs of an image's layers, top first: what an overlay mount of it would stack. None for an
+    /// image not stored; empty for one without layers.
+    pub fn layer_dirs(&self, id: &str) -> io::Result<Option<Vec<PathBuf>>> {
+        let Some(image) = self.images()?.into_iter().find(|i| i.id == id) else {
+            return Ok(None);
+        };
+        let parents: BTreeMap<String, String> = self
+            .layers()?
+            .into_iter()
+            .map(|l| (l.id, l.parent))
+            .collect();
+        let mut dirs = Vec::new();
+        let mut next = image.layer;
+        // Bounded by the layer count, so a parent loop in a corrupt layers.json cannot spin.
+        while !next.is_empty() && dirs.len() <= parents.len() {
+            dirs.push(self.root.join("overlay").join(&next).join("diff"));
+            next = parents.get(&next).cloned().unwrap_or_default();
+        }
+        Ok(Some(dirs))
+    }
+
     fn images_file(&self) -> PathBuf {
         self.root.join("overlay-images/images.json")
     }

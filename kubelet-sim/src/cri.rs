@@ -28,6 +28,8 @@ pub struct Cri {
     /// The runtime's name as CRI Version reports it (`containerd`, `cri-o`): the scheme of the
     /// `containerID`s in pod statuses (`kubecontainer.ContainerID`); `cri` when Version does not answer.
     pub runtime_name: String,
+    /// The runtime's version as CRI Version reports it (`v2.1.5`, `1.32.4`); empty when it does not answer.
+    pub runtime_version: String,
 }
 
 impl Cri {
@@ -45,15 +47,19 @@ impl Cri {
         let request = inlet_proto::runtime::v1::VersionRequest {
             version: "v1".into(),
         };
-        let runtime_name = match runtime.version(request).await {
-            Ok(v) => v.into_inner().runtime_name,
-            Err(_) => "cri".into(),
+        let (runtime_name, runtime_version) = match runtime.version(request).await {
+            Ok(v) => {
+                let v = v.into_inner();
+                (v.runtime_name, v.runtime_version)
+            }
+            Err(_) => ("cri".into(), String::new()),
         };
         Ok(Self {
             runtime,
             exec: RuntimeServiceClient::new(image.clone()),
             image: ImageServiceClient::new(image),
             runtime_name,
+            runtime_version,
         })
     }
 }

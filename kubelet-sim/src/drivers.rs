@@ -105,6 +105,8 @@ pub struct DriverHandle {
     pub socket: PathBuf,
     /// An image driver's state dir (what a teardown must find empty).
     pub image_state: Option<PathBuf>,
+    /// An image driver's engine, whose volumes' images the node's image GC counts as in use.
+    pub image_engine: Option<Arc<Engine>>,
     stop: tokio::sync::watch::Sender<bool>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
     /// A local driver's content dir bound onto itself, undone when the driver stops.
@@ -262,14 +264,11 @@ impl DriverHandle {
             pull_wait: on.images.pull_wait,
         };
         let state = Some(dir.join("state"));
-        Self::serve(
-            name,
-            on.node,
-            &dir,
-            ImageService::new(config, engine),
-            state,
-        )
-        .await
+        let service = ImageService::new(config, engine);
+        let engine = Arc::clone(service.engine());
+        let mut handle = Self::serve(name, on.node, &dir, service, state).await?;
+        handle.image_engine = Some(engine);
+        Ok(handle)
     }
 
     async fn serve<S>(
@@ -306,6 +305,7 @@ impl DriverHandle {
             node: node.to_string(),
             socket,
             image_state,
+            image_engine: None,
             stop,
             tasks: vec![task],
             content: None,

@@ -7,6 +7,8 @@ use std::time::Duration;
 use inlet_image::allowlist::Allowlist;
 use inlet_image::pull::VerificationPolicy;
 
+use crate::node::{ImageGcPolicy, ImageVolumeMounts};
+
 /// Images in a simulation.
 #[derive(Debug, Clone)]
 pub struct SimImages {
@@ -23,6 +25,10 @@ pub struct SimImages {
     pub verification: VerificationPolicy,
     /// The images `NeverVerifyAllowlistedImages` exempts (`preloadedImagesVerificationAllowlist`).
     pub allowlist: Allowlist,
+    /// Who mounts in-tree image volumes: the runtime (KEP-4639's CRI `Mount.image`) or the kubelet side.
+    pub volume_mounts: ImageVolumeMounts,
+    /// When each node's image garbage collector removes images.
+    pub gc: ImageGcPolicy,
 }
 
 impl Default for SimImages {
@@ -34,6 +40,8 @@ impl Default for SimImages {
             pull_wait: Duration::from_secs(100),
             verification: VerificationPolicy::default(),
             allowlist: Allowlist::default(),
+            volume_mounts: ImageVolumeMounts::default(),
+            gc: ImageGcPolicy::default(),
         }
     }
 }

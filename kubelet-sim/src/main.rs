@@ -13,7 +13,7 @@ use inlet_host::mount::{LinuxMounter, MountLayer, RecordingMounter, can_mount};
 use inlet_image::pull::VerificationPolicy;
 use kubelet_sim::api::manifest;
 use kubelet_sim::drivers::DriverArg;
-use kubelet_sim::node::BackoffPolicy;
+use kubelet_sim::node::{BackoffPolicy, ImageGcArgs, ImageVolumeMounts};
 use kubelet_sim::signals::{Interrupts, Signal};
 
 mod bench_cmd;
@@ -148,6 +148,13 @@ struct RunArgs {
     /// preloadedImagesVerificationAllowlist).
     #[arg(long, value_delimiter = ',', value_parser = inlet_image::allowlist::allowlist_entry)]
     preloaded_images_verification_allowlist: Vec<String>,
+    /// Who mounts a pod's `volumes[].image`: the runtime, as upstream's kubelet asks it (CRI Mount.image,
+    /// KEP-4639); the kubelet side (inlet's engine, for runtimes without image mounts); or auto, the
+    /// runtime when its CRI Version is CRI-O 1.31+ or containerd 2.1+.
+    #[arg(long, value_enum, default_value_t = ImageVolumeMounts::Auto)]
+    image_volume_mounts: ImageVolumeMounts,
+    #[command(flatten)]
+    image_gc: ImageGcArgs,
     /// Serve the kubelet's storage metrics at http://HOST:PORT/metrics (`:PORT` for every interface) while
     /// the run lasts: `storage_operation_duration_seconds`, `csi_operations_seconds`,
     /// `volume_manager_total_volumes`, `process_*`, with upstream's names and labels.
@@ -355,6 +362,8 @@ async fn run(args: RunArgs) -> Result<Outcome, String> {
             allowlist: inlet_image::allowlist::Allowlist::parse(
                 &args.preloaded_images_verification_allowlist,
             )?,
+            volume_mounts: args.image_volume_mounts,
+            gc: args.image_gc.policy()?,
             ..SimImages::default()
         },
         plugins_registry: args.plugins_registry,

@@ -33,6 +33,8 @@ mod images;
 mod pod_status;
 #[path = "bdd/registration.rs"]
 mod registration;
+#[path = "bdd/runtime_images.rs"]
+mod runtime_images;
 #[path = "bdd/selinux.rs"]
 mod selinux;
 #[path = "bdd/tokens.rs"]
@@ -73,6 +75,8 @@ struct Sim {
     plugins_registry: Option<PathBuf>,
     /// Registration sockets offered by a scenario: what the kubelet told each, and its server.
     offered: BTreeMap<String, registration::Offered>,
+    /// The runtime's images before the last image collection, and what it did.
+    image_gc: Option<runtime_images::GcRun>,
     /// The recording mount layer, when not root: what the host would have been told.
     recording: Option<Arc<RecordingMounter>>,
     /// How long a pod waits for its volumes before the kubelet gives up on this wait.
@@ -114,6 +118,7 @@ impl Sim {
             held: Vec::new(),
             plugins_registry: None,
             offered: BTreeMap::new(),
+            image_gc: None,
             recording: None,
             volume_wait: Duration::from_secs(60),
             http_requests: Default::default(),

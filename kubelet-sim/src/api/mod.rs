@@ -100,6 +100,52 @@ impl Api {
     pub fn events_for(&self, pod_uid: &str) -> Vec<Event> {
         self.events.lock().get(pod_uid).cloned().unwrap_or_default()
     }
+
+    /// Records an event on a node (the kubelet's `nodeRef`: kind Node, its name as uid, in `default`).
+    pub fn record_node_event(&self, node: &str, type_: &str, reason: &str, message: &str) {
+        let mut events = self.events.lock();
+        let log = events.entry(node_events_key(node)).or_default();
+        if let Some(event) = log.iter_mut().find(|e| {
+            e.type_.as_deref() == Some(type_)
+                && e.reason.as_deref() == Some(reason)
+                && e.message.as_deref() == Some(message)
+        }) {
+            event.count = Some(event.count.unwrap_or(1) + 1);
+            event.last_timestamp = Some(now());
+            return;
+        }
+        log.push(Event {
+            metadata: ObjectMeta {
+                name: Some(format!("{node}.{}", uuid::Uuid::new_v4().simple())),
+                namespace: Some("default".into()),
+                ..Default::default()
+            },
+            involved_object: ObjectReference {
+                kind: Some("Node".into()),
+                name: Some(node.into()),
+                uid: Some(node.into()),
+                ..Default::default()
+            },
+            type_: Some(type_.into()),
+            reason: Some(reason.into()),
+            message: Some(message.into()),
+            count: Some(1),
+            first_timestamp: Some(now()),
+            last_timestamp: Some(now()),
+            reporting_component: Some(COMPONENT.into()),
+            ..Default::default()
+        });
+    }
+
+    /// A node's events, oldest first.
+    pub fn node_events(&self, node: &str) -> Vec<Event> {
+        self.events_for(&node_events_key(node))
+    }
+}
+
+/// Where a node's events are kept beside the pods' (a key no pod UID can be).
+fn node_events_key(node: &str) -> String {
+    format!("Node/{node}")
 }
 
 /// Where a container sits in its pod, as an event's `involvedObject.fieldPath` says it

@@ -9,6 +9,7 @@ use inlet_proto::runtime::v1 as cri;
 use k8s_openapi::api::core::v1::Container;
 
 use super::env::{Env, expand_sub_path};
+use super::image_volumes::{ImageVolumes, Support, image_mount};
 use super::{Kubelet, subpath};
 
 impl Kubelet {
@@ -21,6 +22,7 @@ impl Kubelet {
         uid: &str,
         container: &Container,
         env: &Env,
+        image_volumes: &ImageVolumes,
     ) -> Result<Vec<cri::Mount>, String> {
         let volumes = self.volumes.mounted_volumes_for_pod(uid);
         let pod_dir = self.config.root.join("pods").join(uid);
@@ -38,7 +40,22 @@ impl Kubelet {
                 Some(expr) => Some(expand_sub_path(expr, env)?),
                 None => mount.sub_path.clone(),
             };
-            let host_path = match expanded.as_deref().filter(|s| !s.is_empty()) {
+            let sub_path = expanded.as_deref().filter(|s| !s.is_empty());
+            // An image volume the runtime mounts: the image, and the subPath as a path inside it.
+            if let Some(image) = image_volumes.get(&mount.name) {
+                if let Some(sub) = sub_path {
+                    check_sub_path(sub)?;
+                    // Sent all the same, as a 1.33+ kubelet sends it; the log says what will happen.
+                    let (runtime, version) = (&self.cri.runtime_name, &self.cri.runtime_version);
+                    if Support::of(runtime, version) == Support::ImagesOnly {
+                        tracing::warn!(container = %container.name, volume = %mount.name, sub_path = sub,
+                            "{runtime} {version} drops image_sub_path: the container gets the image's root");
+                    }
+                }
+                mounts.push(image_mount(&mount.mount_path, image, sub_path));
+                continue;
+            }
+            let host_path = match sub_path {
                 None => dir,
                 Some(sub) => {
                     check_sub_path(sub)?;

@@ -184,8 +184,10 @@ impl Kubelet {
             return false;
         };
         let config = self.sandbox_config(pod);
+        let attempt = report.restart_count + 1;
+        let volumes = self.image_volumes(pod, &config).await;
         match self
-            .start_container(pod, spec, sandbox_id, &config, report.restart_count + 1)
+            .start_container(pod, spec, sandbox_id, &config, &volumes, attempt)
             .await
         {
             Ok(next) => {

@@ -1,5 +1,6 @@
 //! The image manager (`pkg/kubelet/images/image_manager.go` EnsureImageExists): a container's image made
-//! present per its pull policy before each start of the container, with upstream's events and errors.
+//! present per its pull policy before each start of the container, and an image volume's before its pod's
+//! containers start when the runtime mounts it (KEP-4639), with upstream's events and errors.
 //! Whether a cached image may be used (KEP-2535) and how a pull runs are the node's one [`Puller`]'s,
 //! shared with image volumes and the in-process image drivers; this file turns its answers into the
 //! kubelet's events, and keeps the pull back-off: after a failed pull, the pod's next pulls of that image
@@ -37,6 +38,16 @@ struct PullBackOff {
     last_error: String,
 }
 
+/// What an image is present for: one of the pod's containers (its events name the container), or the
+/// pod's image volumes (events on the pod, as `getImageVolumes` passes the pod's reference).
+#[derive(Debug, Clone, Copy)]
+pub enum ImageUser<'a> {
+    /// A container, by name.
+    Container(&'a str),
+    /// An image volume of the pod.
+    Volume,
+}
+
 /// Makes containers' images present.
 pub struct ImageManager {
     api: Arc<Api>,
@@ -65,19 +76,40 @@ impl ImageManager {
         }
     }
 
+    /// The node's puller (its pull records).
+    pub fn puller(&self) -> &Puller {
+        &self.puller
+    }
+
     /// Ok once `container`'s image is present and the pod may use it; else the container waits with the
     /// error's reason, the pod has upstream's event, and the start is tried again later.
-    pub async fn ensure_image_exists(
+    pub async fn ensure_container_image(
         &self,
         pod: &Pod,
         container: &Container,
         sandbox: &cri::PodSandboxConfig,
-    ) -> Result<(), ImageError> {
+    ) -> Result<String, ImageError> {
         let image = container.image.clone().unwrap_or_default();
-        let name = container.name.as_str();
+        let policy = pull_policy(container.image_pull_policy.as_deref(), &image);
+        let user = ImageUser::Container(&container.name);
+        self.ensure_image_exists(pod, user, &image, policy, sandbox)
+            .await
+    }
+
+    /// EnsureImageExists: Ok with the image's id (its `imageRef`) once `image` is present and the pod may
+    /// use it under `policy`; else the error's reason, with upstream's event on the pod or its container.
+    pub async fn ensure_image_exists(
+        &self,
+        pod: &Pod,
+        user: ImageUser<'_>,
+        image: &str,
+        policy: PullPolicy,
+        sandbox: &cri::PodSandboxConfig,
+    ) -> Result<String, ImageError> {
+        let image = image.to_string();
         let request = PullRequest {
             image: image.clone(),
-            policy: pull_policy(container),
+            policy,
             credentials: self.pull_credentials(pod, &image),
             // A container's pull has no deadline: the pod waits for it.
             wait: Duration::MAX,
@@ -97,39 +129,43 @@ impl ImageManager {
             .await
             .ok()
             .and_then(|r| r.into_inner().image.map(|i| i.id));
+        let event = |type_: &str, reason: &str, message: &str| match user {
+            ImageUser::Container(name) => self
+                .api
+                .record_container_event(pod, name, type_, reason, message),
+            ImageUser::Volume => self.api.record_event(pod, type_, reason, message),
+        };
         match self.puller.decide(&request, present.as_deref()) {
-            Decision::UseCached(_) => {
+            Decision::UseCached(id) => {
                 let message = format!(
                     "Container image {image:?} already present on machine and can be accessed by the pod"
                 );
-                self.api
-                    .record_container_event(pod, name, "Normal", "Pulled", &message);
-                Ok(())
+                event("Normal", "Pulled", &message);
+                Ok(id)
             }
             // Absent, or present but this pod has not shown the credentials it was pulled with, and
             // Never forbids a pull to show them: upstream answers the same for both.
             Decision::Refused(_) => {
                 let message =
                     format!("Container image {image:?} is not present with pull policy of Never");
-                self.api.record_container_event(
-                    pod,
-                    name,
-                    "Warning",
-                    "ErrImageNeverPull",
-                    &message,
-                );
+                event("Warning", "ErrImageNeverPull", &message);
                 Err(ImageError {
                     reason: "ErrImageNeverPull",
                     message,
                 })
             }
-            Decision::Pull => self.pull(pod, name, &request).await,
+            Decision::Pull => self.pull(pod, &event, &request).await,
         }
     }
 
     /// `pullImage`: unless the pod is backing off this image, Pulling, the pull, then Pulled with its
     /// times and size, or Failed and a longer back-off.
-    async fn pull(&self, pod: &Pod, name: &str, request: &PullRequest) -> Result<(), ImageError> {
+    async fn pull(
+        &self,
+        pod: &Pod,
+        event: &impl Fn(&str, &str, &str),
+        request: &PullRequest,
+    ) -> Result<String, ImageError> {
         let image = &request.image;
         let key = format!(
             "{}_{image}",
@@ -137,20 +173,13 @@ impl ImageManager {
         );
         if let Some(last_error) = self.backing_off(&key) {
             let message = format!("Back-off pulling image {image:?}");
-            self.api
-                .record_container_event(pod, name, "Normal", "BackOff", &message);
+            event("Normal", "BackOff", &message);
             return Err(ImageError {
                 reason: "ImagePullBackOff",
                 message: format!("{message}: {last_error}"),
             });
         }
-        self.api.record_container_event(
-            pod,
-            name,
-            "Normal",
-            "Pulling",
-            &format!("Pulling image {image:?}"),
-        );
+        event("Normal", "Pulling", &format!("Pulling image {image:?}"));
         let started = Instant::now();
         match self.puller.pull(request).await {
             Ok(pulled) => {
@@ -161,15 +190,13 @@ impl ImageManager {
                     go_duration(started.elapsed()),
                     pulled.size
                 );
-                self.api
-                    .record_container_event(pod, name, "Normal", "Pulled", &message);
-                Ok(())
+                event("Normal", "Pulled", &message);
+                Ok(pulled.id)
             }
             Err(e) => {
                 let shown = shown(&e);
                 let message = format!("Failed to pull image {image:?}: {shown}");
-                self.api
-                    .record_container_event(pod, name, "Warning", "Failed", &message);
+                event("Warning", "Failed", &message);
                 self.failed(&key, format!("ErrImagePull: {shown}"));
                 Err(ImageError {
                     reason: "ErrImagePull",
@@ -215,11 +242,10 @@ impl ImageManager {
     }
 }
 
-/// The container's pull policy; unset, the API server's default: `Always` for `:latest` or no tag,
-/// else `IfNotPresent` (`pkg/apis/core/v1/defaults.go`).
-fn pull_policy(container: &Container) -> PullPolicy {
-    let image = container.image.as_deref().unwrap_or_default();
-    match container.image_pull_policy.as_deref() {
+/// A container's or image volume's pull policy; unset, the API server's default: `Always` for `:latest`
+/// or no tag, else `IfNotPresent` (`pkg/apis/core/v1/defaults.go`, for both).
+pub fn pull_policy(policy: Option<&str>, image: &str) -> PullPolicy {
+    match policy {
         Some("Never") => PullPolicy::Never,
         Some("IfNotPresent") => PullPolicy::IfNotPresent,
         Some(_) => PullPolicy::Always,

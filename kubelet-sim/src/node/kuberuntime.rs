@@ -15,6 +15,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use super::Kubelet;
 use super::container_config::{container_annotations, container_labels, linux_config};
 use super::env::expand_words;
+use super::image_volumes::ImageVolumes;
 use super::pod_worker::{PodRuntime, PodState};
 use super::status::is_sidecar;
 use crate::operations::BackoffEntry;
@@ -112,7 +113,7 @@ pub struct TerminatedRun {
 }
 
 /// Why a container could not be started: the waiting reason kuberuntime gives it, and the event's text.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct StartError {
     /// `ErrImagePull`, `ImagePullBackOff` or `ErrImageNeverPull` (its image), `CreateContainerConfigError`
     /// (its environment or mounts could not be made), `CreateContainerError` or `RunContainerError` (the
@@ -142,10 +143,35 @@ impl StartError {
 pub struct MountReport {
     /// Where the container sees it.
     pub container_path: String,
-    /// The host path (the volume's mount dir, or a subPath in it).
+    /// The host path (the volume's mount dir, or a subPath in it); empty for an image the runtime mounts.
     pub host_path: String,
     /// Read-only in the container.
     pub readonly: bool,
+    /// The image the runtime mounts here (KEP-4639's `Mount.image`: as the pod named it, or the image id
+    /// where the runtime reports only that, as CRI-O does), with the path inside it after a `:` when a
+    /// subPath chose one; absent for a host path.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+}
+
+impl From<cri::Mount> for MountReport {
+    fn from(m: cri::Mount) -> Self {
+        Self {
+            image: m.image.map(|i| {
+                let image = match i.user_specified_image.is_empty() {
+                    true => i.image,
+                    false => i.user_specified_image,
+                };
+                match m.image_sub_path.is_empty() {
+                    true => image,
+                    false => format!("{image}:{}", m.image_sub_path),
+                }
+            }),
+            container_path: m.container_path,
+            host_path: m.host_path,
+            readonly: m.readonly,
+        }
+    }
 }
 
 impl Kubelet {
@@ -210,6 +236,7 @@ impl Kubelet {
         reports: &mut Vec<ContainerReport>,
     ) -> bool {
         let mut changed = false;
+        let mut image_volumes = None;
         loop {
             let next = next_to_start(pod, reports);
             if next.is_empty() {
@@ -217,9 +244,15 @@ impl Kubelet {
             }
             changed = true;
             let mut started = false;
+            // Once per sync, before any container of it starts (SyncPod's getImageVolumes).
+            if image_volumes.is_none() {
+                image_volumes = Some(Box::pin(self.image_volumes(pod, sandbox_config)).await);
+            }
+            let volumes = image_volumes.as_ref().expect("resolved above");
             for container in next {
                 let init = is_init(pod, &container.name);
-                let attempt = self.start_container(pod, container, sandbox_id, sandbox_config, 0);
+                let attempt =
+                    self.start_container(pod, container, sandbox_id, sandbox_config, volumes, 0);
                 let report = match Box::pin(attempt).await {
                     Ok(report) => {
                         started = true;
@@ -262,14 +295,18 @@ impl Kubelet {
         container: &Container,
         sandbox_id: &str,
         sandbox_config: &cri::PodSandboxConfig,
+        image_volumes: &ImageVolumes,
         attempt: u32,
     ) -> Result<ContainerReport, StartError> {
         let uid = pod.metadata.uid.clone().unwrap_or_default();
+        if let Some(failed) = image_volumes.failed_for(container) {
+            return Err(failed);
+        }
         // Step 1 of `startContainer`, at every start: the image per its pull policy (a restart re-checks
         // the pod's credentials, and a tag that moved is pulled again under `Always`).
         let ensured = self
             .images
-            .ensure_image_exists(pod, container, sandbox_config);
+            .ensure_container_image(pod, container, sandbox_config);
         Box::pin(ensured).await.map_err(|e| StartError {
             reason: e.reason,
             message: e.message,
@@ -278,7 +315,7 @@ impl Kubelet {
         let config_error = StartError::reason("CreateContainerConfigError");
         let env = self.environment(pod, container).map_err(&config_error)?;
         let mounts = self
-            .container_mounts(&uid, container, &env)
+            .container_mounts(&uid, container, &env, image_volumes)
             .map_err(&config_error)?;
         let devices = self
             .container_devices(&uid, container)
@@ -368,15 +405,7 @@ impl Kubelet {
             .await
             .map_err(rpc("RunContainerError"))?;
         let status = status.into_inner().status.unwrap_or_default();
-        let mounts = status
-            .mounts
-            .into_iter()
-            .map(|m| MountReport {
-                container_path: m.container_path,
-                host_path: m.host_path,
-                readonly: m.readonly,
-            })
-            .collect();
+        let mounts = status.mounts.into_iter().map(MountReport::from).collect();
         Ok(ContainerReport {
             name: container.name.clone(),
             id,
@@ -472,14 +501,7 @@ impl Kubelet {
                     restart_count: metadata.attempt,
                     state: ContainerState::Running,
                     id: c.id,
-                    mounts: mounts
-                        .into_iter()
-                        .map(|m| MountReport {
-                            container_path: m.container_path,
-                            host_path: m.host_path,
-                            readonly: m.readonly,
-                        })
-                        .collect(),
+                    mounts: mounts.into_iter().map(MountReport::from).collect(),
                     ..Default::default()
                 });
             }

@@ -24,6 +24,8 @@ mod container_mounts;
 mod containers;
 mod env;
 pub mod host;
+mod image_gc;
+mod image_volumes;
 mod images;
 mod kill;
 mod kubelet_volumes;
@@ -53,7 +55,7 @@ use inlet_volume::config_map::ConfigMapPlugin;
 use inlet_volume::csi::{CsiObserver, CsiPlugin};
 use inlet_volume::downward_api::DownwardApiPlugin;
 use inlet_volume::empty_dir::EmptyDirPlugin;
-use inlet_volume::image::ImagePlugin;
+use inlet_volume::image::{ImagePlugin, RuntimeImagePlugin};
 use inlet_volume::projected::ProjectedPlugin;
 use inlet_volume::secret::SecretPlugin;
 use k8s_openapi::api::core::v1::{Node, NodeStatus, Pod};
@@ -62,6 +64,8 @@ use parking_lot::Mutex;
 use tokio::sync::Notify;
 
 use host::NodeHost;
+pub use image_gc::{Collected, ImageGcArgs, ImageGcPolicy};
+pub use image_volumes::ImageVolumeMounts;
 use images::ImageManager;
 pub(crate) use kuberuntime::all_containers;
 pub use kuberuntime::{ContainerReport, ContainerState, MountReport, TerminatedRun};
@@ -113,6 +117,10 @@ pub struct NodeConfig {
     pub image_verification: VerificationPolicy,
     /// The images `NeverVerifyAllowlistedImages` exempts (`preloadedImagesVerificationAllowlist`).
     pub image_allowlist: inlet_image::allowlist::Allowlist,
+    /// Who mounts `volumes[].image`: the runtime (KEP-4639) or the kubelet side.
+    pub image_volume_mounts: ImageVolumeMounts,
+    /// When the image garbage collector removes images.
+    pub image_gc: ImageGcPolicy,
 }
 
 /// The kubelet-side image plugin's state dir under a node's root.
@@ -192,6 +200,10 @@ pub struct Kubelet {
     /// The image manager, over the node's image puller (shared with image volumes): its record of which
     /// credentials pulled which image decides whether a pod may use a cached container image (KEP-2535).
     images: ImageManager,
+    /// Whether the runtime mounts image volumes (CRI `Mount.image`) instead of the kubelet side.
+    runtime_mounts_images: bool,
+    /// The image garbage collector.
+    image_gc: image_gc::ImageGc,
     /// What the pod workers know of each pod, by UID.
     pods: Mutex<HashMap<String, PodRuntime>>,
     /// The pod workers' operations (start, stop), one at a time per pod, with backoff.
@@ -269,12 +281,23 @@ impl Kubelet {
                 .with_allowlist(config.image_allowlist.clone()),
             ),
         };
-        if let Some(engine) = images {
-            plugins.push(Arc::new(ImagePlugin::new(
+        let image_gc = image_gc::ImageGc::new(config.image_gc);
+        if let Some(engine) = &images {
+            image_gc.volume_images.add(engine);
+        }
+        let runtime_mounts_images = config
+            .image_volume_mounts
+            .by_runtime(&cri.runtime_name, &cri.runtime_version);
+        match images {
+            _ if runtime_mounts_images => {
+                plugins.push(Arc::new(RuntimeImagePlugin::new(host.clone())))
+            }
+            Some(engine) => plugins.push(Arc::new(ImagePlugin::new(
                 host.clone(),
                 engine,
                 config.image_pull_wait,
-            )));
+            ))),
+            None => {}
         }
         api.put(Node {
             metadata: ObjectMeta {
@@ -312,6 +335,8 @@ impl Kubelet {
             cri,
             pods: Mutex::default(),
             kick,
+            runtime_mounts_images,
+            image_gc,
             sandboxes_adopted: AtomicBool::new(false),
             last_relist: Mutex::new(None),
             volume_stats: Mutex::default(),
@@ -325,6 +350,10 @@ impl Kubelet {
         // Reading the previous kubelet's state walks the pods' dirs: off the async workers.
         let (volumes, pods) = (Arc::clone(&self.volumes), self.my_pods_by_uid());
         let _ = tokio::task::spawn_blocking(move || volumes.reconstruct(&pods)).await;
+        // Pulls that ended while no one recorded them (upstream's pull manager `initialize`).
+        if let Err(e) = self.images.puller().settle_intents().await {
+            tracing::warn!(node = %self.config.name, error = %e, "settling pull intents");
+        }
         // The plugin manager lives as long as this kubelet (aborted with it).
         let _plugin_manager = self.config.plugins_registry.as_ref().map(|dir| {
             let node = Arc::clone(&self);
@@ -336,6 +365,9 @@ impl Kubelet {
             AbortOnDrop(tokio::spawn(watcher.run(move || node.wake())))
         });
         let _stats = AbortOnDrop(tokio::spawn(Arc::clone(&self).calculate_volume_stats()));
+        let _image_gc = AbortOnDrop(tokio::spawn(
+            Arc::clone(&self).collect_images_periodically(),
+        ));
         // Only this node's objects and the cluster's, as a kubelet's pod watch and informers see them.
         let (mut own, mut cluster) = (
             self.api.watch_node(&self.config.name),

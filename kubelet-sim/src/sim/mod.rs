@@ -222,6 +222,8 @@ impl Simulation {
                 plugins_registry: config.plugins_registry.clone(),
                 image_verification: config.images.verification,
                 image_allowlist: config.images.allowlist.clone(),
+                image_volume_mounts: config.images.volume_mounts,
+                image_gc: config.images.gc,
             };
             let node = new_kubelet(
                 node_config,
@@ -321,6 +323,9 @@ impl Simulation {
             let socket = match self.start_driver(driver, &node).await? {
                 Driver::External(socket) => socket,
                 Driver::InProcess(handle) => {
+                    if let Some(engine) = &handle.image_engine {
+                        node.count_volume_images(engine);
+                    }
                     let socket = handle.socket.clone();
                     self.drivers.push(handle);
                     socket
@@ -355,6 +360,9 @@ impl Simulation {
             }
         };
         handle.serve_registration(&dir);
+        if let Some(engine) = &handle.image_engine {
+            node.count_volume_images(engine);
+        }
         self.drivers.push(handle);
         Ok(())
     }
@@ -451,6 +459,10 @@ impl Simulation {
                 .register(&driver, &socket)
                 .await
                 .map_err(SimError::Reregister)?;
+        }
+        let engines = self.drivers.iter().filter(|d| d.node == name);
+        for engine in engines.filter_map(|d| d.image_engine.as_ref()) {
+            node.count_volume_images(engine);
         }
         for slot in self.nodes.iter_mut().filter(|n| n.config.name == name) {
             *slot = Arc::clone(&node);

@@ -4,7 +4,11 @@
 //! reach their phase through `kubelet-sim run --cri`, and teardown must leave nothing. This is what a
 //! sandbox or container config no kubelet would send breaks: a pod-wide PID namespace made CRI-O keep an
 //! infra process this host cannot start, and a missing container log dir failed every CreateContainer.
-//! The examples' image volumes are not run here: the example image is not in the runtimes' stores.
+//! The examples' image volumes are not run here: the example image is not in the runtimes' stores. An
+//! image volume of the kit's busybox is, through both paths where the runtime has KEP-4639's image mounts
+//! (CRI-O 1.32, containerd 2.1): the runtime's (`--image-volume-mounts runtime`) and inlet's kubelet-side
+//! mount, which must show the pod the same files; containerd 1.6 has only the kubelet side, which `auto`
+//! picks there.
 
 use std::path::Path;
 use std::process::Command;
@@ -66,8 +70,74 @@ fn example_manifests(dir: &Path) {
     }
 }
 
-/// `kubelet-sim run` of `manifests` on the runtime at `endpoint`; its report.
-fn run(endpoint: &str, manifests: &Path, root: &Path, drivers: &[&str]) -> serde_json::Value {
+/// A pod that describes what its image volume shows: every path with its size, mode, owner and type
+/// (hashed), a file read, a program of the image run from the volume, a write refused, where a subPath
+/// (`etc`) points, and the filesystem under the mount (not compared: an overlay from the runtime, a bind
+/// from the kubelet side).
+const IMAGE_VOLUME_POD: &str = r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: image-volume, annotations: {inlet.dev/expected-phase: Succeeded}}
+spec:
+  restartPolicy: Never
+  containers:
+  - name: look
+    image: localhost/kit/busybox:1.35
+    imagePullPolicy: Never
+    command:
+    - sh
+    - -c
+    - |
+      cd /vol && find . | sort | while read f; do stat -c '%n %s %a %u %g %F' "$f"; done | md5sum
+      head -1 /vol/etc/group
+      /vol/bin/busybox echo ran from the volume
+      touch /vol/x 2>&1 | sed 's/.*: //'
+      if test -f /sub/group; then echo subPath shows etc; elif test -d /sub/etc; then echo subPath shows the image root; fi
+      grep ' /vol ' /proc/mounts | cut -d' ' -f3
+    volumeMounts: [{name: vol, mountPath: /vol}, {name: vol, mountPath: /sub, subPath: etc}]
+  volumes: [{name: vol, image: {reference: localhost/kit/busybox:1.35, pullPolicy: Never}}]
+"#;
+
+/// The image volume pod through `mode` (`runtime`, `kubelet`, `auto`): its log lines, checked, and whether
+/// the runtime mounted the volume.
+fn image_volume(runtime: &str, endpoint: &str, dir: &Path, mode: &str) -> (Vec<String>, bool) {
+    let manifests = dir.join("image-volume");
+    std::fs::create_dir_all(&manifests).unwrap();
+    std::fs::write(manifests.join("pod.yaml"), IMAGE_VOLUME_POD).unwrap();
+    let root = dir.join(format!("{runtime}-image-volume-{mode}"));
+    let flag = format!("--image-volume-mounts={mode}");
+    let report = run(endpoint, &manifests, &root, &[], &[&flag]);
+    check(runtime, &report);
+    let container = &report["pods"][0]["containers"][0];
+    let logs: Vec<String> = serde_json::from_value(container["logs"].clone()).unwrap();
+    let mount = container["mounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["container_path"] == "/vol")
+        .expect("a mount at /vol");
+    // The runtime reports the image it mounted (CRI-O its id, and the dir it mounted as the host path;
+    // containerd the pod's reference); the kubelet side, the volume's dir.
+    let by_runtime = mount["image"].is_string();
+    assert!(
+        by_runtime || mount["host_path"] != "",
+        "{runtime} {mode}: {mount:#}"
+    );
+    assert_eq!(logs.len(), 6, "{runtime} {mode}: {logs:#?}");
+    assert_eq!(logs[1], "root:x:0:", "{runtime} {mode}");
+    assert_eq!(logs[2], "ran from the volume", "{runtime} {mode}");
+    assert_eq!(logs[3], "Read-only file system", "{runtime} {mode}");
+    (logs, by_runtime)
+}
+
+/// `kubelet-sim run` of `manifests` on the runtime at `endpoint` with `drivers` and `flags`; its report.
+fn run(
+    endpoint: &str,
+    manifests: &Path,
+    root: &Path,
+    drivers: &[&str],
+    flags: &[&str],
+) -> serde_json::Value {
     let report = root.with_extension("json");
     let mut command = Command::new(BIN);
     command
@@ -87,6 +157,7 @@ fn run(endpoint: &str, manifests: &Path, root: &Path, drivers: &[&str]) -> serde
     for driver in drivers {
         command.args(["--driver", driver]);
     }
+    command.args(flags);
     let out = command.output().expect("kubelet-sim runs");
     let text = std::fs::read_to_string(&report).unwrap_or_default();
     assert!(
@@ -146,6 +217,7 @@ fn the_examples_and_lifecycle_pods_run_on_cri_o_containerd_1_6_and_containerd_2(
             &dir.path().join("lifecycle"),
             &dir.path().join(format!("{runtime}-lifecycle")),
             &[],
+            &[],
         );
         check(runtime, &lifecycle);
         let pods = lifecycle["pods"].as_array().unwrap();
@@ -159,8 +231,28 @@ fn the_examples_and_lifecycle_pods_run_on_cri_o_containerd_1_6_and_containerd_2(
             &dir.path().join("examples"),
             &dir.path().join(format!("{runtime}-examples")),
             &["local.inlet.dev=local"],
+            &[],
         );
         check(runtime, &examples);
+        // The kubelet side everywhere, and `auto` picks it on all three (none drops nothing a 1.33+
+        // kubelet sends); the runtime's own mount where it has one.
+        let (kubelet_side, _) = image_volume(runtime, &endpoint, dir.path(), "kubelet");
+        assert_eq!(kubelet_side[4], "subPath shows etc", "{runtime}");
+        let (_, by_runtime) = image_volume(runtime, &endpoint, dir.path(), "auto");
+        assert!(!by_runtime, "{runtime}: auto picks the kubelet side");
+        if runtime != "containerd" {
+            let (runtime_side, by_runtime) =
+                image_volume(runtime, &endpoint, dir.path(), "runtime");
+            assert!(by_runtime, "{runtime}: the runtime mounts");
+            assert_eq!(
+                runtime_side[..4],
+                kubelet_side[..4],
+                "{runtime}: the same files whichever side mounts"
+            );
+            // CRI-O 1.32 and containerd 2.1 drop image_sub_path (added in CRI-O 1.33, containerd 2.2):
+            // kep/upstream-differences.md.
+            assert_eq!(runtime_side[4], "subPath shows the image root", "{runtime}");
+        }
         drop(kit);
     }
 }

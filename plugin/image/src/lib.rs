@@ -151,6 +151,8 @@ impl Engine {
         if let Some(dir) = &config.pull_records_dir {
             puller.import_legacy(dir)?;
         }
+        let settled = puller.settle_intents().await?;
+        tracing::info!(settled, "pull intents of images the runtime has, recorded");
         let volumes = ImageVolumes::open(store, Arc::clone(&mounter), &config.state_dir)?;
         let published = volumes.recover().await?;
         let artifacts_dir = config.state_dir.join("artifacts");

@@ -21,8 +21,13 @@
 //! Records of inlet's earlier format (one `pulls.json` per node) are imported at start
 //! ([`PullRecords::import_legacy`]): each image it knew gets a record naming no one, so it needs proof
 //! rather than passing for preloaded.
+//!
+//! Upkeep, as upstream's pull manager does it (`image_pull_manager.go`): at start, an intent whose image the
+//! runtime has (a pull that ended while no one was recording) becomes a record naming no one
+//! ([`PullRecords::settle_intents`], `initialize`); after image GC, the records of images the runtime no
+//! longer has are removed ([`PullRecords::prune_unknown`], `PruneUnknownRecords`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::fs;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
@@ -308,6 +313,72 @@ impl PullRecords {
         write(&self.record_path(image_ref), &record)
     }
 
+    /// `initialize`: each intent naming an image the runtime has (`present`: each image's id with its
+    /// tags and digests) becomes that image's record naming no one (kubelet-pulled, credentials unknown:
+    /// it needs proof), and the intent goes. Intents of images the runtime lacks stay.
+    pub fn settle_intents(&self, present: &[(String, Vec<String>)]) -> Result<usize> {
+        let mut settled = 0;
+        for image in self.intents()? {
+            let names = |(_, names): &&(String, Vec<String>)| names.contains(&image);
+            let Some((id, _)) = present.iter().find(names) else {
+                continue;
+            };
+            self.change(id, |_| {})?;
+            self.withdraw(&image)?;
+            settled += 1;
+        }
+        Ok(settled)
+    }
+
+    /// The images of the intents on disk (ones that cannot be read are skipped).
+    fn intents(&self) -> Result<Vec<String>> {
+        let dir = self.dir.join("pulling");
+        let entries = fs::read_dir(&dir).context(|| format!("listing {}", dir.display()))?;
+        Ok(entries
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with("sha256-"))
+            .filter_map(|e| serde_json::from_slice::<Intent>(&fs::read(e.path()).ok()?).ok())
+            .filter(|i| i.kind == "ImagePullIntent")
+            .map(|i| i.image)
+            .collect())
+    }
+
+    /// `PruneUnknownRecords`: removes the record of each image not in `images` (the runtime's image ids,
+    /// listed after `until`) that was last updated before `until`, so a record written while the list
+    /// was taken stays. Records that cannot be read are left alone. Returns how many went.
+    pub fn prune_unknown(
+        &self,
+        images: &HashSet<String>,
+        until: std::time::SystemTime,
+    ) -> Result<usize> {
+        let _lock = self.lock()?;
+        let dir = self.dir.join("pulled");
+        let entries = fs::read_dir(&dir).context(|| format!("listing {}", dir.display()))?;
+        // Records keep whole seconds: one of the second `until` falls in counts as written after it.
+        let until = until
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() as i64);
+        let mut pruned = 0;
+        for entry in entries.flatten() {
+            let Some(record) = fs::read(entry.path())
+                .ok()
+                .and_then(|text| serde_json::from_slice::<PulledRecord>(&text).ok())
+            else {
+                continue;
+            };
+            let updated = record
+                .last_updated_time
+                .parse::<k8s_openapi::jiff::Timestamp>();
+            if images.contains(&record.image_ref) || !updated.is_ok_and(|t| t.as_second() < until) {
+                continue;
+            }
+            fs::remove_file(entry.path())
+                .context(|| format!("removing {}", entry.path().display()))?;
+            pruned += 1;
+        }
+        Ok(pruned)
+    }
+
     /// Imports inlet's earlier record, `<legacy_dir>/pulls.json`, if there is one: every image it knew
     /// gets a record naming no one (so it needs proof instead of passing for preloaded), every pull it
     /// announced an intent; then it is renamed `pulls.json.imported`. One that cannot be read is an
@@ -554,5 +625,50 @@ mod tests {
         std::os::unix::fs::symlink(&real, dir.path().join("link")).unwrap();
         let err = PullRecords::open(&dir.path().join("link")).err().unwrap();
         assert!(err.to_string().contains("symlink"), "{err}");
+    }
+
+    #[test]
+    fn intents_of_present_images_become_records_naming_no_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let records = PullRecords::open(dir.path()).unwrap();
+        records.intend("docker.io/library/present:v1").unwrap();
+        records.intend("docker.io/library/absent:v1").unwrap();
+        let present = [(
+            "sha256:aaa".to_string(),
+            vec!["docker.io/library/present:v1".to_string()],
+        )];
+        assert_eq!(records.settle_intents(&present).unwrap(), 1);
+        assert!(!records.intended("docker.io/library/present:v1"));
+        assert!(
+            records.intended("docker.io/library/absent:v1"),
+            "no image: kept"
+        );
+        let record = records.record("sha256:aaa").unwrap().expect("a record");
+        assert!(
+            record.credential_mapping.is_empty(),
+            "naming no one: {record:?}"
+        );
+    }
+
+    #[test]
+    fn records_of_images_gone_before_the_listing_are_pruned() {
+        let dir = tempfile::tempdir().unwrap();
+        let records = PullRecords::open(dir.path()).unwrap();
+        for id in ["sha256:kept", "sha256:gone"] {
+            records
+                .remember("docker.io/library/x:v1", id, None)
+                .unwrap();
+        }
+        let listed: HashSet<String> = ["sha256:kept".to_string()].into();
+        let before = std::time::SystemTime::now() - std::time::Duration::from_secs(5);
+        assert_eq!(
+            records.prune_unknown(&listed, before).unwrap(),
+            0,
+            "written after"
+        );
+        let after = std::time::SystemTime::now() + std::time::Duration::from_secs(5);
+        assert_eq!(records.prune_unknown(&listed, after).unwrap(), 1);
+        assert!(records.record("sha256:kept").unwrap().is_some());
+        assert!(records.record("sha256:gone").unwrap().is_none());
     }
 }

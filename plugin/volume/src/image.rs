@@ -135,6 +135,93 @@ impl VolumePlugin for ImagePlugin {
     }
 }
 
+/// The plugin where the runtime mounts image volumes (upstream's `pkg/volume/image/image.go`): a stub
+/// that lets the volume manager track the volume while the kubelet pulls the image before the pod's
+/// containers start and hands it to the runtime as a CRI `Mount.image`. Nothing is mounted or made on the
+/// host, so there is nothing to tear down or reconstruct.
+pub struct RuntimeImagePlugin {
+    host: Arc<dyn VolumeHost>,
+}
+
+impl RuntimeImagePlugin {
+    /// The stub over `host` (for the volume's would-be path only).
+    pub fn new(host: Arc<dyn VolumeHost>) -> Self {
+        Self { host }
+    }
+}
+
+#[async_trait]
+impl VolumePlugin for RuntimeImagePlugin {
+    fn name(&self) -> &'static str {
+        PLUGIN_NAME
+    }
+
+    fn can_support(&self, spec: &Spec) -> bool {
+        source(spec).is_some()
+    }
+
+    async fn unique_volume_name(&self, spec: &Spec, pod: &PodInfo) -> Result<String, VolumeError> {
+        Ok(format!("{PLUGIN_NAME}/{}-{}", pod.uid, spec.name()))
+    }
+
+    fn new_mounter(&self, spec: &Spec, pod: &PodInfo) -> Result<Box<dyn Mounter>, VolumeError> {
+        let path = self.host.pod_volume_dir(&pod.uid, PLUGIN_NAME, spec.name());
+        Ok(Box::new(NothingToMount(path)))
+    }
+
+    fn new_unmounter(
+        &self,
+        spec_name: &str,
+        pod_uid: &str,
+    ) -> Result<Box<dyn Unmounter>, VolumeError> {
+        let path = self.host.pod_volume_dir(pod_uid, PLUGIN_NAME, spec_name);
+        Ok(Box::new(NothingToMount(path)))
+    }
+
+    fn construct_volume_spec(&self, spec_name: &str, _: &str) -> Result<Spec, VolumeError> {
+        Err(VolumeError::final_(format!(
+            "image volume {spec_name:?} is the runtime's: nothing to reconstruct"
+        )))
+    }
+
+    async fn requires_remount(&self, _: &Spec, _: &PodInfo) -> bool {
+        false
+    }
+
+    fn attachable(&self) -> Option<&dyn AttachableVolumePlugin> {
+        None
+    }
+
+    fn device_mountable(&self) -> Option<&dyn DeviceMountableVolumePlugin> {
+        None
+    }
+}
+
+/// The stub's mounter and unmounter: SetUp and TearDown do nothing, as upstream's.
+struct NothingToMount(PathBuf);
+
+#[async_trait]
+impl Mounter for NothingToMount {
+    fn path(&self) -> PathBuf {
+        self.0.clone()
+    }
+
+    async fn set_up_at(&self, _: &Path, _: &MounterArgs) -> Result<(), VolumeError> {
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Unmounter for NothingToMount {
+    fn path(&self) -> PathBuf {
+        self.0.clone()
+    }
+
+    async fn tear_down_at(&self, _: &Path) -> Result<(), VolumeError> {
+        Ok(())
+    }
+}
+
 /// Pulls and mounts one pod's image volume.
 pub struct ImageMounter {
     host: Arc<dyn VolumeHost>,

@@ -66,8 +66,8 @@ impl ImageService {
         }
     }
 
-    /// The engine (tests inspect what is published).
-    pub fn engine(&self) -> &Engine {
+    /// The engine (tests inspect what is published; a kubelet counts its volumes' images as in use).
+    pub fn engine(&self) -> &Arc<Engine> {
         &self.engine
     }
 

@@ -1,8 +1,13 @@
 //! What a [`Puller`] keeps in the node's pull records (KEP-2535): the intent before a pull, the record
-//! after, the check that a cached image may be handed to a caller, and the import of inlet's earlier
-//! record. The record itself is [`PullRecords`].
+//! after, the check that a cached image may be handed to a caller, the import of inlet's earlier
+//! record, and their upkeep (intents settled at start, records pruned after image GC). The record
+//! itself is [`PullRecords`].
 
+use std::collections::HashSet;
 use std::path::Path;
+use std::time::SystemTime;
+
+use inlet_proto::runtime::v1 as cri;
 
 use super::{PullError, Puller, VerificationPolicy};
 use crate::allowlist::image_name;
@@ -93,6 +98,41 @@ impl Puller {
         }
         if let Err(e) = records.withdraw(image) {
             tracing::warn!(error = %e, "could not withdraw the pull intent");
+        }
+    }
+
+    /// At start (upstream's `initialize`): the intents of pulls that ended while no one recorded them,
+    /// for images the runtime has, become records naming no one ([`PullRecords::settle_intents`]).
+    /// Returns how many; a runtime that cannot list its images leaves them for the next start.
+    pub async fn settle_intents(&self) -> inlet_host::Result<usize> {
+        let Some(records) = &self.records else {
+            return Ok(0);
+        };
+        let request = cri::ListImagesRequest { filter: None };
+        let images = match self.cri.clone().list_images(request).await {
+            Ok(reply) => reply.into_inner().images,
+            Err(s) => {
+                tracing::warn!(error = s.message(), "listing images to settle pull intents");
+                return Ok(0);
+            }
+        };
+        let present: Vec<(String, Vec<String>)> = images
+            .into_iter()
+            .map(|i| (i.id, [i.repo_tags, i.repo_digests].concat()))
+            .collect();
+        records.settle_intents(&present)
+    }
+
+    /// After image GC (its post hook, upstream's `PruneUnknownRecords`): the records of images not in
+    /// `images` (the runtime's ids, listed after `until`) go ([`PullRecords::prune_unknown`]).
+    pub fn prune_unknown_records(
+        &self,
+        images: &HashSet<String>,
+        until: SystemTime,
+    ) -> inlet_host::Result<usize> {
+        match &self.records {
+            Some(records) => records.prune_unknown(images, until),
+            None => Ok(0),
         }
     }
 
