@@ -1,7 +1,7 @@
 //! The `image` CSI driver over a real socket, with cri-fake (in-process, its images in containers/storage's
 //! layout) as the runtime: what standard CSI tools ask of a node-only driver, request validation that names
-//! the field at fault, idempotency, pull policies, slow pulls past the caller's budget, and secrets kept out
-//! of every message. Mounts are real as root and recorded otherwise.
+//! the field at fault, idempotency, pull policies, slow pulls past the caller's budget, a writable volume on a
+//! full disk, and secrets kept out of every message. Mounts are real as root and recorded otherwise.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -38,6 +38,11 @@ struct Fixture {
 
 impl Fixture {
     async fn start() -> Self {
+        Self::start_with(|_| {}).await
+    }
+
+    /// The fixture, with `prepare` given the driver's state dir before the engine opens it.
+    async fn start_with(prepare: impl FnOnce(&std::path::Path)) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let layout = dir.path().join("layout");
         ImageBuilder::new()
@@ -64,6 +69,7 @@ impl Fixture {
             Arc::new(RecordingMounter::new())
         };
         let state = dir.path().join("state");
+        prepare(&state);
         let engine = Engine::start(
             &EngineConfig::new(&cri_socket, &state),
             Arc::clone(&mounter),
@@ -304,6 +310,79 @@ async fn publish_and_unpublish_are_idempotent() {
         "the target dir is removed"
     );
     assert!(inlet_image::leftovers(&f.dir.path().join("state")).is_empty());
+}
+
+/// A writable volume's upper dir lives in the driver's state dir: on a full disk its publish is
+/// RESOURCE_EXHAUSTED naming the cause, with nothing mounted or left; once published, the pod's writes end
+/// in ENOSPC and the unpublish still frees everything.
+#[tokio::test]
+async fn a_writable_volume_on_a_full_disk_is_resource_exhausted_and_leaves_nothing() {
+    if !can_mount() {
+        println!("SKIPPED (not root: a small tmpfs is the full disk)");
+        return;
+    }
+    let f = Fixture::start_with(|state| {
+        std::fs::create_dir_all(state).unwrap();
+        nix::mount::mount(
+            Some("tmpfs"),
+            state,
+            Some("tmpfs"),
+            nix::mount::MsFlags::empty(),
+            Some("size=1m"),
+        )
+        .unwrap();
+    })
+    .await;
+    let state = f.dir.path().join("state");
+    let filler = state.join("filler");
+    let fill = |path: &std::path::Path| {
+        let mut file = std::fs::File::create(path).unwrap();
+        let block = vec![0u8; 64 << 10];
+        loop {
+            if let Err(e) = std::io::Write::write_all(&mut file, &block) {
+                return e.raw_os_error();
+            }
+        }
+    };
+    assert_eq!(fill(&filler), Some(nix::libc::ENOSPC));
+    let target = f.target("w");
+    let request = f.publish(&target, &[("image", IMAGE)]);
+    let err = f
+        .node
+        .clone()
+        .node_publish_volume(request.clone())
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted, "{}", err.message());
+    assert!(
+        err.message().contains("No space left on device"),
+        "{}",
+        err.message()
+    );
+    let target_path = std::path::Path::new(&target);
+    assert!(!target_path.exists() || !f.mounter.is_mount_point(target_path).unwrap());
+    let left = inlet_image::leftovers(&state);
+    assert!(left.is_empty(), "nothing left: {left:?}");
+    // Room again: the volume is published, and the pod fills the disk through it.
+    std::fs::remove_file(&filler).unwrap();
+    f.node.clone().node_publish_volume(request).await.unwrap();
+    assert_eq!(fill(&target_path.join("big")), Some(nix::libc::ENOSPC));
+    let unpublish = csi::NodeUnpublishVolumeRequest {
+        volume_id: "csi-abc".into(),
+        target_path: target.clone(),
+    };
+    f.node
+        .clone()
+        .node_unpublish_volume(unpublish)
+        .await
+        .unwrap();
+    assert!(!target_path.exists(), "the target dir is removed");
+    assert!(inlet_image::leftovers(&state).is_empty(), "nothing left");
+    let free = nix::sys::statvfs::statvfs(&state).unwrap();
+    assert!(
+        free.blocks_available() * 2 > free.blocks(),
+        "the upper dir's data is gone with the volume"
+    );
 }
 
 #[tokio::test]

@@ -104,12 +104,19 @@ fn write_record_with_mode<T: Serialize>(
         .mode(mode)
         .open(&tmp)
         .context(what)?;
-    file.write_all(&body).context(what)?;
-    // Flush the data before the rename makes it visible, so a power loss cannot leave an empty record.
-    if durability == Durability::PowerLoss {
-        file.sync_data().context(what)?;
+    let written = file.write_all(&body).and_then(|()| {
+        // Flush the data before the rename makes it visible, so a power loss cannot leave an empty record.
+        match durability {
+            Durability::PowerLoss => file.sync_data(),
+            _ => Ok(()),
+        }
+    });
+    let renamed = written.and_then(|()| fs::rename(&tmp, &path));
+    // A write that failed (a full disk) leaves the old record, and no temporary file beside it.
+    if renamed.is_err() {
+        let _ = fs::remove_file(&tmp);
     }
-    fs::rename(&tmp, &path).context(what)
+    renamed.context(what)
 }
 
 /// Removes `dir/<id>.json`; a missing record is removed.
