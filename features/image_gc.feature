@@ -43,6 +43,7 @@ Feature: Image garbage collection counts image volumes as in use
     When the image garbage collector of node "node-1" runs 400 ms after the node started
     Then it removed images "example.inlet.dev/runtime-mounted:v1" and "example.inlet.dev/unused:v1", and no other
     And the runtime has images "example.inlet.dev/site:v1", "example.inlet.dev/tools:v1" and "busybox"
+    And kubelet_image_garbage_collected_total{reason="age"} is at least 2
     And node "node-1" has a pulled-image record of image "example.inlet.dev/site:v1"
 
   Scenario: An image the runtime mounts for a container is in use through the container's status

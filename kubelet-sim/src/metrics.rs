@@ -10,6 +10,8 @@
 //!   `pkg/volume/csi/csi_metrics.go`'s interceptor records it (`/csi.v1.Node/NodePublishVolume`, `OK`);
 //! - `volume_manager_total_volumes{plugin_name, state}`: the volumes of the desired and actual states of
 //!   world, per pod, counted at each scrape (`pkg/kubelet/volumemanager/metrics/metrics.go`);
+//! - `kubelet_image_garbage_collected_total{reason}`: each image the image garbage collector removed, for its
+//!   `age` or for `space` (`pkg/kubelet/metrics/metrics.go` ImageGarbageCollectedTotal);
 //! - `rest_client_requests_total{code, method, host}`: with `--kubeconfig`, each request to the API
 //!   server (`cluster/client_metrics.rs`);
 //! - `process_*`.
@@ -24,6 +26,7 @@ use inlet_proto::csi_call::CsiCall;
 use inlet_volume::Spec;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet};
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
@@ -46,18 +49,25 @@ struct CsiLabels {
     migrated: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: &'static str,
+}
+
 type Histograms<L> = Family<L, Histogram, fn() -> Histogram>;
 
 /// The process's storage metrics.
 pub struct KubeletMetrics {
     operations: Histograms<OperationLabels>,
     csi: Histograms<CsiLabels>,
+    images_collected: Family<ReasonLabels, Counter>,
 }
 
 /// The one set every node of this process records into.
 pub static METRICS: LazyLock<KubeletMetrics> = LazyLock::new(|| KubeletMetrics {
     operations: Family::new_with_constructor(inlet_host::metrics::operation_histogram),
     csi: Family::new_with_constructor(inlet_host::metrics::operation_histogram),
+    images_collected: Family::default(),
 });
 
 impl KubeletMetrics {
@@ -72,6 +82,13 @@ impl KubeletMetrics {
         self.operations
             .get_or_create(&labels)
             .observe(took.as_secs_f64());
+    }
+
+    /// An image the image garbage collector removed, for `reason`: `age` or `space`.
+    pub fn image_collected(&self, reason: &'static str) {
+        self.images_collected
+            .get_or_create(&ReasonLabels { reason })
+            .inc();
     }
 
     /// A CSI call that returned. The attach/detach controller's calls (ControllerPublish, made through
@@ -136,6 +153,11 @@ pub fn registry(nodes: Vec<Arc<Kubelet>>) -> Registry {
         "csi_operations_seconds",
         "Container Storage Interface operation duration with gRPC error code status total",
         METRICS.csi.clone(),
+    );
+    registry.register(
+        "kubelet_image_garbage_collected",
+        "Total number of images garbage collected by the kubelet, whether through disk usage or image age.",
+        METRICS.images_collected.clone(),
     );
     registry.register_collector(Box::new(TotalVolumes(nodes)));
     crate::cluster::register_metrics(&mut registry);

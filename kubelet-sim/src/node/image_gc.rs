@@ -19,6 +19,7 @@ use inlet_proto::runtime::v1 as cri;
 use parking_lot::Mutex;
 
 use super::Kubelet;
+use crate::metrics::METRICS;
 
 /// How often the collector runs (`ImageGCPeriod`).
 pub const IMAGE_GC_PERIOD: Duration = Duration::from_secs(300);
@@ -206,6 +207,7 @@ impl Kubelet {
             });
             for (id, _) in old {
                 if self.remove_image(&id).await {
+                    METRICS.image_collected("age");
                     removed.push(id);
                 }
             }
@@ -235,6 +237,7 @@ impl Kubelet {
                     continue;
                 }
                 if self.remove_image(&id).await {
+                    METRICS.image_collected("space");
                     freed += record.size;
                     removed.push(id);
                 }

@@ -151,3 +151,21 @@ fn has_record(w: &mut Sim, node: String, has: String, image: String) {
         .join(file);
     assert_eq!(path.exists(), has == "a", "{}", path.display());
 }
+
+#[then(regex = r#"^kubelet_image_garbage_collected_total\{reason="(\w+)"\} is at least (\d+)$"#)]
+fn images_collected_metric(_: &mut Sim, reason: String, least: u64) {
+    // The process's one registry, which every scenario's nodes add to: at least, never exactly.
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(
+        &mut text,
+        &kubelet_sim::metrics::registry(Vec::new()),
+    )
+    .expect("the metrics encode");
+    let series = format!("kubelet_image_garbage_collected_total{{reason=\"{reason}\"}} ");
+    let value: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix(&series))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {series}in {text}"));
+    assert!(value >= least, "{series}{value}");
+}

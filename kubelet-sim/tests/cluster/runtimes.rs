@@ -8,7 +8,8 @@
 //! image volume of the kit's busybox is, through both paths where the runtime has KEP-4639's image mounts
 //! (CRI-O 1.32, containerd 2.1): the runtime's (`--image-volume-mounts runtime`) and inlet's kubelet-side
 //! mount, which must show the pod the same files; containerd 1.6 has only the kubelet side, which `auto`
-//! picks there.
+//! picks there, and where a runtime is asked all the same the container fails as KEP-4639 says (no host
+//! path).
 
 use std::path::Path;
 use std::process::Command;
@@ -97,6 +98,28 @@ spec:
     volumeMounts: [{name: vol, mountPath: /vol}, {name: vol, mountPath: /sub, subPath: etc}]
   volumes: [{name: vol, image: {reference: localhost/kit/busybox:1.35, pullPolicy: Never}}]
 "#;
+
+/// containerd 1.6 asked to mount an image (`--image-volume-mounts runtime`): it drops `Mount.image` it does
+/// not know, and fails the container on the empty host path; nothing is left.
+fn image_volume_refused(endpoint: &str, dir: &Path) {
+    let manifests = dir.join("image-volume-refused");
+    std::fs::create_dir_all(&manifests).unwrap();
+    let pod = IMAGE_VOLUME_POD.replace("expected-phase: Succeeded", "expected-phase: Pending");
+    std::fs::write(manifests.join("pod.yaml"), pod).unwrap();
+    let root = dir.join("containerd-image-volume-refused");
+    let report = run(
+        endpoint,
+        &manifests,
+        &root,
+        &[],
+        &["--image-volume-mounts=runtime"],
+    );
+    check("containerd", &report);
+    let container = &report["pods"][0]["containers"][0];
+    assert_eq!(container["reason"], "CreateContainerError", "{container:#}");
+    let message = container["message"].as_str().unwrap_or_default();
+    assert!(message.contains("failed to mkdir \"\""), "{message}");
+}
 
 /// The image volume pod through `mode` (`runtime`, `kubelet`, `auto`): its log lines, checked, and whether
 /// the runtime mounted the volume.
@@ -240,7 +263,9 @@ fn the_examples_and_lifecycle_pods_run_on_cri_o_containerd_1_6_and_containerd_2(
         assert_eq!(kubelet_side[4], "subPath shows etc", "{runtime}");
         let (_, by_runtime) = image_volume(runtime, &endpoint, dir.path(), "auto");
         assert!(!by_runtime, "{runtime}: auto picks the kubelet side");
-        if runtime != "containerd" {
+        if runtime == "containerd" {
+            image_volume_refused(&endpoint, dir.path());
+        } else {
             let (runtime_side, by_runtime) =
                 image_volume(runtime, &endpoint, dir.path(), "runtime");
             assert!(by_runtime, "{runtime}: the runtime mounts");
