@@ -1,9 +1,10 @@
 Feature: Image volumes the runtime mounts (KEP-4639 through CRI)
   Upstream's kubelet pulls each `volumes[].image` through its image manager before the pod's containers start
   (`kuberuntime_manager.go` getImageVolumes) and hands it to the runtime as a CRI `Mount` with `image` set,
-  and a subPath as `image_sub_path` (1.33); CRI-O 1.31+ and containerd 2.1+ mount it. kubelet-sim does the same
-  with `--image-volume-mounts runtime` (and by default on those runtimes); cri-fake mounts the image's layers
-  as those runtimes do. The kubelet-side mount (image_volumes.feature) stays for runtimes without it.
+  and a subPath as `image_sub_path` (1.33); CRI-O 1.31+ and containerd 2.1+ mount it, and CRI-O 1.33+ and
+  containerd 2.2+ honour the sub path. kubelet-sim does the same with `--image-volume-mounts runtime` (and by
+  default on those newer runtimes); cri-fake mounts the image's layers as they do. The kubelet-side mount
+  (image_volumes.feature) stays for runtimes without it.
 
   Background:
     Given an image "example.inlet.dev/site:v1" with files:

@@ -1,6 +1,9 @@
 Feature: Persistent inline volumes (the KEP-596 draft, feature gate PersistentInlineCSI)
   Behind a gate that is off by default: an inline csi source with a volumeHandle, for a driver whose modes
-  include Persistent, is attached, staged and published like a PV. Its VolumeAttachment carries a copy of
+  include Persistent, is attached, staged and published like a PV, if the PersistentVolume of that handle
+  grants it to the pod's namespace (`inlet.dev/inline-namespaces`): a handle is not a secret, so without a
+  grant any namespace could reach any pre-provisioned volume. Admission refuses a pod the grant does not
+  cover; the kubelet and the attach/detach controller check again. The VolumeAttachment carries a copy of
   the inline source and the pod's namespace, so detach works after the pod is gone; pods in different
   namespaces that use one handle on a node share one attachment, detached when the last is gone.
 
@@ -15,7 +18,7 @@ Feature: Persistent inline volumes (the KEP-596 draft, feature gate PersistentIn
       """
       apiVersion: v1
       kind: PersistentVolume
-      metadata: {name: shared}
+      metadata: {name: shared, annotations: {inlet.dev/inline-namespaces: "team-a,team-b"}}
       spec:
         capacity: {storage: 32Mi}
         accessModes: [ReadWriteOnce]
@@ -95,6 +98,16 @@ Feature: Persistent inline volumes (the KEP-596 draft, feature gate PersistentIn
     And the manifests:
       """
       apiVersion: v1
+      kind: PersistentVolume
+      metadata:
+        name: never-provisioned
+        annotations: {inlet.dev/inline-namespaces: "team-a,team-b", inlet.dev/pre-provision: "false"}
+      spec:
+        capacity: {storage: 16Mi}
+        accessModes: [ReadWriteOnce]
+        csi: {driver: local.inlet.dev, volumeHandle: never-provisioned}
+      ---
+      apiVersion: v1
       kind: Pod
       metadata: {name: missing-a, namespace: team-a}
       spec:
@@ -111,3 +124,76 @@ Feature: Persistent inline volumes (the KEP-596 draft, feature gate PersistentIn
     When the simulation runs
     Then pod "missing-a" has a Warning "FailedAttachVolume" event saying "AttachVolume.Attach failed for volume "data" : rpc error: code = NotFound desc = volume "never-provisioned" not found"
     And pod "missing-b" has a Warning "FailedAttachVolume" event saying "rpc error: code = NotFound"
+
+  Scenario: A namespace the PersistentVolume does not grant is refused at admission, whatever the handle
+    Given the feature gate "PersistentInlineCSI" is on
+    And the manifests:
+      """
+      apiVersion: v1
+      kind: PersistentVolume
+      metadata: {name: payroll}
+      spec:
+        capacity: {storage: 16Mi}
+        accessModes: [ReadWriteOnce]
+        csi: {driver: local.inlet.dev, volumeHandle: payroll}
+      ---
+      apiVersion: v1
+      kind: Pod
+      metadata: {name: intruder, namespace: team-b}
+      spec:
+        containers: [{name: app, image: busybox, volumeMounts: [{name: data, mountPath: /data}]}]
+        volumes: [{name: data, csi: {driver: local.inlet.dev, volumeHandle: payroll}}]
+      ---
+      apiVersion: v1
+      kind: Pod
+      metadata: {name: guesser, namespace: team-b}
+      spec:
+        containers: [{name: app, image: busybox, volumeMounts: [{name: data, mountPath: /data}]}]
+        volumes: [{name: data, csi: {driver: local.inlet.dev, volumeHandle: nobody-made-this}}]
+      """
+    When the simulation runs
+    Then pod "intruder" was rejected with "pods "intruder" is forbidden: spec.volumes[0].csi.volumeHandle: Forbidden: PersistentVolume "payroll" does not grant volume handle "payroll" to namespace "team-b" (granted: none)"
+    And pod "guesser" was rejected with "spec.volumes[0].csi.volumeHandle: Forbidden: no PersistentVolume of driver "local.inlet.dev" has volume handle "nobody-made-this""
+    And the driver got ControllerPublishVolume for handle "payroll" 0 times
+    And there is 1 VolumeAttachment
+
+  Scenario: The kubelet and the attach/detach controller refuse what admission did not see
+    A pod admitted before the grant was withdrawn (or through another API server) is checked again before
+    any attach, stage or publish.
+    Given the feature gate "PersistentInlineCSI" is on
+    When the simulation runs
+    Then pod "app-a" is Running
+    When the PersistentVolume "shared" grants its handle to "team-b" only
+    And these pods are created without admission:
+      """
+      apiVersion: v1
+      kind: Pod
+      metadata: {name: late-a, namespace: team-a}
+      spec:
+        nodeName: node-1
+        containers: [{name: app, image: busybox, volumeMounts: [{name: data, mountPath: /data}]}]
+        volumes: [{name: data, csi: {driver: local.inlet.dev, volumeHandle: shared}}]
+      """
+    Then pod "late-a" has a Warning "FailedMount" event saying "MountVolume.SetUp failed for volume "data" : persistent inline volume "data": PersistentVolume "shared" does not grant volume handle "shared" to namespace "team-a" (granted: team-b)"
+    And pod "late-a" is Pending
+    And pod "app-a" is Running
+
+  Scenario: A grant withdrawn while in use keeps the running pod's volume, and refuses new pods
+    Given the feature gate "PersistentInlineCSI" is on
+    When the simulation runs
+    Then pod "app-a" is Running
+    When the PersistentVolume "shared" grants its handle to "team-b" only
+    And these manifests are applied:
+      """
+      apiVersion: v1
+      kind: Pod
+      metadata: {name: again-a, namespace: team-a}
+      spec:
+        containers: [{name: app, image: busybox, volumeMounts: [{name: data, mountPath: /data}]}]
+        volumes: [{name: data, csi: {driver: local.inlet.dev, volumeHandle: shared}}]
+      """
+    Then pod "again-a" was rejected with "PersistentVolume "shared" does not grant volume handle "shared" to namespace "team-a" (granted: team-b)"
+    And pod "app-a" is Running
+    When all pods are deleted
+    Then the driver got ControllerUnpublishVolume for handle "shared" 1 time
+    And no VolumeAttachment is left

@@ -20,6 +20,9 @@ pub struct Mount {
     /// The dirs it shows, top first: a path is read from the first that has it, unless a layer above
     /// whites it out.
     pub layers: Vec<PathBuf>,
+    /// An image's layers: a symlink in them is not followed (it would resolve on the host, outside the
+    /// image; a runtime resolves it inside the image's root, which this fake does not model).
+    pub image: bool,
 }
 
 impl From<&cri::Mount> for Mount {
@@ -30,35 +33,54 @@ impl From<&cri::Mount> for Mount {
                 true => Vec::new(),
                 false => vec![PathBuf::from(&mount.host_path)],
             },
+            image: false,
         }
     }
 }
 
 impl Mount {
     /// Where `rest` (a relative path below the mount) is on the host: in the topmost layer that has it.
-    /// An OCI whiteout (`.wh.NAME`, or overlay's 0:0 character device) hides it and everything below.
-    fn find(&self, rest: &Path) -> Option<PathBuf> {
-        let whiteout = rest.file_name().map(|name| {
-            let mut marker = std::ffi::OsString::from(".wh.");
-            marker.push(name);
-            rest.with_file_name(marker)
-        });
+    /// An OCI whiteout (`.wh.NAME`, or overlay's 0:0 character device) of it or of a dir above it hides
+    /// it in every layer below; in an image, a symlink on the way hides it too.
+    pub fn find(&self, rest: &Path) -> Option<PathBuf> {
         for layer in &self.layers {
-            let path = layer.join(rest);
-            if let Ok(meta) = std::fs::symlink_metadata(&path) {
-                let overlay_whiteout = meta.file_type().is_char_device()
-                    && std::os::unix::fs::MetadataExt::rdev(&meta) == 0;
-                return (!overlay_whiteout).then_some(path);
-            }
-            if whiteout
-                .as_ref()
-                .is_some_and(|w| std::fs::symlink_metadata(layer.join(w)).is_ok())
-            {
-                return None;
+            match self.walk(layer, rest) {
+                Walk::Found(path) => return Some(path),
+                Walk::Hidden => return None,
+                Walk::Missing => {}
             }
         }
         None
     }
+
+    /// `rest` in one layer, component by component, without following a symlink in an image.
+    fn walk(&self, layer: &Path, rest: &Path) -> Walk {
+        let mut path = layer.to_path_buf();
+        for component in rest.components() {
+            let mut whiteout = std::ffi::OsString::from(".wh.");
+            whiteout.push(component.as_os_str());
+            if std::fs::symlink_metadata(path.join(whiteout)).is_ok() {
+                return Walk::Hidden;
+            }
+            path.push(component);
+            let Ok(meta) = std::fs::symlink_metadata(&path) else {
+                return Walk::Missing;
+            };
+            let overlay_whiteout = meta.file_type().is_char_device()
+                && std::os::unix::fs::MetadataExt::rdev(&meta) == 0;
+            if overlay_whiteout || (self.image && meta.file_type().is_symlink()) {
+                return Walk::Hidden;
+            }
+        }
+        Walk::Found(path)
+    }
+}
+
+/// What one layer has at a path.
+enum Walk {
+    Found(PathBuf),
+    Missing,
+    Hidden,
 }
 
 /// How a started container ends.
@@ -397,9 +419,11 @@ mod tests {
         ] {
             std::fs::write(dir.path().join(name), text).unwrap();
         }
+        std::os::unix::fs::symlink("/etc", upper.path().join("escape")).unwrap();
         let mounts = [Mount {
             container_path: "/img".into(),
             layers: vec![upper.path().into(), lower.path().into()],
+            image: true,
         }];
         let script = |text: &str| run(&argv(&["sh", "-c", text]), &[], &mounts, &[]);
         assert_eq!(
@@ -407,5 +431,10 @@ mod tests {
             exits(0, Duration::ZERO, &["upper", "lower"])
         );
         assert_eq!(script("test -e /img/b"), exits(1, Duration::ZERO, &[]));
+        assert_eq!(
+            script("cat /img/escape/hostname"),
+            exits(1, Duration::ZERO, &[]),
+            "a symlink in an image never leads to the host"
+        );
     }
 }

@@ -402,8 +402,8 @@ impl FakeRuntime {
     }
 
     /// A CRI mount as the container's programs read it. A mount with `image` set (KEP-4639) is the
-    /// image's layers, from `image_sub_path` down when one is given, read-only, as CRI-O 1.31 and
-    /// containerd 2.1 mount it: the image must be present (the kubelet pulled it) and the sub path must
+    /// image's layers, from `image_sub_path` down when one is given, read-only, as CRI-O 1.33 and
+    /// containerd 2.2 mount it: the image must be present (the kubelet pulled it) and the sub path must
     /// be a relative path that exists in it, and the mount read-only with no host path (containerd's
     /// checks). Failures are wrapped as both runtimes wrap them (`crierrors.ErrImageVolumeMountFailed`).
     fn container_mount(&self, mount: &cri::Mount) -> Result<program::Mount, Status> {
@@ -434,27 +434,38 @@ impl FakeRuntime {
             .map_err(|e| failed(e.to_string()))?
             .ok_or_else(|| failed("image not known (pull it first)".into()))?;
         let sub = std::path::Path::new(&mount.image_sub_path);
-        if sub
-            .components()
-            .any(|c| !matches!(c, std::path::Component::Normal(_)))
-        {
+        use std::path::Component::{CurDir, Normal};
+        if sub.components().any(|c| !matches!(c, Normal(_) | CurDir)) {
             return Err(failed(format!(
                 "sub path {:?} is not a relative path inside the image",
                 mount.image_sub_path
             )));
         }
-        let view = program::Mount {
+        let image_root = program::Mount {
             container_path: mount.container_path.clone(),
-            layers: layers.iter().map(|l| l.join(sub)).collect(),
+            layers,
+            image: true,
         };
-        if !mount.image_sub_path.is_empty() && !view.layers.iter().any(|l| l.exists()) {
+        let is_dir = |path: PathBuf| std::fs::symlink_metadata(path).is_ok_and(|m| m.is_dir());
+        if !mount.image_sub_path.is_empty() && !image_root.find(sub).is_some_and(is_dir) {
             // CRI-O's words (cri-o#9050).
             return Err(failed(format!(
                 "sub path {:?} does not exist in image volume {:?}",
                 mount.image_sub_path, image.image
             )));
         }
-        Ok(view)
+        // The sub path's dir in each layer that has one, reached without a symlink.
+        let layers = image_root.layers.iter().filter(|l| {
+            let one = program::Mount {
+                layers: vec![l.to_path_buf()],
+                ..image_root.clone()
+            };
+            one.find(sub).is_some()
+        });
+        Ok(program::Mount {
+            layers: layers.map(|l| l.join(sub)).collect(),
+            ..image_root.clone()
+        })
     }
 
     /// RemoveImage: refused while a container mounts the image (KEP-4639), as CRI-O keeps an image

@@ -150,7 +150,7 @@ struct RunArgs {
     preloaded_images_verification_allowlist: Vec<String>,
     /// Who mounts a pod's `volumes[].image`: the runtime, as upstream's kubelet asks it (CRI Mount.image,
     /// KEP-4639); the kubelet side (inlet's engine, for runtimes without image mounts); or auto, the
-    /// runtime when its CRI Version is CRI-O 1.31+ or containerd 2.1+.
+    /// runtime when its CRI Version is CRI-O 1.33+ or containerd 2.2+ (older ones drop image_sub_path).
     #[arg(long, value_enum, default_value_t = ImageVolumeMounts::Auto)]
     image_volume_mounts: ImageVolumeMounts,
     #[command(flatten)]

@@ -25,6 +25,8 @@ use kubelet_sim::sim::{SimConfig, SimImages, Simulation};
 
 #[path = "bdd/claims.rs"]
 mod claims;
+#[path = "bdd/grants.rs"]
+mod grants;
 #[path = "bdd/hooks.rs"]
 mod hooks;
 #[path = "bdd/images.rs"]

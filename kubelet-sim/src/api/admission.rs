@@ -30,6 +30,8 @@ pub struct Rejected(pub String);
 pub struct Admission {
     /// Drivers allowed in inline `csi` volumes; None allows all (see the module doc).
     pub allowed_inline_drivers: Option<BTreeSet<String>>,
+    /// The `PersistentInlineCSI` gate: persistent inline sources must be granted to the pod's namespace.
+    pub persistent_inline: bool,
 }
 
 /// The API's names: DNS-1123 subdomains (`IsDNS1123Subdomain`).
@@ -183,6 +185,9 @@ impl Admission {
                     )));
                 }
             }
+        }
+        if self.persistent_inline {
+            super::inline_grant::admit(api, &pod, &name).map_err(Rejected)?;
         }
         // The ServiceAccount plugin, after validation here: what it adds is valid.
         super::service_account::admit(api, &mut pod).map_err(Rejected)?;
@@ -405,6 +410,7 @@ mod tests {
         let api = Api::new();
         let policy = |drivers: &[&str]| Admission {
             allowed_inline_drivers: Some(drivers.iter().map(|d| d.to_string()).collect()),
+            ..Default::default()
         };
         assert!(
             policy(&["a.example.com"])

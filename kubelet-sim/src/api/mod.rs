@@ -2,6 +2,7 @@
 //! manifests (Kubernetes YAML), events, service-account tokens and the root CA ([`tokens`]).
 
 pub mod admission;
+mod inline_grant;
 pub mod manifest;
 pub mod service_account;
 pub mod store;

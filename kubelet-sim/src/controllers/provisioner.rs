@@ -35,8 +35,12 @@ pub enum ProvisionError {
     },
 }
 
+/// The annotation that keeps a PV from being pre-provisioned (`"false"`): its volume is missing on the
+/// driver, as when an administrator wrote the PV before (or without) creating the volume.
+pub const PRE_PROVISION_ANNOTATION: &str = "inlet.dev/pre-provision";
+
 /// Creates `pv`'s volume on each of `local_drivers` (the in-process `local` drivers of the PV's driver
-/// name, one per node); nothing when the PV is not a CSI one.
+/// name, one per node); nothing when the PV is not a CSI one, or says not to.
 pub async fn pre_provision(
     pv: &PersistentVolume,
     local_drivers: &[&DriverHandle],
@@ -44,6 +48,14 @@ pub async fn pre_provision(
     let Some(source) = pv.spec.as_ref().and_then(|s| s.csi.as_ref()) else {
         return Ok(());
     };
+    let annotations = pv.metadata.annotations.as_ref();
+    if annotations
+        .and_then(|a| a.get(PRE_PROVISION_ANNOTATION))
+        .map(String::as_str)
+        == Some("false")
+    {
+        return Ok(());
+    }
     let name = pv.metadata.name.clone().unwrap_or_default();
     let storage = pv
         .spec

@@ -15,7 +15,7 @@ use super::{Kubelet, subpath};
 impl Kubelet {
     /// The CRI mounts of a container (`kubelet_pods.go` makeMounts): each volumeMount's volume dir, or for a
     /// subPath the bind [`subpath::prepare`] makes of it; read-only when the volumeMount or the volume itself
-    /// says so. The errors are upstream's texts; a subPath's details go to the log only, as upstream keeps
+    /// says so. An image volume the runtime mounts is its image, with the subPath as `image_sub_path`. The errors are upstream's texts; a subPath's details go to the log only, as upstream keeps
     /// host paths from the user.
     pub(super) fn container_mounts(
         &self,

@@ -185,7 +185,7 @@ impl Kubelet {
         };
         let config = self.sandbox_config(pod);
         let attempt = report.restart_count + 1;
-        let volumes = self.image_volumes(pod, &config).await;
+        let volumes = Box::pin(self.image_volumes(pod, &config)).await;
         match self
             .start_container(pod, spec, sandbox_id, &config, &volumes, attempt)
             .await

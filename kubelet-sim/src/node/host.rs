@@ -10,7 +10,7 @@ use inlet_host::mount::MountLayer;
 use inlet_volume::csi::CsiClient;
 use inlet_volume::fieldpath::NodeAllocatable;
 use inlet_volume::{PodInfo, TokenRequestArgs, VolumeHost};
-use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolume, Pod, Secret};
 use k8s_openapi::api::storage::v1::{CSIDriver, VolumeAttachment};
 
 use super::registry::DriverRegistry;
@@ -80,6 +80,23 @@ impl VolumeHost for NodeHost {
             .api
             .get_recorded::<CSIDriver>("", name)
             .map(Arc::unwrap_or_clone))
+    }
+
+    async fn persistent_volumes_with_handle(
+        &self,
+        driver: &str,
+        handle: &str,
+    ) -> Result<Vec<PersistentVolume>, String> {
+        Ok(self
+            .api
+            .list::<PersistentVolume>()
+            .into_iter()
+            .filter(|pv| {
+                let csi = pv.spec.as_ref().and_then(|s| s.csi.as_ref());
+                csi.is_some_and(|c| c.driver == driver && c.volume_handle == handle)
+            })
+            .map(Arc::unwrap_or_clone)
+            .collect())
     }
 
     async fn csi_client(&self, driver: &str) -> Result<CsiClient, String> {

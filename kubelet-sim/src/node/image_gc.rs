@@ -18,6 +18,8 @@ use inlet_image::Engine;
 use inlet_proto::runtime::v1 as cri;
 use parking_lot::Mutex;
 
+use inlet_proto::csi_call::rpc_error;
+
 use super::Kubelet;
 use crate::metrics::METRICS;
 
@@ -142,6 +144,8 @@ pub struct ImageGc {
 pub struct Collected {
     /// The ids of the images removed.
     pub removed: Vec<String>,
+    /// Their sizes, summed.
+    pub freed: u64,
     /// The pull records pruned afterwards.
     pub records_pruned: usize,
 }
@@ -165,8 +169,14 @@ impl Kubelet {
     }
 
     /// Runs the collector every [`IMAGE_GC_PERIOD`] from the node's start (`StartGarbageCollection`);
-    /// a failure is logged, and a repeated one is the node's `ImageGCFailed` event.
+    /// a failure is logged, and a repeated one is the node's `ImageGCFailed` event. A high threshold of
+    /// 100 without a maximum age turns it off, as upstream.
     pub(super) async fn collect_images_periodically(self: Arc<Self>) {
+        let policy = self.image_gc.policy;
+        if policy.high_threshold_percent == 100 && policy.maximum_gc_age.is_zero() {
+            tracing::info!(node = %self.config.name, "ImageGCHighThresholdPercent is set 100 and ImageMaximumGCAge is 0, Disable image GC");
+            return;
+        }
         let mut failed_before = false;
         let mut ticks = tokio::time::interval(IMAGE_GC_PERIOD);
         loop {
@@ -188,14 +198,15 @@ impl Kubelet {
     }
 
     /// One collection (`GarbageCollect`): images past the maximum age, then space down to the low
-    /// threshold, then the pull records of images that are gone.
+    /// threshold, then the pull records of images that are gone. A removal that fails ends the collection
+    /// with an error (the next one tries again), as upstream's `freeOldImages` and `freeSpace` do.
     pub async fn garbage_collect_images(&self) -> Result<Collected, String> {
         let gc = &self.image_gc;
         let free_time = Instant::now();
         let until = SystemTime::now();
         let in_use = self.images_in_use().await?;
         let images = self.list_images().await?;
-        let mut removed = Vec::new();
+        let mut collected = Collected::default();
         let mut candidates = gc.detect(&images, &in_use, free_time);
         let max_age = gc.policy.maximum_gc_age;
         // Not before the maximum age has passed since the kubelet started: an image it never saw used
@@ -205,11 +216,13 @@ impl Kubelet {
                 r.last_used
                     .is_none_or(|used| free_time.duration_since(used) > max_age)
             });
-            for (id, _) in old {
-                if self.remove_image(&id).await {
-                    METRICS.image_collected("age");
-                    removed.push(id);
-                }
+            let errors = self.remove_images(old, "age", &mut collected).await;
+            if !errors.is_empty() {
+                return Err(format!(
+                    "wanted to free images older than {}, encountered errors in image deletion: {}",
+                    humantime::format_duration(max_age),
+                    errors.join(", ")
+                ));
             }
             candidates = young;
         }
@@ -223,45 +236,54 @@ impl Kubelet {
         }
         let available = available.min(capacity);
         let usage_percent = 100 - available * 100 / capacity;
+        let mut short = None;
         if usage_percent >= u64::from(gc.policy.high_threshold_percent) {
             let low = u64::from(gc.policy.low_threshold_percent);
             let to_free = (capacity * (100 - low) / 100).saturating_sub(available);
             tracing::info!(node = %self.config.name, usage = usage_percent, amount_to_free = to_free,
                 "Disk usage on image filesystem is over the high threshold, trying to free bytes down to the low threshold");
-            let mut freed = 0;
+            // `freeSpace`: least recently used first, none detected more recently than the minimum age.
+            let mut chosen = Vec::new();
+            let mut freeing = 0;
             for (id, record) in candidates {
-                if freed >= to_free {
+                if freeing >= to_free {
                     break;
                 }
-                if free_time.duration_since(record.first_detected) < gc.policy.minimum_gc_age {
-                    continue;
-                }
-                if self.remove_image(&id).await {
-                    METRICS.image_collected("space");
-                    freed += record.size;
-                    removed.push(id);
+                if free_time.duration_since(record.first_detected) >= gc.policy.minimum_gc_age {
+                    freeing += record.size;
+                    chosen.push((id, record));
                 }
             }
+            let before = collected.freed;
+            let errors = self.remove_images(chosen, "space", &mut collected).await;
+            if !errors.is_empty() {
+                return Err(format!(
+                    "wanted to free {to_free} bytes, but freed {} bytes space with errors in image deletion: {}",
+                    collected.freed - before,
+                    errors.join(", ")
+                ));
+            }
+            let freed = collected.freed - before;
             if freed < to_free {
-                let message = format!(
-                    "Failed to garbage collect required amount of images. Attempted to free {to_free} bytes, but only found {freed} bytes eligible to free."
-                );
-                let node = &self.config.name;
-                self.api
-                    .record_node_event(node, "Warning", "FreeDiskSpaceFailed", &message);
-                return Err(message);
+                short = Some(format!(
+                    "Insufficient free disk space on the node's image filesystem ({usage_percent}% of {} used). Failed to free sufficient space by deleting unused images (freed {freed} bytes). Investigate disk usage, as it could be used by active images, logs, volumes, or other data.",
+                    format_size(capacity)
+                ));
             }
         }
+        // The post-GC hook, after every collection (upstream: after one for space only, before its
+        // shortfall is reported).
         let remaining: HashSet<String> = self
             .list_images()
             .await?
             .into_iter()
             .map(|i| i.id)
             .collect();
-        let records_pruned = match self
+        collected.records_pruned = match self
             .images
             .puller()
-            .prune_unknown_records(&remaining, until)
+            .prune_unknown_records(remaining, until)
+            .await
         {
             Ok(n) => n,
             Err(e) => {
@@ -269,10 +291,34 @@ impl Kubelet {
                 0
             }
         };
-        Ok(Collected {
-            removed,
-            records_pruned,
-        })
+        if let Some(message) = short {
+            let node = &self.config.name;
+            self.api
+                .record_node_event(node, "Warning", "FreeDiskSpaceFailed", &message);
+            return Err(message);
+        }
+        Ok(collected)
+    }
+
+    /// Removes `images` for `reason` (`age`, `space`); returns the errors of those that stay.
+    async fn remove_images(
+        &self,
+        images: Vec<(String, ImageRecord)>,
+        reason: &'static str,
+        collected: &mut Collected,
+    ) -> Vec<String> {
+        let mut errors = Vec::new();
+        for (id, record) in images {
+            match self.remove_image(&id).await {
+                Ok(()) => {
+                    METRICS.image_collected(reason);
+                    collected.freed += record.size;
+                    collected.removed.push(id);
+                }
+                Err(e) => errors.push(e),
+            }
+        }
+        errors
     }
 
     /// The ids of images in use: run by a container, mounted by one as an image volume, or held by an
@@ -288,7 +334,12 @@ impl Kubelet {
             .containers;
         let mut in_use = self.image_gc.volume_images.ids();
         for container in containers {
-            in_use.insert(container.image_ref.clone());
+            // The image's id, as ListImages names it (`toKubeContainer`): CRI-O's `image_ref` is a
+            // digested reference.
+            in_use.insert(match container.image_id.is_empty() {
+                true => container.image_ref.clone(),
+                false => container.image_id.clone(),
+            });
             let request = cri::ContainerStatusRequest {
                 container_id: container.id.clone(),
                 verbose: false,
@@ -319,8 +370,8 @@ impl Kubelet {
             .images)
     }
 
-    /// RemoveImage; a failure is logged and the image counts as not freed.
-    async fn remove_image(&self, id: &str) -> bool {
+    /// RemoveImage (`freeImage`).
+    async fn remove_image(&self, id: &str) -> Result<(), String> {
         tracing::info!(node = %self.config.name, image_id = id, "Removing image to free bytes");
         let request = cri::RemoveImageRequest {
             image: Some(cri::ImageSpec {
@@ -328,16 +379,14 @@ impl Kubelet {
                 ..Default::default()
             }),
         };
-        match self.cri.image.clone().remove_image(request).await {
-            Ok(_) => {
-                self.image_gc.records.lock().remove(id);
-                true
-            }
-            Err(s) => {
-                tracing::warn!(node = %self.config.name, image_id = id, error = s.message(), "Failed to remove image");
-                false
-            }
-        }
+        self.cri
+            .image
+            .clone()
+            .remove_image(request)
+            .await
+            .map_err(|s| rpc_error(&s))?;
+        self.image_gc.records.lock().remove(id);
+        Ok(())
     }
 
     /// The image filesystem's capacity and free bytes: the runtime's ImageFsInfo names its mountpoint,
@@ -376,8 +425,9 @@ impl ImageGc {
         in_use: &HashSet<String>,
         now: Instant,
     ) -> Vec<(String, ImageRecord)> {
+        let listed: HashSet<&str> = images.iter().map(|i| i.id.as_str()).collect();
         let mut records = self.records.lock();
-        records.retain(|id, _| images.iter().any(|i| &i.id == id));
+        records.retain(|id, _| listed.contains(id.as_str()));
         for image in images {
             let record = records.entry(image.id.clone()).or_insert(ImageRecord {
                 first_detected: now,
@@ -399,4 +449,9 @@ impl ImageGc {
         candidates.sort_by_key(|(_, r)| (r.last_used, r.first_detected));
         candidates
     }
+}
+
+/// A size as the kubelet's GC message gives it (`formatSize`): GiB with one decimal.
+fn format_size(bytes: u64) -> String {
+    format!("{:.1} GiB", bytes as f64 / f64::from(1u32 << 30))
 }

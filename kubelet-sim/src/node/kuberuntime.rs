@@ -148,25 +148,22 @@ pub struct MountReport {
     /// Read-only in the container.
     pub readonly: bool,
     /// The image the runtime mounts here (KEP-4639's `Mount.image`: as the pod named it, or the image id
-    /// where the runtime reports only that, as CRI-O does), with the path inside it after a `:` when a
-    /// subPath chose one; absent for a host path.
+    /// where the runtime reports only that, as CRI-O does); absent for a host path.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
+    /// The path inside that image a subPath chose (`image_sub_path`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub image_sub_path: Option<String>,
 }
 
 impl From<cri::Mount> for MountReport {
     fn from(m: cri::Mount) -> Self {
         Self {
-            image: m.image.map(|i| {
-                let image = match i.user_specified_image.is_empty() {
-                    true => i.image,
-                    false => i.user_specified_image,
-                };
-                match m.image_sub_path.is_empty() {
-                    true => image,
-                    false => format!("{image}:{}", m.image_sub_path),
-                }
+            image: m.image.map(|i| match i.user_specified_image.is_empty() {
+                true => i.image,
+                false => i.user_specified_image,
             }),
+            image_sub_path: Some(m.image_sub_path).filter(|s| !s.is_empty()),
             container_path: m.container_path,
             host_path: m.host_path,
             readonly: m.readonly,

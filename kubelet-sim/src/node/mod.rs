@@ -204,6 +204,8 @@ pub struct Kubelet {
     runtime_mounts_images: bool,
     /// The image garbage collector.
     image_gc: image_gc::ImageGc,
+    /// The image manager's puller is an engine's, which settled the pull intents at its start.
+    puller_settled: bool,
     /// What the pod workers know of each pod, by UID.
     pods: Mutex<HashMap<String, PodRuntime>>,
     /// The pod workers' operations (start, stop), one at a time per pod, with backoff.
@@ -281,6 +283,7 @@ impl Kubelet {
                 .with_allowlist(config.image_allowlist.clone()),
             ),
         };
+        let puller_settled = images.is_some();
         let image_gc = image_gc::ImageGc::new(config.image_gc);
         if let Some(engine) = &images {
             image_gc.volume_images.add(engine);
@@ -288,15 +291,14 @@ impl Kubelet {
         let runtime_mounts_images = config
             .image_volume_mounts
             .by_runtime(&cri.runtime_name, &cri.runtime_version);
-        match images {
+        let kubelet_side =
+            images.map(|engine| ImagePlugin::new(host.clone(), engine, config.image_pull_wait));
+        match kubelet_side {
             _ if runtime_mounts_images => {
-                plugins.push(Arc::new(RuntimeImagePlugin::new(host.clone())))
+                let stub = RuntimeImagePlugin::new(host.clone(), kubelet_side);
+                plugins.push(Arc::new(stub));
             }
-            Some(engine) => plugins.push(Arc::new(ImagePlugin::new(
-                host.clone(),
-                engine,
-                config.image_pull_wait,
-            ))),
+            Some(plugin) => plugins.push(Arc::new(plugin)),
             None => {}
         }
         api.put(Node {
@@ -337,6 +339,7 @@ impl Kubelet {
             kick,
             runtime_mounts_images,
             image_gc,
+            puller_settled,
             sandboxes_adopted: AtomicBool::new(false),
             last_relist: Mutex::new(None),
             volume_stats: Mutex::default(),
@@ -350,9 +353,12 @@ impl Kubelet {
         // Reading the previous kubelet's state walks the pods' dirs: off the async workers.
         let (volumes, pods) = (Arc::clone(&self.volumes), self.my_pods_by_uid());
         let _ = tokio::task::spawn_blocking(move || volumes.reconstruct(&pods)).await;
-        // Pulls that ended while no one recorded them (upstream's pull manager `initialize`).
-        if let Err(e) = self.images.puller().settle_intents().await {
-            tracing::warn!(node = %self.config.name, error = %e, "settling pull intents");
+        // Pulls that ended while no one recorded them (upstream's pull manager `initialize`); an engine's
+        // puller did so when the engine started.
+        if !self.puller_settled {
+            if let Err(e) = self.images.puller().settle_intents().await {
+                tracing::warn!(node = %self.config.name, error = %e, "settling pull intents");
+            }
         }
         // The plugin manager lives as long as this kubelet (aborted with it).
         let _plugin_manager = self.config.plugins_registry.as_ref().map(|dir| {

@@ -244,6 +244,9 @@ impl Simulation {
         let mut sim = Self {
             admission: Admission {
                 allowed_inline_drivers: config.allowed_inline_drivers.clone(),
+                persistent_inline: config
+                    .gates
+                    .contains(inlet_volume::csi::source::PERSISTENT_INLINE_GATE),
             },
             api,
             nodes,

@@ -86,9 +86,7 @@ fn gc_max_age(w: &mut Sim, ms: u64) {
     };
 }
 
-#[when(
-    regex = r#"^the image garbage collector of node "([^"]+)" runs (\d+) ms after the node started$"#
-)]
+#[when(regex = r#"^the image garbage collector of node "([^"]+)" runs after (\d+) ms$"#)]
 async fn gc_runs(w: &mut Sim, node: String, ms: u64) {
     tokio::time::sleep(Duration::from_millis(ms)).await;
     let runtime = w.sim().cri_fake.as_ref().expect("cri-fake runs in-process");

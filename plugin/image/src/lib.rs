@@ -151,8 +151,12 @@ impl Engine {
         if let Some(dir) = &config.pull_records_dir {
             puller.import_legacy(dir)?;
         }
-        let settled = puller.settle_intents().await?;
-        tracing::info!(settled, "pull intents of images the runtime has, recorded");
+        match puller.settle_intents().await {
+            Ok(settled) => {
+                tracing::info!(settled, "pull intents of images the runtime has, recorded")
+            }
+            Err(e) => tracing::warn!(error = %e, "pull intents left unsettled"),
+        }
         let volumes = ImageVolumes::open(store, Arc::clone(&mounter), &config.state_dir)?;
         let published = volumes.recover().await?;
         let artifacts_dir = config.state_dir.join("artifacts");

@@ -188,7 +188,8 @@ fn file_name(key: &str) -> String {
     format!("sha256-{}", hex::encode(Sha256::digest(key.as_bytes())))
 }
 
-/// The node's records, in the kubelet's `image_manager` dir.
+/// The node's records, in the kubelet's `image_manager` dir. Cloning is cheap (a path).
+#[derive(Debug, Clone)]
 pub struct PullRecords {
     dir: PathBuf,
 }
@@ -316,6 +317,8 @@ impl PullRecords {
     /// `initialize`: each intent naming an image the runtime has (`present`: each image's id with its
     /// tags and digests) becomes that image's record naming no one (kubelet-pulled, credentials unknown:
     /// it needs proof), and the intent goes. Intents of images the runtime lacks stay.
+    /// One that cannot be settled (its record unreadable, a full disk) is logged and stays, as upstream
+    /// goes on past it.
     pub fn settle_intents(&self, present: &[(String, Vec<String>)]) -> Result<usize> {
         let mut settled = 0;
         for image in self.intents()? {
@@ -323,9 +326,10 @@ impl PullRecords {
             let Some((id, _)) = present.iter().find(names) else {
                 continue;
             };
-            self.change(id, |_| {})?;
-            self.withdraw(&image)?;
-            settled += 1;
+            match self.change(id, |_| {}).and_then(|()| self.withdraw(&image)) {
+                Ok(()) => settled += 1,
+                Err(e) => tracing::warn!(image, error = %e, "a pull intent stays unsettled"),
+            }
         }
         Ok(settled)
     }

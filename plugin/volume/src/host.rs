@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolume, Secret};
 use k8s_openapi::api::storage::v1::{CSIDriver, VolumeAttachment};
 
 use super::PodInfo;
@@ -58,6 +58,13 @@ pub trait VolumeHost: Send + Sync {
     fn node_allocatable(&self) -> NodeAllocatable;
     /// Reads a CSIDriver object; `Ok(None)` when it does not exist.
     async fn csi_driver(&self, name: &str) -> Result<Option<CSIDriver>, String>;
+    /// The PersistentVolumes of `driver` with volume handle `handle` (the grant of a persistent inline
+    /// volume, [`crate::csi::grant`]).
+    async fn persistent_volumes_with_handle(
+        &self,
+        driver: &str,
+        handle: &str,
+    ) -> Result<Vec<PersistentVolume>, String>;
     /// A client for a registered CSI driver; the error when it is not registered is upstream's
     /// `driver name X not found in the list of registered CSI drivers`.
     async fn csi_client(&self, driver: &str) -> Result<CsiClient, String>;

@@ -138,15 +138,26 @@ impl VolumePlugin for ImagePlugin {
 /// The plugin where the runtime mounts image volumes (upstream's `pkg/volume/image/image.go`): a stub
 /// that lets the volume manager track the volume while the kubelet pulls the image before the pod's
 /// containers start and hands it to the runtime as a CRI `Mount.image`. Nothing is mounted or made on the
-/// host, so there is nothing to tear down or reconstruct.
+/// host, so there is nothing to tear down or reconstruct; but a volume the kubelet side mounted before
+/// the node switched to the runtime's mounts (a restart with `--image-volume-mounts runtime`, or after a
+/// runtime upgrade) is still the kubelet side's to reconstruct and tear down.
 pub struct RuntimeImagePlugin {
     host: Arc<dyn VolumeHost>,
+    kubelet_side: Option<ImagePlugin>,
 }
 
 impl RuntimeImagePlugin {
-    /// The stub over `host` (for the volume's would-be path only).
-    pub fn new(host: Arc<dyn VolumeHost>) -> Self {
-        Self { host }
+    /// The stub over `host` (for the volume's would-be path), with the kubelet-side plugin, when the node
+    /// has one, for what it mounted earlier.
+    pub fn new(host: Arc<dyn VolumeHost>, kubelet_side: Option<ImagePlugin>) -> Self {
+        Self { host, kubelet_side }
+    }
+
+    /// The kubelet-side plugin when it holds a volume at `dir` (from the engine's records in memory).
+    fn mounted_kubelet_side(&self, dir: &Path) -> Option<&ImagePlugin> {
+        self.kubelet_side
+            .as_ref()
+            .filter(|plugin| plugin.engine.volumes.at(dir).is_some())
     }
 }
 
@@ -175,13 +186,20 @@ impl VolumePlugin for RuntimeImagePlugin {
         pod_uid: &str,
     ) -> Result<Box<dyn Unmounter>, VolumeError> {
         let path = self.host.pod_volume_dir(pod_uid, PLUGIN_NAME, spec_name);
-        Ok(Box::new(NothingToMount(path)))
+        match self.mounted_kubelet_side(&path) {
+            Some(plugin) => plugin.new_unmounter(spec_name, pod_uid),
+            None => Ok(Box::new(NothingToMount(path))),
+        }
     }
 
-    fn construct_volume_spec(&self, spec_name: &str, _: &str) -> Result<Spec, VolumeError> {
-        Err(VolumeError::final_(format!(
-            "image volume {spec_name:?} is the runtime's: nothing to reconstruct"
-        )))
+    fn construct_volume_spec(&self, spec_name: &str, pod_uid: &str) -> Result<Spec, VolumeError> {
+        let path = self.host.pod_volume_dir(pod_uid, PLUGIN_NAME, spec_name);
+        match self.mounted_kubelet_side(&path) {
+            Some(plugin) => plugin.construct_volume_spec(spec_name, pod_uid),
+            None => Err(VolumeError::final_(format!(
+                "image volume {spec_name:?} is the runtime's: nothing to reconstruct"
+            ))),
+        }
     }
 
     async fn requires_remount(&self, _: &Spec, _: &PodInfo) -> bool {

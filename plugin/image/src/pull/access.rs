@@ -120,20 +120,24 @@ impl Puller {
             .into_iter()
             .map(|i| (i.id, [i.repo_tags, i.repo_digests].concat()))
             .collect();
-        records.settle_intents(&present)
+        let records = records.clone();
+        let settled = tokio::task::spawn_blocking(move || records.settle_intents(&present)).await;
+        joined(settled, "settling pull intents")
     }
 
     /// After image GC (its post hook, upstream's `PruneUnknownRecords`): the records of images not in
     /// `images` (the runtime's ids, listed after `until`) go ([`PullRecords::prune_unknown`]).
-    pub fn prune_unknown_records(
+    pub async fn prune_unknown_records(
         &self,
-        images: &HashSet<String>,
+        images: HashSet<String>,
         until: SystemTime,
     ) -> inlet_host::Result<usize> {
-        match &self.records {
-            Some(records) => records.prune_unknown(images, until),
-            None => Ok(0),
-        }
+        let Some(records) = self.records.clone() else {
+            return Ok(0);
+        };
+        let pruned =
+            tokio::task::spawn_blocking(move || records.prune_unknown(&images, until)).await;
+        joined(pruned, "pruning pull records")
     }
 
     /// Imports the node's record of inlet's earlier format from `dir` (see
@@ -144,4 +148,15 @@ impl Puller {
             None => Ok(()),
         }
     }
+}
+
+/// The result of work on the blocking pool; a task that panicked is an error naming `what`.
+fn joined<T>(
+    result: Result<inlet_host::Result<T>, tokio::task::JoinError>,
+    what: &str,
+) -> inlet_host::Result<T> {
+    use inlet_host::error::IoContext;
+    result
+        .map_err(std::io::Error::other)
+        .context(|| what.to_string())?
 }

@@ -16,6 +16,7 @@ mod block;
 mod client;
 pub mod driver;
 pub mod expander;
+pub mod grant;
 pub mod handle;
 pub mod metrics;
 mod mounter;

@@ -14,7 +14,9 @@
 //! | both | Persistent when `volumeHandle` is set, else Ephemeral |
 //!
 //! With the gate off every inline source is Ephemeral and `volumeHandle` is ignored, as upstream ships.
-//! Secrets of a persistent inline volume are read in the pod's namespace, like `nodePublishSecretRef`.
+//! A persistent inline volume must be granted to the pod's namespace by the PV of its handle
+//! ([`super::grant`]), whose `controllerPublishSecretRef` and `nodeStageSecretRef` it uses; the inline
+//! source may name only its `nodePublishSecretRef`, read in the pod's namespace.
 
 use std::collections::BTreeMap;
 
@@ -127,6 +129,12 @@ pub async fn resolve(
                 LifecycleMode::Ephemeral => Some(ephemeral_volume_handle(&pod.uid, &volume.name)),
                 LifecycleMode::Persistent => inline.volume_handle.clone(),
             };
+            let (controller_publish_secret, node_stage_secret) = match (mode, &handle) {
+                (LifecycleMode::Persistent, Some(handle)) => {
+                    granted_secrets(host, inline, handle, &volume.name, pod).await?
+                }
+                _ => (None, None),
+            };
             let in_pod_ns = |name: &Option<String>| {
                 name.clone().map(|name| SecretRef {
                     namespace: pod.namespace.clone(),
@@ -149,8 +157,8 @@ pub async fn resolve(
                         .as_ref()
                         .map(|r| r.name.clone()),
                 ),
-                node_stage_secret: in_pod_ns(&inline.node_stage_secret),
-                controller_publish_secret: in_pod_ns(&inline.controller_publish_secret),
+                node_stage_secret,
+                controller_publish_secret,
                 block: false,
             })
         }
@@ -196,6 +204,36 @@ pub async fn resolve(
     }
 }
 
+/// The attach and stage secrets of persistent inline volume `spec_name` (handle `handle`): those of the PV
+/// that grants it to the pod's namespace. Not granted, or naming secrets of its own, it is refused.
+async fn granted_secrets(
+    host: &dyn VolumeHost,
+    inline: &crate::InlineCsi,
+    handle: &str,
+    spec_name: &str,
+    pod: &PodInfo,
+) -> Result<(Option<SecretRef>, Option<SecretRef>), VolumeError> {
+    let driver = &inline.source.driver;
+    if inline.controller_publish_secret.is_some() || inline.node_stage_secret.is_some() {
+        return Err(VolumeError::final_(format!(
+            "persistent inline volume {spec_name:?}: controllerPublishSecretRef and nodeStageSecretRef are the granting PersistentVolume's to name, not the pod's"
+        )));
+    }
+    let pvs = host
+        .persistent_volumes_with_handle(driver, handle)
+        .await
+        .map_err(VolumeError::transient)?;
+    let pv = super::grant::granting_pv(&pvs, driver, handle, &pod.namespace)
+        .map_err(|e| VolumeError::final_(format!("persistent inline volume {spec_name:?}: {e}")))?;
+    let csi = pv.spec.as_ref().and_then(|s| s.csi.as_ref());
+    let secret =
+        |r: Option<&k8s_openapi::api::core::v1::SecretReference>| r.and_then(SecretRef::from_pv);
+    Ok((
+        secret(csi.and_then(|c| c.controller_publish_secret_ref.as_ref())),
+        secret(csi.and_then(|c| c.node_stage_secret_ref.as_ref())),
+    ))
+}
+
 /// True for a PV of `volumeMode: Block` (inline volumes are always filesystems).
 pub fn is_block(spec: &Spec) -> bool {
     match spec {
@@ -218,16 +256,32 @@ async fn inline_mode(
         .csi_driver(&inline.source.driver)
         .await
         .map_err(VolumeError::transient)?;
+    Ok(gated_inline_mode(
+        driver.as_ref(),
+        inline.volume_handle.is_some(),
+    ))
+}
+
+/// The mode of an inline source with the gate on, by its driver's CSIDriver object and whether it names a
+/// handle (the table in the module doc); admission decides with it too.
+pub fn gated_inline_mode(
+    driver: Option<&k8s_openapi::api::storage::v1::CSIDriver>,
+    has_handle: bool,
+) -> LifecycleMode {
     let Some(driver) = driver else {
-        return Ok(LifecycleMode::Persistent);
+        return LifecycleMode::Persistent;
     };
-    let modes = driver.spec.volume_lifecycle_modes.unwrap_or_default();
+    let modes = driver
+        .spec
+        .volume_lifecycle_modes
+        .as_deref()
+        .unwrap_or_default();
     let has = |m: &str| modes.iter().any(|x| x == m);
     let persistent = modes.is_empty() || has("Persistent");
-    Ok(match (persistent, has("Ephemeral")) {
-        (true, true) if inline.volume_handle.is_some() => LifecycleMode::Persistent,
+    match (persistent, has("Ephemeral")) {
+        (true, true) if has_handle => LifecycleMode::Persistent,
         (true, true) => LifecycleMode::Ephemeral,
         (true, false) => LifecycleMode::Persistent,
         (false, _) => LifecycleMode::Ephemeral,
-    })
+    }
 }
