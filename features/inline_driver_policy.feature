@@ -1,7 +1,8 @@
 Feature: An operator policy for inline drivers
   The successor of PodSecurityPolicy's allowedCSIDrivers: when a list is configured, only the drivers it
   names may be used inline, checked when the pod is admitted. No list allows every driver; an empty list
-  allows none.
+  allows none. Beside it, per namespace: a driver's ephemeral volume profile against the namespace's Pod
+  Security level, as OpenShift's CSI inline volume admission checks it.
 
   Background:
     Given the local driver "local.inlet.dev"
@@ -88,3 +89,55 @@ Feature: An operator policy for inline drivers
     When the simulation runs
     Then pod "through-a-claim" is Running
     And pod "web" was rejected with "is not allowed by the inline-driver policy"
+
+  Scenario Outline: A namespace's Pod Security level bounds the profile of the drivers it may use inline
+    OpenShift's CSI inline volume admission, with its label: a CSIDriver says which Pod Security level its
+    inline volumes are safe at (unlabelled: privileged), and a namespace enforcing a lower level refuses it.
+    Given the manifests:
+      """
+      apiVersion: v1
+      kind: Namespace
+      metadata: {name: apps, labels: {pod-security.kubernetes.io/enforce: <level>}}
+      ---
+      apiVersion: storage.k8s.io/v1
+      kind: CSIDriver
+      metadata: {name: local.inlet.dev, labels: {security.openshift.io/csi-ephemeral-volume-profile: <profile>}}
+      spec: {volumeLifecycleModes: [Ephemeral]}
+      ---
+      apiVersion: v1
+      kind: Pod
+      metadata: {name: app, namespace: apps}
+      spec:
+        containers: [{name: app, image: busybox, volumeMounts: [{name: data, mountPath: /data}]}]
+        volumes: [{name: data, csi: {driver: local.inlet.dev}}]
+      """
+    When the simulation runs
+    Then <outcome>
+
+    Examples:
+      | level      | profile    | outcome |
+      | restricted | restricted | pod "app" is Running |
+      | baseline   | restricted | pod "app" is Running |
+      | baseline   | baseline   | pod "app" is Running |
+      | privileged | privileged | pod "app" is Running |
+      | restricted | baseline   | pod "app" was rejected with "pods "app" is forbidden: spec.volumes[0].csi.driver: Forbidden: inline CSI driver "local.inlet.dev" has the ephemeral volume profile "baseline" (security.openshift.io/csi-ephemeral-volume-profile), above namespace "apps"'s Pod Security level "restricted" (pod-security.kubernetes.io/enforce)" |
+      | baseline   | privileged | pod "app" was rejected with "has the ephemeral volume profile "privileged"" |
+      | restricted | unknown    | pod "app" was rejected with "has the ephemeral volume profile "privileged"" |
+
+  Scenario: An unlabelled driver is privileged: refused where a namespace enforces restricted, allowed elsewhere
+    Given the manifests:
+      """
+      apiVersion: v1
+      kind: Namespace
+      metadata: {name: locked, labels: {pod-security.kubernetes.io/enforce: restricted}}
+      ---
+      apiVersion: v1
+      kind: Pod
+      metadata: {name: locked-app, namespace: locked}
+      spec:
+        containers: [{name: app, image: busybox, volumeMounts: [{name: data, mountPath: /data}]}]
+        volumes: [{name: data, csi: {driver: local.inlet.dev}}]
+      """
+    When the simulation runs
+    Then pod "locked-app" was rejected with "inline CSI driver "local.inlet.dev" has the ephemeral volume profile "privileged""
+    And pod "web" is Running

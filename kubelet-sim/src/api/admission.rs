@@ -1,5 +1,7 @@
 //! Admission in the embedded API: defaults the API server would set, validation with the API server's
-//! message shapes, and the operator's inline-driver policy.
+//! message shapes, the operator's inline-driver policy, each namespace's Pod Security level against its
+//! inline drivers' profiles ([`super::inline_profile`]), and persistent inline grants
+//! ([`super::inline_grant`]).
 //!
 //! # The inline-driver policy
 //! The successor of PodSecurityPolicy's `allowedCSIDrivers`. `None` (no `--allowed-inline-drivers`) allows
@@ -186,6 +188,7 @@ impl Admission {
                 }
             }
         }
+        super::inline_profile::admit(api, &pod, &name).map_err(Rejected)?;
         if self.persistent_inline {
             super::inline_grant::admit(api, &pod, &name).map_err(Rejected)?;
         }

@@ -3,6 +3,7 @@
 
 pub mod admission;
 mod inline_grant;
+pub mod inline_profile;
 pub mod manifest;
 pub mod service_account;
 pub mod store;

@@ -143,7 +143,8 @@ impl Simulation {
                     .get_or_insert_with(|| uuid::Uuid::new_v4().to_string());
                 self.api.put(*sa);
             }
-            Object::Namespace(_) => {}
+            // Kept for their labels (the Pod Security level inline drivers are checked against).
+            Object::Namespace(namespace) => self.api.put(*namespace),
         }
         Ok(())
     }
