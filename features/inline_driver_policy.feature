@@ -1,8 +1,9 @@
 Feature: An operator policy for inline drivers
   The successor of PodSecurityPolicy's allowedCSIDrivers: when a list is configured, only the drivers it
   names may be used inline, checked when the pod is admitted. No list allows every driver; an empty list
-  allows none. Beside it, per namespace: a driver's ephemeral volume profile against the namespace's Pod
-  Security level, as OpenShift's CSI inline volume admission checks it.
+  allows none. Beside it, per namespace and with the PersistentInlineCSI gate (the KEP's alpha): a driver's
+  ephemeral volume profile against the namespace's Pod Security level, as OpenShift's CSI inline volume
+  admission checks it.
 
   Background:
     Given the local driver "local.inlet.dev"
@@ -93,7 +94,8 @@ Feature: An operator policy for inline drivers
   Scenario Outline: A namespace's Pod Security level bounds the profile of the drivers it may use inline
     OpenShift's CSI inline volume admission, with its label: a CSIDriver says which Pod Security level its
     inline volumes are safe at (unlabelled: privileged), and a namespace enforcing a lower level refuses it.
-    Given the manifests:
+    Given the feature gate "PersistentInlineCSI" is on
+    And the manifests:
       """
       apiVersion: v1
       kind: Namespace
@@ -125,7 +127,8 @@ Feature: An operator policy for inline drivers
       | restricted | unknown    | pod "app" was rejected with "has the ephemeral volume profile "privileged"" |
 
   Scenario: An unlabelled driver is privileged: refused where a namespace enforces restricted, allowed elsewhere
-    Given the manifests:
+    Given the feature gate "PersistentInlineCSI" is on
+    And the manifests:
       """
       apiVersion: v1
       kind: Namespace

@@ -32,7 +32,8 @@ pub struct Rejected(pub String);
 pub struct Admission {
     /// Drivers allowed in inline `csi` volumes; None allows all (see the module doc).
     pub allowed_inline_drivers: Option<BTreeSet<String>>,
-    /// The `PersistentInlineCSI` gate: persistent inline sources must be granted to the pod's namespace.
+    /// The `PersistentInlineCSI` gate: persistent inline sources must be granted to the pod's namespace,
+    /// and inline drivers' profiles are checked against namespaces' Pod Security levels.
     pub persistent_inline: bool,
 }
 
@@ -188,8 +189,10 @@ impl Admission {
                 }
             }
         }
-        super::inline_profile::admit(api, &pod, &name).map_err(Rejected)?;
+        // This proposal's admission (kep/596-inline-csi-volume-plugin), behind its gate as in alpha: it
+        // changes what restricted and baseline namespaces accept.
         if self.persistent_inline {
+            super::inline_profile::admit(api, &pod, &name).map_err(Rejected)?;
             super::inline_grant::admit(api, &pod, &name).map_err(Rejected)?;
         }
         // The ServiceAccount plugin, after validation here: what it adds is valid.

@@ -4,7 +4,8 @@
 //! without the label is `privileged`), and a pod's inline `csi` volume is refused in a namespace whose Pod
 //! Security enforce level (`pod-security.kubernetes.io/enforce`; none is `privileged`, Pod Security
 //! admission's default) is below it. OpenShift's label is kept so drivers already labelled for it work
-//! unchanged; it applies beside `--allowed-inline-drivers`, which must allow the driver too.
+//! unchanged; it applies beside `--allowed-inline-drivers`, which must allow the driver too, with the
+//! `PersistentInlineCSI` gate (kep/596-inline-csi-volume-plugin: this proposal's alpha).
 //!
 //! Not modelled: OpenShift's `warn` and `audit` levels (warnings and audit annotations), and
 //! `enforce-version`.

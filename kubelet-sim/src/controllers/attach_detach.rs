@@ -10,8 +10,8 @@
 //! - Detach: when no pod on the node wants the volume and the node no longer reports it in
 //!   `status.volumesInUse`, the attachment is deleted; the attacher calls ControllerUnpublishVolume, then
 //!   removes it. A persistent inline attachment carries its own copy of the source, so detach needs no pod;
-//!   its secret is read, at detach time, from the namespace of the pod it was made for. If that secret was
-//!   deleted, the detach fails and is retried (the volume stays attached), as the KEP draft said.
+//!   its secret is the one the granting PersistentVolume names (`inlet_volume::csi::grant`), read at
+//!   detach time. If that secret was deleted, the detach fails and is retried (the volume stays attached).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;

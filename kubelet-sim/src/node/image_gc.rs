@@ -8,7 +8,7 @@
 //! `Mount.image` its status reports, as `detectImages` reads it since 1.33), and, beyond upstream, while an
 //! image volume mounted by inlet's engine holds it: the kubelet-side `kubernetes.io/image` plugin's and
 //! the node's in-process image drivers' ([`VolumeImages`]). A real kubelet cannot see a CSI driver's image
-//! volumes; kep/image-volumes-through-cri.md proposes how it could.
+//! volumes; kep/image-volumes-through-cri/README.md proposes how it could.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Weak};

@@ -99,6 +99,14 @@ impl Registrar {
         let socket = self.socket(dir);
         let incoming = uds::listen(&socket).await?;
         tracing::info!(socket = %socket.display(), "serving plugin registration");
+        // The socket goes as soon as shutdown begins, not after the connections drain: a kubelet that keeps
+        // its connection open would otherwise hold the drain past the pod's grace period, the socket would
+        // outlive the driver, and the kubelet would never deregister it.
+        let removed = socket.clone();
+        let shutdown = async move {
+            shutdown.await;
+            let _ = std::fs::remove_file(&removed);
+        };
         let served = tonic::transport::Server::builder()
             .add_service(RegistrationServer::new(self))
             .serve_with_incoming_shutdown(incoming, shutdown)

@@ -2,8 +2,9 @@
 //!
 //! Attaching is writing a VolumeAttachment named csi-sha256(handle + driver + node); the external attacher
 //! (simulated by kubelet-sim) calls ControllerPublishVolume and marks it attached. For a persistent inline
-//! volume the attachment carries a copy of the inline source (as `inlineVolumeSpec`, with its secret
-//! references namespaced to the pod), so detach works after the pod is gone, as the KEP draft planned.
+//! volume the attachment carries a copy of the inline source (as `inlineVolumeSpec`, with the secret
+//! references of the PersistentVolume that grants it), so detach works after the pod is gone, and after
+//! its namespace is gone.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -123,7 +124,7 @@ impl Detacher for CsiAttacher {
     }
 }
 
-/// The inline source as a PV spec, secrets namespaced to the pod: what the attacher needs after the pod is gone.
+/// The inline source as a PV spec, with the granting PV's secrets: what the attacher needs after the pod is gone.
 fn inline_copy(source: &CsiSource, handle: &str) -> PersistentVolumeSpec {
     let reference = |r: &Option<SecretRef>| {
         r.as_ref().map(|r| SecretReference {

@@ -10,7 +10,7 @@
 //! controller check again before attach, stage and publish (defence in depth: a pod admitted before a
 //! grant was withdrawn, or through another API server). The attach and stage secrets are the PV's, so the
 //! attacher reads only secrets a PV names, as for any PV, and a namespace deleted while its pod's volume is
-//! attached cannot strand the detach. kep/0596-inline-csi-volume-plugin/README.md defends the model.
+//! attached cannot strand the detach. kep/596-inline-csi-volume-plugin/README.md defends the model.
 
 use k8s_openapi::api::core::v1::PersistentVolume;
 
