@@ -23,7 +23,7 @@ impl Api {
     /// API server's event aggregation does. Events are kept per pod, outside the object store: nothing in
     /// the simulation watches them, so recording one wakes no controller.
     pub fn record_event(&self, pod: &Pod, type_: &str, reason: &str, message: &str) {
-        self.record(pod, None, type_, reason, message);
+        self.record(pod_reference(pod, None), type_, reason, message);
     }
 
     /// Records an event on one of a pod's containers: its `involvedObject.fieldPath` names the container
@@ -36,28 +36,28 @@ impl Api {
         reason: &str,
         message: &str,
     ) {
-        self.record(
-            pod,
-            Some(container_field_path(pod, container)),
-            type_,
-            reason,
-            message,
-        );
+        let field_path = Some(container_field_path(pod, container));
+        self.record(pod_reference(pod, field_path), type_, reason, message);
     }
 
-    fn record(
-        &self,
-        pod: &Pod,
-        field_path: Option<String>,
-        type_: &str,
-        reason: &str,
-        message: &str,
-    ) {
-        let uid = pod.metadata.uid.clone().unwrap_or_default();
+    /// Records an event on a node (the kubelet's `nodeRef`: kind Node, its name as uid, in `default`).
+    pub fn record_node_event(&self, node: &str, type_: &str, reason: &str, message: &str) {
+        let involved = ObjectReference {
+            kind: Some("Node".into()),
+            name: Some(node.into()),
+            uid: Some(node.into()),
+            ..Default::default()
+        };
+        self.record(involved, type_, reason, message);
+    }
+
+    /// Records an event on `involved`, kept under its uid (a pod's UID, a node's name as `nodeRef` has it).
+    fn record(&self, involved: ObjectReference, type_: &str, reason: &str, message: &str) {
+        let uid = involved.uid.clone().unwrap_or_default();
         let mut events = self.events.lock();
-        let log = events.entry(uid.clone()).or_default();
+        let log = events.entry(uid).or_default();
         if let Some(event) = log.iter_mut().find(|e| {
-            e.involved_object.field_path == field_path
+            e.involved_object.field_path == involved.field_path
                 && e.type_.as_deref() == Some(type_)
                 && e.reason.as_deref() == Some(reason)
                 && e.message.as_deref() == Some(message)
@@ -66,27 +66,22 @@ impl Api {
             event.last_timestamp = Some(now());
             return;
         }
-        let namespace = pod.metadata.namespace.clone().unwrap_or_default();
+        let namespace = involved
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".into());
         let name = format!(
             "{}.{}",
-            pod.metadata.name.as_deref().unwrap_or_default(),
+            involved.name.as_deref().unwrap_or_default(),
             uuid::Uuid::new_v4().simple()
         );
         log.push(Event {
             metadata: ObjectMeta {
                 name: Some(name),
-                namespace: Some(namespace.clone()),
+                namespace: Some(namespace),
                 ..Default::default()
             },
-            involved_object: ObjectReference {
-                api_version: Some("v1".into()),
-                kind: Some("Pod".into()),
-                namespace: Some(namespace),
-                name: pod.metadata.name.clone(),
-                uid: Some(uid),
-                resource_version: pod.metadata.resource_version.clone(),
-                field_path,
-            },
+            involved_object: involved,
             type_: Some(type_.into()),
             reason: Some(reason.into()),
             message: Some(message.into()),
@@ -103,51 +98,23 @@ impl Api {
         self.events.lock().get(pod_uid).cloned().unwrap_or_default()
     }
 
-    /// Records an event on a node (the kubelet's `nodeRef`: kind Node, its name as uid, in `default`).
-    pub fn record_node_event(&self, node: &str, type_: &str, reason: &str, message: &str) {
-        let mut events = self.events.lock();
-        let log = events.entry(node_events_key(node)).or_default();
-        if let Some(event) = log.iter_mut().find(|e| {
-            e.type_.as_deref() == Some(type_)
-                && e.reason.as_deref() == Some(reason)
-                && e.message.as_deref() == Some(message)
-        }) {
-            event.count = Some(event.count.unwrap_or(1) + 1);
-            event.last_timestamp = Some(now());
-            return;
-        }
-        log.push(Event {
-            metadata: ObjectMeta {
-                name: Some(format!("{node}.{}", uuid::Uuid::new_v4().simple())),
-                namespace: Some("default".into()),
-                ..Default::default()
-            },
-            involved_object: ObjectReference {
-                kind: Some("Node".into()),
-                name: Some(node.into()),
-                uid: Some(node.into()),
-                ..Default::default()
-            },
-            type_: Some(type_.into()),
-            reason: Some(reason.into()),
-            message: Some(message.into()),
-            count: Some(1),
-            first_timestamp: Some(now()),
-            last_timestamp: Some(now()),
-            reporting_component: Some(COMPONENT.into()),
-            ..Default::default()
-        });
-    }
-
     /// A node's events, oldest first.
     pub fn node_events(&self, node: &str) -> Vec<Event> {
-        self.events_for(&node_events_key(node))
+        self.events_for(node)
     }
 }
 
-/// Where a node's events are kept beside the pods' (a key no pod UID can be).
-fn node_events_key(node: &str) -> String {
-    format!("Node/{node}")
+/// A pod as an event's `involvedObject`, with a container's `fieldPath`.
+fn pod_reference(pod: &Pod, field_path: Option<String>) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Pod".into()),
+        namespace: Some(pod.metadata.namespace.clone().unwrap_or_default()),
+        name: pod.metadata.name.clone(),
+        uid: pod.metadata.uid.clone(),
+        resource_version: pod.metadata.resource_version.clone(),
+        field_path,
+    }
 }
 
 /// Where a container sits in its pod, as an event's `involvedObject.fieldPath` says it

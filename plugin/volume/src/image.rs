@@ -57,6 +57,12 @@ fn source(spec: &Spec) -> Option<&ImageVolumeSource> {
     }
 }
 
+/// Unique to the pod, whichever side mounts: image volumes are never shared through the volume manager
+/// (the engine shares the read-only mount underneath; the runtime, its own).
+fn unique_name(spec: &Spec, pod: &PodInfo) -> String {
+    format!("{PLUGIN_NAME}/{}-{}", pod.uid, spec.name())
+}
+
 #[async_trait]
 impl VolumePlugin for ImagePlugin {
     fn name(&self) -> &'static str {
@@ -67,10 +73,8 @@ impl VolumePlugin for ImagePlugin {
         source(spec).is_some()
     }
 
-    /// Unique to the pod: image volumes are never shared through the volume manager (the engine shares
-    /// the read-only mount underneath).
     async fn unique_volume_name(&self, spec: &Spec, pod: &PodInfo) -> Result<String, VolumeError> {
-        Ok(format!("{PLUGIN_NAME}/{}-{}", pod.uid, spec.name()))
+        Ok(unique_name(spec, pod))
     }
 
     fn new_mounter(&self, spec: &Spec, pod: &PodInfo) -> Result<Box<dyn Mounter>, VolumeError> {
@@ -172,7 +176,7 @@ impl VolumePlugin for RuntimeImagePlugin {
     }
 
     async fn unique_volume_name(&self, spec: &Spec, pod: &PodInfo) -> Result<String, VolumeError> {
-        Ok(format!("{PLUGIN_NAME}/{}-{}", pod.uid, spec.name()))
+        Ok(unique_name(spec, pod))
     }
 
     fn new_mounter(&self, spec: &Spec, pod: &PodInfo) -> Result<Box<dyn Mounter>, VolumeError> {
