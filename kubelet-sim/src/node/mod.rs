@@ -293,13 +293,13 @@ impl Kubelet {
             .by_runtime(&cri.runtime_name, &cri.runtime_version);
         let kubelet_side =
             images.map(|engine| ImagePlugin::new(host.clone(), engine, config.image_pull_wait));
-        match kubelet_side {
-            _ if runtime_mounts_images => {
-                let stub = RuntimeImagePlugin::new(host.clone(), kubelet_side);
-                plugins.push(Arc::new(stub));
-            }
-            Some(plugin) => plugins.push(Arc::new(plugin)),
-            None => {}
+        if runtime_mounts_images {
+            plugins.push(Arc::new(RuntimeImagePlugin::new(
+                host.clone(),
+                kubelet_side,
+            )));
+        } else if let Some(plugin) = kubelet_side {
+            plugins.push(Arc::new(plugin));
         }
         api.put(Node {
             metadata: ObjectMeta {
