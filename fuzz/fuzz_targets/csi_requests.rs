@@ -54,7 +54,7 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let node = node();
-    let mut driver = node.driver.lock().unwrap();
+    let driver = node.driver.lock().unwrap();
     let expand = |path: &mut String| {
         if let Some(rest) = path.strip_prefix('K') {
             *path = format!("{}{rest}", node.kubelet.display());

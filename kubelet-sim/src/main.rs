@@ -131,11 +131,12 @@ struct RunArgs {
     /// Mounts: linux (needs root), recording (a fake that mounts nothing), or auto.
     #[arg(long, value_enum, default_value_t = MounterKind::Auto)]
     mounter: MounterKind,
-    /// Images for the in-process cri-fake from an OCI layout: REPOSITORY=DIR, each tag T becoming
+    /// Images for each node's in-process cri-fake from an OCI layout: REPOSITORY=DIR, each tag T becoming
     /// REPOSITORY:T. Repeatable.
     #[arg(long = "image-layout", value_parser = cri_fake::images::parse_layout_flag)]
     image_layouts: Vec<(String, PathBuf)>,
-    /// A registry the in-process cri-fake pulls real images from over plain HTTP (HOST:PORT). Repeatable.
+    /// A registry the nodes' in-process cri-fakes pull real images from over plain HTTP (HOST:PORT).
+    /// Repeatable.
     #[arg(long = "insecure-registry")]
     insecure_registries: Vec<String>,
     /// Which cached images a pod must prove credentials for (the kubelet's

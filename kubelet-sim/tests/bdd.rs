@@ -465,7 +465,7 @@ async fn nothing_left_of(w: &mut Sim, pod: String, node: String) {
         .join("pods")
         .join(w.uid(&pod));
     let uid = w.uid(&pod);
-    let runtime = w.sim().cri_fake.clone().expect("cri-fake");
+    let runtime = w.sim().cri_fake(&node).cloned().expect("cri-fake");
     w.wait(
         &format!("{} is gone and no sandbox of {pod} is left", dir.display()),
         |_| {

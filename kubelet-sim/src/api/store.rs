@@ -84,7 +84,7 @@ pub struct Api {
     /// The pods by node name (`spec.nodeName`), maintained on every Pod change.
     pods_by_node: RwLock<HashMap<String, BTreeMap<Key, Arc<Pod>>>>,
     /// Events by pod UID (see `Api::record_event`).
-    pub(crate) events: Mutex<HashMap<String, Vec<k8s_openapi::api::core::v1::Event>>>,
+    pub(crate) events: Mutex<super::EventLogs>,
     revision: Arc<tokio::sync::watch::Sender<u64>>,
     /// Bumped by changes to objects of no node (see the module's doc).
     cluster_revision: tokio::sync::watch::Sender<u64>,

@@ -137,7 +137,7 @@ pub async fn run(config: &PodsConfig) -> Result<PodsFigures, BenchError> {
     let started = Instant::now();
     let teardown = sim.teardown(config.limit).await;
     let teardown_seconds = started.elapsed().as_secs_f64();
-    let csi_calls = sim.calls.calls().len();
+    let csi_calls = sim.calls.returned();
     sim.shutdown().await;
     stop_if_interrupted(&config.interrupts)?;
     Ok(PodsFigures {

@@ -309,7 +309,11 @@ async fn describe(
     })
     .await?;
     let started = setup
-        .start(env::NODE, &describe_root.join(env::NODE), sim.cri_socket())
+        .start(
+            env::NODE,
+            &describe_root.join(env::NODE),
+            sim.cri_socket(env::NODE),
+        )
         .await;
     let described = match started {
         Ok((socket, run)) => {

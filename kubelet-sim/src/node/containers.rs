@@ -26,12 +26,8 @@ const LOG_LINES: usize = 20;
 impl Kubelet {
     /// Relists the runtime's exited containers once per relist period, then restarts or ends pods.
     pub(super) async fn relist(self: &Arc<Self>) {
-        {
-            let mut last = self.last_relist.lock();
-            if last.is_some_and(|at| at.elapsed() < self.config.containers.relist_period) {
-                return;
-            }
-            *last = Some(Instant::now());
+        if !super::due(&self.last_relist, self.config.containers.relist_period) {
+            return;
         }
         if !self.has_running_pods() {
             return;

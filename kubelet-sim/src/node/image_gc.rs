@@ -344,13 +344,12 @@ impl Kubelet {
                 container_id: container.id.clone(),
                 verbose: false,
             };
-            let status = runtime
-                .container_status(request)
-                .await
-                .map_err(|s| format!("get container status: {}", s.message()))?
-                .into_inner()
-                .status
-                .unwrap_or_default();
+            let status = match runtime.container_status(request).await {
+                Ok(status) => status.into_inner().status.unwrap_or_default(),
+                // Removed since the list (a pod torn down meanwhile): it uses nothing any more.
+                Err(s) if s.code() == tonic::Code::NotFound => continue,
+                Err(s) => return Err(format!("get container status: {}", s.message())),
+            };
             let mounted = status.mounts.into_iter().filter_map(|m| m.image);
             in_use.extend(mounted.map(|i| i.image));
         }

@@ -84,6 +84,10 @@ use crate::operations::Operations;
 /// 100 ms between passes).
 const SYNC_PERIOD: Duration = Duration::from_millis(100);
 
+/// How often orphaned pod directories are looked for (`housekeepingPeriod`, kubelet.go: 2 s): it reads the
+/// node's pods dir, which every pass would read for nothing.
+const HOUSEKEEPING_PERIOD: Duration = Duration::from_secs(2);
+
 /// How a node is set up.
 #[derive(Debug, Clone)]
 pub struct NodeConfig {
@@ -216,6 +220,8 @@ pub struct Kubelet {
     sandboxes_adopted: AtomicBool,
     /// When the runtime was last relisted.
     last_relist: Mutex<Option<Instant>>,
+    /// When orphaned pod directories were last looked for.
+    last_housekeeping: Mutex<Option<Instant>>,
     /// The last volume stats, by pod UID and the pod's name for the volume.
     volume_stats: Mutex<HashMap<String, BTreeMap<String, inlet_volume::Metrics>>>,
 }
@@ -342,6 +348,7 @@ impl Kubelet {
             puller_settled,
             sandboxes_adopted: AtomicBool::new(false),
             last_relist: Mutex::new(None),
+            last_housekeeping: Mutex::new(None),
             volume_stats: Mutex::default(),
         })
     }
@@ -429,7 +436,7 @@ impl Kubelet {
         self.volumes.reconcile().await;
         self.sync_pods().await;
         self.relist().await;
-        if ready {
+        if ready && due(&self.last_housekeeping, HOUSEKEEPING_PERIOD) {
             self.clean_orphaned_pod_dirs();
         }
         self.report_volumes_in_use();
@@ -497,6 +504,17 @@ impl Kubelet {
     pub fn wake(&self) {
         self.kick.notify_one();
     }
+}
+
+/// True, and `last` set to now, when `period` has passed since `last` (or it was never set): work the
+/// node's loop does on a period of its own, however often it passes.
+fn due(last: &Mutex<Option<Instant>>, period: Duration) -> bool {
+    let mut last = last.lock();
+    if last.is_some_and(|at| at.elapsed() < period) {
+        return false;
+    }
+    *last = Some(Instant::now());
+    true
 }
 
 /// Aborts a task when dropped: a kubelet's helpers stop with it.

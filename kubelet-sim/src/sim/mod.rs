@@ -7,11 +7,13 @@
 //! - `apply.rs`: manifests applied as an API server and scheduler would (or created in a real cluster).
 //! - `report.rs`: the report now, and whether every pod is where its manifest expects it.
 //! - `teardown.rs`: every pod deleted, and the scan for anything left under the root.
+//! - `runtimes.rs`: each node's CRI runtime (an in-process cri-fake per node, or `--cri`).
 //! - `error.rs`: [`SimError`], why a simulation (or one of its steps) could not run.
 
 mod apply;
 mod error;
 mod report;
+mod runtimes;
 mod teardown;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -33,7 +35,7 @@ use crate::api::admission::Admission;
 use crate::api::now;
 use crate::controllers::attach_detach::AttachDetach;
 use crate::controllers::scheduler::RoundRobin;
-use crate::cri::{self, RuntimeServer};
+use crate::cri;
 use crate::drivers::{Driver, DriverArg, DriverHandle, DriverNode};
 pub use crate::images::SimImages;
 use crate::node::registry::DriverDirectory;
@@ -53,13 +55,14 @@ pub fn default_gates() -> BTreeSet<String> {
 /// How a simulation is set up.
 #[derive(Clone)]
 pub struct SimConfig {
-    /// Root dir: `<root>/<node>/` is each node's kubelet root; `<root>/cri-fake/` the in-process runtime's.
+    /// Root dir: `<root>/<node>/` is each node's kubelet root; `<root>/cri-fake/<node>/` its in-process
+    /// runtime's.
     pub root: PathBuf,
     /// How many nodes (`node-1` ... `node-N`).
     pub nodes: usize,
     /// The CSI drivers.
     pub drivers: Vec<DriverArg>,
-    /// A CRI runtime's socket; None starts cri-fake in-process.
+    /// A CRI runtime's socket; None starts a cri-fake in-process for each node.
     pub cri: Option<PathBuf>,
     /// Feature gates that are on (`PersistentInlineCSI`; [`crate::default_gates`] are 1.35's).
     pub gates: BTreeSet<String>,
@@ -94,9 +97,11 @@ pub struct SimConfig {
 }
 
 /// Collects every CSI call the nodes make, for the report: those that returned, and those still in flight.
+/// A returned call is kept as its report's JSON (about half the memory of a [`CsiCall`], whose maps and
+/// strings are each an allocation): a run of 100,000 pods makes 600,000 calls.
 #[derive(Default)]
 pub struct ReportedCalls {
-    returned: Mutex<Vec<CsiCall>>,
+    returned: Mutex<Vec<Box<str>>>,
     in_flight: Mutex<BTreeMap<u64, (CsiCall, std::time::Instant)>>,
     next: std::sync::atomic::AtomicU64,
 }
@@ -107,7 +112,9 @@ pub const IN_FLIGHT: &str = "InFlight";
 impl CsiObserver for ReportedCalls {
     fn observe(&self, call: CsiCall, elapsed: std::time::Duration) {
         crate::metrics::METRICS.csi_call(&call, elapsed);
-        self.returned.lock().push(call);
+        // A CsiCall is plain strings and maps: it always serializes.
+        let line = serde_json::to_string(&call).unwrap_or_default();
+        self.returned.lock().push(line.into_boxed_str());
     }
 
     fn started(&self, call: CsiCall) -> u64 {
@@ -126,7 +133,16 @@ impl CsiObserver for ReportedCalls {
 impl ReportedCalls {
     /// Every call that returned so far.
     pub fn calls(&self) -> Vec<CsiCall> {
-        self.returned.lock().clone()
+        let lines = self.returned.lock().clone();
+        lines
+            .iter()
+            .filter_map(|line| serde_json::from_str(line).ok())
+            .collect()
+    }
+
+    /// How many calls returned so far.
+    pub fn returned(&self) -> usize {
+        self.returned.lock().len()
     }
 
     /// The calls sent and not answered yet, in the order they were sent: code [`IN_FLIGHT`], and how long
@@ -152,10 +168,8 @@ pub struct Simulation {
     pub nodes: Vec<Arc<Kubelet>>,
     /// Every CSI call.
     pub calls: Arc<ReportedCalls>,
-    /// The in-process runtime, when no `--cri` was given.
-    pub cri_fake: Option<Arc<FakeRuntime>>,
-    /// Its server on the runtime socket, while it serves.
-    cri_server: Option<RuntimeServer>,
+    /// Each node's runtime.
+    runtimes: runtimes::Runtimes,
     config: SimConfig,
     admission: Admission,
     attach_detach: Arc<AttachDetach>,
@@ -171,8 +185,6 @@ pub struct Simulation {
             tokio::task::JoinHandle<()>,
         ),
     >,
-    /// The runtime's socket; each node dials it.
-    cri_socket: PathBuf,
     drivers: Vec<DriverHandle>,
     rejected: Vec<Rejection>,
     scheduler: RoundRobin,
@@ -189,24 +201,17 @@ impl Simulation {
         })?;
         let api = Api::new();
         let (stop, _) = tokio::sync::watch::channel(false);
-        // Each node dials the runtime itself, as each real kubelet has its own connection: one shared
+        let names: Vec<String> = (1..=config.nodes.max(1))
+            .map(|i| format!("{}-{i}", config.node_name_prefix))
+            .collect();
+        // Each node dials its runtime itself, as each real kubelet has its own connection: one shared
         // HTTP/2 connection for every simulated node fails calls under load.
-        let (cri_socket, cri_fake) = match &config.cri {
-            Some(socket) => (socket.clone(), None),
-            None => {
-                let (socket, runtime) =
-                    cri::start_fake(&config.root.join("cri-fake"), &config.images)?;
-                (socket, Some(runtime))
-            }
-        };
-        let cri_server = cri_fake
-            .as_ref()
-            .map(|runtime| cri::serve_fake(Arc::clone(runtime), &cri_socket));
+        let runtimes =
+            runtimes::Runtimes::start(config.cri.as_deref(), &config.root, &names, &config.images)?;
         let calls = Arc::new(ReportedCalls::default());
         let driver_directory = Arc::new(DriverDirectory::default());
         let mut nodes: Vec<Arc<Kubelet>> = Vec::new();
-        for i in 1..=config.nodes.max(1) {
-            let name = format!("{}-{i}", config.node_name_prefix);
+        for name in names {
             let node_config = NodeConfig {
                 root: config.root.join(&name),
                 name,
@@ -225,6 +230,7 @@ impl Simulation {
                 image_volume_mounts: config.images.volume_mounts,
                 image_gc: config.images.gc,
             };
+            let cri_socket = runtimes.socket(&node_config.name).to_path_buf();
             let node = new_kubelet(
                 node_config,
                 &api,
@@ -251,14 +257,12 @@ impl Simulation {
             api,
             nodes,
             calls,
-            cri_fake,
-            cri_server,
+            runtimes,
             attach_detach,
             driver_directory,
             stop,
             tasks: Vec::new(),
             node_runs: BTreeMap::new(),
-            cri_socket,
             drivers: Vec::new(),
             rejected: Vec::new(),
             scheduler: RoundRobin::default(),
@@ -274,8 +278,8 @@ impl Simulation {
         match sim.config.cluster.clone() {
             // Attach and detach are the control plane's in a real cluster.
             Some(client) => {
-                let names = sim.nodes.iter().map(|n| n.config.name.clone()).collect();
-                let version = cri::runtime_version(&sim.cri_socket).await;
+                let names: Vec<String> = sim.nodes.iter().map(|n| n.config.name.clone()).collect();
+                let version = cri::runtime_version(sim.runtimes.socket(&names[0])).await;
                 let stop = sim.stop.subscribe();
                 let tasks = crate::cluster::Cluster::start(
                     client,
@@ -374,27 +378,32 @@ impl Simulation {
         let on = DriverNode {
             node: &node.config.name,
             node_root: &node.config.root,
-            cri_socket: &self.cri_socket,
+            cri_socket: self.runtimes.socket(&node.config.name),
             images: &self.config.images,
             mounter: Arc::clone(&self.config.mounter),
         };
         Ok(driver.start(on).await?)
     }
 
-    /// Stops serving the in-process runtime, as a runtime restart does: its socket goes away, what it runs
-    /// stays (containerd's containers outlive its restarts), and the kubelets' calls fail meanwhile.
+    /// Stops serving the in-process runtimes, as a runtime restart does: their sockets go away, what they
+    /// run stays (containerd's containers outlive its restarts), and the kubelets' calls fail meanwhile.
     pub async fn stop_runtime(&mut self) {
-        if let Some((stop, task)) = self.cri_server.take() {
-            let _ = stop.send(());
-            let _ = task.await;
-        }
+        self.runtimes.stop().await;
     }
 
-    /// Serves the in-process runtime again, on the same socket.
+    /// Serves the in-process runtimes again, on the same sockets.
     pub fn start_runtime(&mut self) {
-        if let (None, Some(runtime)) = (&self.cri_server, &self.cri_fake) {
-            self.cri_server = Some(cri::serve_fake(Arc::clone(runtime), &self.cri_socket));
-        }
+        self.runtimes.serve();
+    }
+
+    /// `node`'s in-process cri-fake (None with `--cri`).
+    pub fn cri_fake(&self, node: &str) -> Option<&Arc<FakeRuntime>> {
+        self.runtimes.fake(node)
+    }
+
+    /// Every node's in-process cri-fake, by node name.
+    pub fn cri_fakes(&self) -> impl Iterator<Item = (&str, &Arc<FakeRuntime>)> {
+        self.runtimes.fakes()
     }
 
     /// Stops every in-process instance of the driver `name`, as a crash would: its sockets go away, the
@@ -451,7 +460,7 @@ impl Simulation {
         let node = new_kubelet(
             old.config.clone(),
             &self.api,
-            &self.cri_socket,
+            self.runtimes.socket(name),
             &self.config,
             &self.calls,
             &self.driver_directory,
@@ -474,9 +483,9 @@ impl Simulation {
         Ok(())
     }
 
-    /// The runtime's socket (the in-process cri-fake's, or `--cri`).
-    pub fn cri_socket(&self) -> &Path {
-        &self.cri_socket
+    /// The socket of `node`'s runtime (its in-process cri-fake's, or `--cri`).
+    pub fn cri_socket(&self, node: &str) -> &Path {
+        self.runtimes.socket(node)
     }
 
     /// A node by name.

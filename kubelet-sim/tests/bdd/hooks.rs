@@ -60,10 +60,9 @@ async fn http_request(w: &mut Sim, request_line: String, header: String) {
 
 /// The runtime's calls, in order, as (method, subject).
 fn calls(w: &Sim) -> Vec<(String, String)> {
-    let runtime = w.sim().cri_fake.as_ref().expect("cri-fake runs in-process");
-    runtime
-        .calls()
-        .into_iter()
+    w.sim()
+        .cri_fakes()
+        .flat_map(|(_, runtime)| runtime.calls())
         .map(|c| (c.method, c.subject))
         .collect()
 }

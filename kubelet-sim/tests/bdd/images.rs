@@ -217,9 +217,10 @@ fn pull_secret(w: &mut Sim, namespace: String, name: String, user: String, passw
 
 /// Injects the scenario's runtime faults once cri-fake runs.
 pub fn after_start(w: &Sim) {
-    let runtime = w.sim().cri_fake.as_ref().expect("cri-fake runs in-process");
-    for (method, fault) in &w.faults {
-        runtime.set_fault(method, fault.clone());
+    for (_, runtime) in w.sim().cri_fakes() {
+        for (method, fault) in &w.faults {
+            runtime.set_fault(method, fault.clone());
+        }
     }
 }
 
@@ -393,13 +394,16 @@ fn pulls(w: &mut Sim, reference: String, count: usize) {
         Some((registry, ..)) => reference.replace(REGISTRY_PLACEHOLDER, &registry.address),
         None => reference,
     };
-    let runtime = w.sim().cri_fake.as_ref().expect("cri-fake runs in-process");
-    let calls: Vec<_> = runtime
-        .calls()
-        .into_iter()
+    let all: Vec<_> = w
+        .sim()
+        .cri_fakes()
+        .flat_map(|(_, runtime)| runtime.calls())
+        .collect();
+    let calls: Vec<_> = all
+        .iter()
         .filter(|c| c.method == "PullImage" && c.subject == reference)
         .collect();
-    assert_eq!(calls.len(), count, "{:#?}", runtime.calls());
+    assert_eq!(calls.len(), count, "{all:#?}");
 }
 
 /// Replaces the registry placeholder in manifests.

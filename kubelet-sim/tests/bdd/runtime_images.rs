@@ -49,7 +49,10 @@ async fn container_running(w: &mut Sim, container: String, pod: String) {
 
 #[then(regex = r#"^the runtime refuses to remove image "([^"]+)", saying "(.*)"$"#)]
 fn refuses_removal(w: &mut Sim, image: String, text: String) {
-    let runtime = w.sim().cri_fake.as_ref().expect("cri-fake runs in-process");
+    let runtime = w
+        .sim()
+        .cri_fake("node-1")
+        .expect("cri-fake runs in-process");
     let err = runtime
         .remove_image(&image)
         .expect_err("an image volume's image stays");
@@ -89,7 +92,7 @@ fn gc_max_age(w: &mut Sim, ms: u64) {
 #[when(regex = r#"^the image garbage collector of node "([^"]+)" runs after (\d+) ms$"#)]
 async fn gc_runs(w: &mut Sim, node: String, ms: u64) {
     tokio::time::sleep(Duration::from_millis(ms)).await;
-    let runtime = w.sim().cri_fake.as_ref().expect("cri-fake runs in-process");
+    let runtime = w.sim().cri_fake(&node).expect("cri-fake runs in-process");
     let before = runtime.images().list();
     let kubelet = w
         .sim()
@@ -121,7 +124,10 @@ fn quoted(list: &str) -> impl Iterator<Item = &str> {
 
 #[then(regex = r#"^the runtime has images? (.+)$"#)]
 fn runtime_has(w: &mut Sim, list: String) {
-    let runtime = w.sim().cri_fake.as_ref().expect("cri-fake runs in-process");
+    let runtime = w
+        .sim()
+        .cri_fake("node-1")
+        .expect("cri-fake runs in-process");
     for image in quoted(&list) {
         assert!(
             runtime.images().get(image).is_some(),
@@ -135,7 +141,7 @@ fn has_record(w: &mut Sim, node: String, has: String, image: String) {
     let id = match w.image_gc.as_ref() {
         Some(run) => run.id(&image),
         None => {
-            let runtime = w.sim().cri_fake.as_ref().expect("cri-fake runs in-process");
+            let runtime = w.sim().cri_fake(&node).expect("cri-fake runs in-process");
             runtime.images().get(&image).expect("the image").id
         }
     };

@@ -164,15 +164,20 @@ fn container_device(
     permissions: String,
 ) {
     let (relative, target) = (under_root(w, &pod, &relative), under_root(w, &pod, &target));
-    let runtime = w.sim().cri_fake.as_ref().expect("cri-fake runs in-process");
     let uid = w.uid(&pod);
-    let found = runtime.containers_where(|c| {
-        c.status
-            .metadata
-            .as_ref()
-            .is_some_and(|m| m.name == container)
-            && c.status.labels.get("io.kubernetes.pod.uid") == Some(&uid)
-    });
+    let found: Vec<_> = w
+        .sim()
+        .cri_fakes()
+        .flat_map(|(_, runtime)| {
+            runtime.containers_where(|c| {
+                c.status
+                    .metadata
+                    .as_ref()
+                    .is_some_and(|m| m.name == container)
+                    && c.status.labels.get("io.kubernetes.pod.uid") == Some(&uid)
+            })
+        })
+        .collect();
     let device = found
         .iter()
         .flat_map(|c| &c.devices)

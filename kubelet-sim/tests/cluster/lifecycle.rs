@@ -209,9 +209,10 @@ pub fn in_kubelet_sim(dir: &Path, runtime: &tokio::runtime::Runtime) -> BTreeMap
             .await
             .expect("the simulation starts");
         // The kit's nodes have the image already; so does this one.
-        let mut cri = kubelet_sim::cri::Cri::connect(sim.cri_socket(), Duration::from_secs(10))
-            .await
-            .expect("the runtime");
+        let mut cri =
+            kubelet_sim::cri::Cri::connect(sim.cri_socket("node-1"), Duration::from_secs(10))
+                .await
+                .expect("the runtime");
         cri.image
             .pull_image(inlet_proto::runtime::v1::PullImageRequest {
                 image: Some(inlet_proto::runtime::v1::ImageSpec {

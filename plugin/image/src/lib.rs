@@ -19,7 +19,7 @@
 pub mod allowlist;
 pub mod artifact;
 pub mod auth;
-mod locks;
+pub mod locks;
 pub mod metrics;
 pub mod pull;
 pub mod pull_records;

@@ -92,7 +92,7 @@ impl CheckEnv {
             None => root.join(NODE),
         };
         // An external driver has its own runtime, if any: only the simulation's is given.
-        let cri = sim.as_ref().map(|s| s.cri_socket().to_path_buf());
+        let cri = sim.as_ref().map(|s| s.cri_socket(NODE).to_path_buf());
         let (driver_socket, driver) = conf
             .setup
             .start(NODE, &node_root, cri.as_deref().unwrap_or(Path::new("")))
@@ -570,7 +570,7 @@ impl CheckEnv {
     /// Stops the driver and starts it again on the same state, its socket served again.
     pub async fn restart_driver(&mut self) -> Result<(), String> {
         let cri = match &self.backend {
-            Backend::Sim(sim) => sim.cri_socket().to_path_buf(),
+            Backend::Sim(sim) => sim.cri_socket(NODE).to_path_buf(),
             Backend::Cluster(_) => PathBuf::new(),
         };
         let node_root = self.node_root();

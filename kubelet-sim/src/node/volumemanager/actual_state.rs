@@ -44,8 +44,9 @@ pub struct ActualVolume {
     pub attached: bool,
     /// The staging path and its state, once staged (or possibly staged).
     pub device: Option<(PathBuf, MountState)>,
-    /// The pods it is mounted for.
-    pub pods: BTreeMap<String, MountedPod>,
+    /// The pods it is mounted for: mostly one, so each is boxed (a map's node holds eleven entries,
+    /// and a `MountedPod` inline would make that 3.8 KB per volume).
+    pub pods: BTreeMap<String, Box<MountedPod>>,
 }
 
 /// What is on this node.
@@ -82,7 +83,7 @@ impl ActualState {
     pub fn set_pod(&mut self, unique: &str, mount: MountedPod) {
         if let Some(v) = self.volumes.get_mut(unique) {
             let uid = mount.pod.uid.clone();
-            if v.pods.insert(uid.clone(), mount).is_none() {
+            if v.pods.insert(uid.clone(), Box::new(mount)).is_none() {
                 *self.mounts_by_pod.entry(uid).or_default() += 1;
             }
         }
@@ -144,6 +145,7 @@ impl ActualState {
             .get(unique)?
             .pods
             .get(uid)
+            .map(Box::as_ref)
             .filter(|m| m.state == MountState::Mounted)
     }
 
@@ -153,7 +155,7 @@ impl ActualState {
             v.pods
                 .values()
                 .filter(|m| m.state == MountState::Mounted)
-                .map(move |m| (v, m))
+                .map(move |m| (v, m.as_ref()))
         })
     }
 

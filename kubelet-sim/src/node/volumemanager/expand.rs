@@ -35,9 +35,11 @@ impl VolumeManager {
                 .iter()
                 .flat_map(|(unique, desired)| {
                     desired.pods.iter().filter_map(|(uid, volume)| {
-                        let persistent =
-                            matches!(volume.spec, inlet_volume::Spec::Persistent { .. });
-                        let mount = asw.mounted(unique, uid).filter(|_| persistent)?;
+                        // Only a PV is resized: an inline volume costs no lookup here.
+                        if !matches!(volume.spec, inlet_volume::Spec::Persistent { .. }) {
+                            return None;
+                        }
+                        let mount = asw.mounted(unique, uid)?;
                         Some((unique.clone(), Arc::clone(volume), mount.path.clone()))
                     })
                 })

@@ -167,7 +167,7 @@ impl VolumeManager {
                 if wanted.is_none_or(|w| !w.pods.contains_key(uid)) {
                     actions.push(Action::TearDown {
                         unique: unique.clone(),
-                        mount: Box::new(mount.clone()),
+                        mount: mount.clone(),
                         spec: actual.spec.clone(),
                     });
                 }

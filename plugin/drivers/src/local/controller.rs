@@ -41,7 +41,7 @@ impl LocalDriver {
     /// CreateVolume. The volume's id is its name. Idempotent by name: the same name with the same size,
     /// access type, parameters and source returns the existing volume; any difference is ALREADY_EXISTS.
     pub fn create_volume(
-        &mut self,
+        &self,
         req: csi::CreateVolumeRequest,
     ) -> Result<csi::CreateVolumeResponse> {
         let name = validate::id("name", &req.name)?;
@@ -73,7 +73,7 @@ impl LocalDriver {
                 )));
             }
             return Ok(csi::CreateVolumeResponse {
-                volume: Some(volume_message(existing)),
+                volume: Some(volume_message(&existing)),
             });
         }
 
@@ -110,7 +110,7 @@ impl LocalDriver {
     /// DeleteVolume. An unknown id is already deleted (OK). A volume still attached, staged or published is
     /// FAILED_PRECONDITION, so content in use is never removed.
     pub fn delete_volume(
-        &mut self,
+        &self,
         req: csi::DeleteVolumeRequest,
     ) -> Result<csi::DeleteVolumeResponse> {
         let id = validate::id("volume_id", &req.volume_id)?;
@@ -137,7 +137,7 @@ impl LocalDriver {
     /// ControllerPublishVolume (attach). Repeating it for the same node and read-only flag is OK; the same
     /// node with another read-only flag is ALREADY_EXISTS. This driver's volumes can only go to its own node.
     pub fn controller_publish(
-        &mut self,
+        &self,
         req: csi::ControllerPublishVolumeRequest,
     ) -> Result<csi::ControllerPublishVolumeResponse> {
         self.require_attach()?;
@@ -174,7 +174,7 @@ impl LocalDriver {
     /// ControllerUnpublishVolume (detach). An unknown volume, or one not published to the node, is already
     /// unpublished (OK). An empty node_id unpublishes from every node.
     pub fn controller_unpublish(
-        &mut self,
+        &self,
         req: csi::ControllerUnpublishVolumeRequest,
     ) -> Result<csi::ControllerUnpublishVolumeResponse> {
         self.require_attach()?;
@@ -242,11 +242,13 @@ impl LocalDriver {
     /// ListVolumes, ordered by id, paginated (see `paginate`). Ephemeral volumes are node-local objects the
     /// CO never created through the controller, so they are not listed.
     pub fn list_volumes(&self, req: csi::ListVolumesRequest) -> Result<csi::ListVolumesResponse> {
-        let volumes: Vec<&VolumeRecord> = self
+        // A copy, so the store is not locked while the page is made.
+        let volumes: Vec<VolumeRecord> = self
             .store
             .volumes()
             .values()
             .filter(|v| !v.ephemeral)
+            .cloned()
             .collect();
         let (page, next_token) = paginate(&volumes, req.max_entries, &req.starting_token)?;
         let entries = page
@@ -272,10 +274,10 @@ impl LocalDriver {
     ) -> Result<csi::ControllerGetVolumeResponse> {
         let volume = self.volume(validate::id("volume_id", &req.volume_id)?)?;
         Ok(csi::ControllerGetVolumeResponse {
-            volume: Some(volume_message(volume)),
+            volume: Some(volume_message(&volume)),
             status: Some(csi::controller_get_volume_response::VolumeStatus {
-                published_node_ids: self.published_nodes(volume),
-                volume_condition: Some(self.condition(volume)),
+                published_node_ids: self.published_nodes(&volume),
+                volume_condition: Some(self.condition(&volume)),
             }),
         })
     }
@@ -297,7 +299,7 @@ impl LocalDriver {
     /// ControllerExpandVolume. Growing to a size already reached is OK (no shrink); block volumes then need
     /// NodeExpandVolume so the loop device sees the new size.
     pub fn controller_expand(
-        &mut self,
+        &self,
         req: csi::ControllerExpandVolumeRequest,
     ) -> Result<csi::ControllerExpandVolumeResponse> {
         let id = validate::id("volume_id", &req.volume_id)?;
@@ -335,12 +337,18 @@ impl LocalDriver {
     /// CreateSnapshot: a copy of the volume's content. Idempotent by name; the same name for another source
     /// volume is ALREADY_EXISTS. An unknown source volume is NOT_FOUND.
     pub fn create_snapshot(
-        &mut self,
+        &self,
         req: csi::CreateSnapshotRequest,
     ) -> Result<csi::CreateSnapshotResponse> {
         let source_id = validate::id("source_volume_id", &req.source_volume_id)?;
         let name = validate::id("name", &req.name)?;
-        if let Some(existing) = self.store.snapshots().values().find(|s| s.name == name) {
+        let existing = self
+            .store
+            .snapshots()
+            .values()
+            .find(|s| s.name == name)
+            .cloned();
+        if let Some(existing) = existing {
             if existing.source_volume_id != source_id {
                 return Err(Error::AlreadyExists(format!(
                     "snapshot {name:?} already exists for volume {:?}",
@@ -348,7 +356,7 @@ impl LocalDriver {
                 )));
             }
             return Ok(csi::CreateSnapshotResponse {
-                snapshot: Some(snapshot_message(existing)),
+                snapshot: Some(snapshot_message(&existing)),
             });
         }
         let source = self.volume(source_id)?;
@@ -381,11 +389,12 @@ impl LocalDriver {
 
     /// DeleteSnapshot. An unknown id is already deleted (OK).
     pub fn delete_snapshot(
-        &mut self,
+        &self,
         req: csi::DeleteSnapshotRequest,
     ) -> Result<csi::DeleteSnapshotResponse> {
         let id = validate::id("snapshot_id", &req.snapshot_id)?;
-        if let Some(snapshot) = self.store.snapshots().get(id) {
+        let snapshot = self.store.snapshots().get(id).cloned();
+        if let Some(snapshot) = snapshot {
             super::remove_content(&self.store.snapshot_data(id, snapshot.access_type))?;
             self.store.remove_snapshot(id)?;
             tracing::info!(snapshot_id = id, "deleted snapshot");
@@ -399,7 +408,7 @@ impl LocalDriver {
         &self,
         req: csi::ListSnapshotsRequest,
     ) -> Result<csi::ListSnapshotsResponse> {
-        let matching: Vec<&SnapshotRecord> = self
+        let matching: Vec<SnapshotRecord> = self
             .store
             .snapshots()
             .values()
@@ -407,6 +416,7 @@ impl LocalDriver {
             .filter(|s| {
                 req.source_volume_id.is_empty() || s.source_volume_id == req.source_volume_id
             })
+            .cloned()
             .collect();
         let (page, next_token) = paginate(&matching, req.max_entries, &req.starting_token)?;
         let entries = page
@@ -486,6 +496,7 @@ impl LocalDriver {
                     .store
                     .snapshots()
                     .get(id)
+                    .cloned()
                     .ok_or_else(|| Error::not_found("snapshot", id))?;
                 if snapshot.access_type != access {
                     return Err(Error::invalid(

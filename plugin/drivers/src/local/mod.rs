@@ -2,8 +2,8 @@
 //!
 //! It plays the role csi-driver-host-path plays upstream, a complete driver to exercise every CSI call,
 //! with ephemeral inline volumes created on NodePublishVolume (KEP-596). Layout:
-//! - `mod.rs`: [`LocalConfig`], [`LocalDriver`] (the synchronous core; one lock, one operation at a time)
-//!   and the content helpers shared by controller and node code.
+//! - `mod.rs`: [`LocalConfig`], [`LocalDriver`] (the synchronous core: one operation per volume at a time,
+//!   controller calls alone) and the content helpers shared by controller and node code.
 //! - `controller.rs`, `node.rs`: the CSI Controller and Node calls, as methods of [`LocalDriver`].
 //! - `service.rs`: the tonic Identity/Controller/Node services that run those methods off the async runtime.
 //! - `store.rs`: durable records; request checks are the crate's `validate.rs`, shared with the image driver.
@@ -61,8 +61,8 @@ pub struct LocalConfig {
     pub volume_mount_group: bool,
 }
 
-/// The driver's core: its config, its records and the mount layer. Methods are synchronous and take
-/// `&mut self`; [`LocalService`] serializes callers behind one lock, as csi-driver-host-path does.
+/// The driver's core: its config, its records and the mount layer. Methods are synchronous; [`LocalService`]
+/// runs node calls on different volumes side by side and everything else alone (see `service.rs`).
 #[derive(Debug)]
 pub struct LocalDriver {
     config: LocalConfig,
@@ -125,8 +125,10 @@ impl LocalDriver {
         &self.config
     }
 
-    /// Every volume the driver owns, by id.
-    pub fn volumes(&self) -> &std::collections::BTreeMap<String, store::VolumeRecord> {
+    /// Every volume the driver owns, by id (the store is locked while the guard lives).
+    pub fn volumes(
+        &self,
+    ) -> parking_lot::MappedMutexGuard<'_, std::collections::BTreeMap<String, VolumeRecord>> {
         self.store.volumes()
     }
 
@@ -151,18 +153,14 @@ impl LocalDriver {
                 format_bytes(self.config.max_volume_bytes)
             )));
         }
-        if bytes > self.available_bytes() {
-            return Err(Error::ResourceExhausted(format!(
-                "requested {} but only {} of {} is free",
-                format_bytes(bytes),
-                format_bytes(self.available_bytes()),
-                format_bytes(self.config.capacity_bytes)
-            )));
+        let free = self.available_bytes();
+        if bytes > free {
+            return Err(store::exhausted(bytes, free, self.config.capacity_bytes));
         }
         Ok(())
     }
 
-    fn volume(&self, id: &str) -> Result<&VolumeRecord> {
+    fn volume(&self, id: &str) -> Result<VolumeRecord> {
         self.store
             .volume(id)
             .ok_or_else(|| Error::not_found("volume", id))
@@ -203,7 +201,7 @@ impl LocalDriver {
     }
 
     /// Deletes a volume's content and record, detaching its loop device first.
-    fn delete_volume_data(&mut self, id: &str) -> Result<()> {
+    fn delete_volume_data(&self, id: &str) -> Result<()> {
         let Some(volume) = self.store.volume(id) else {
             return Ok(());
         };

@@ -59,7 +59,7 @@ impl LocalDriver {
     /// Staging again at the same path is OK; at another path it is FAILED_PRECONDITION. With attach enabled the
     /// volume must have been ControllerPublished to this node first.
     pub fn node_stage(
-        &mut self,
+        &self,
         req: csi::NodeStageVolumeRequest,
     ) -> Result<csi::NodeStageVolumeResponse> {
         let id = validate::id("volume_id", &req.volume_id)?;
@@ -86,10 +86,21 @@ impl LocalDriver {
                 )));
             }
             Some(_) => {}
-            None => self.store.put_volume(VolumeRecord {
-                staged_at: Some(staging.clone()),
-                ..volume.clone()
-            })?,
+            None => {
+                // A staging path mounted before this volume was staged there is another volume's, as a
+                // publish's target is: never hand its content out as this volume.
+                let mounted = self.mounter.is_mount_point(&staging);
+                if mounted.context(|| format!("checking {}", staging.display()))? {
+                    return Err(Error::AlreadyExists(format!(
+                        "staging path {} already holds another mount",
+                        staging.display()
+                    )));
+                }
+                self.store.put_volume(VolumeRecord {
+                    staged_at: Some(staging.clone()),
+                    ..volume.clone()
+                })?
+            }
         }
         crash::point("stage.recorded");
         let data = self.store.volume_data(id, volume.access_type);
@@ -118,12 +129,12 @@ impl LocalDriver {
     /// NodeUnstageVolume: unmounts the staging path. Not staged (or an unknown volume with nothing mounted
     /// there) is already unstaged: OK. Still published at a target is FAILED_PRECONDITION.
     pub fn node_unstage(
-        &mut self,
+        &self,
         req: csi::NodeUnstageVolumeRequest,
     ) -> Result<csi::NodeUnstageVolumeResponse> {
         let id = validate::id("volume_id", &req.volume_id)?;
         let staging = self.host_path("staging_target_path", &req.staging_target_path)?;
-        let Some(volume) = self.store.volume(id).cloned() else {
+        let Some(volume) = self.store.volume(id) else {
             self.release_unknown(id, &staging, AccessType::Mount)?;
             return Ok(csi::NodeUnstageVolumeResponse {});
         };
@@ -161,7 +172,7 @@ impl LocalDriver {
     /// access mode). Publishing again with the same options is OK; different options at the same target are
     /// ALREADY_EXISTS. An ephemeral request creates the volume first.
     pub fn node_publish(
-        &mut self,
+        &self,
         req: csi::NodePublishVolumeRequest,
     ) -> Result<csi::NodePublishVolumeResponse> {
         let id = validate::id("volume_id", &req.volume_id)?;
@@ -271,12 +282,12 @@ impl LocalDriver {
     /// unpublished: OK, so a repeat after an ephemeral volume was deleted still succeeds. An unknown volume with
     /// something mounted at the target is NOT_FOUND: the driver never unmounts what it did not mount.
     pub fn node_unpublish(
-        &mut self,
+        &self,
         req: csi::NodeUnpublishVolumeRequest,
     ) -> Result<csi::NodeUnpublishVolumeResponse> {
         let id = validate::id("volume_id", &req.volume_id)?;
         let target = self.host_path("target_path", &req.target_path)?;
-        let Some(mut volume) = self.store.volume(id).cloned() else {
+        let Some(mut volume) = self.store.volume(id) else {
             self.release_unknown(id, &target, AccessType::Mount)?;
             return Ok(csi::NodeUnpublishVolumeResponse {});
         };
@@ -359,7 +370,7 @@ impl LocalDriver {
         }
         Ok(csi::NodeGetVolumeStatsResponse {
             usage: usages,
-            volume_condition: Some(self.condition(volume)),
+            volume_condition: Some(self.condition(&volume)),
         })
     }
 
@@ -423,7 +434,7 @@ impl LocalDriver {
     /// Creates the ephemeral volume `id` if it does not exist yet, with its first publication already in the
     /// record so a new volume costs one record write; true when it was created by this call.
     fn ensure_ephemeral(
-        &mut self,
+        &self,
         id: &str,
         cap: &Capability,
         context: &HashMap<String, String>,
@@ -467,7 +478,11 @@ impl LocalDriver {
         };
         self.create_content(&volume, None)?;
         crash::point("volume.content-created");
-        if let Err(err) = self.store.put_volume(volume) {
+        // Checked again with the write: another volume may have taken the space meanwhile.
+        if let Err(err) = self
+            .store
+            .put_new_volume(volume, self.config.capacity_bytes)
+        {
             let _ = super::remove_content(&self.store.volume_data(id, AccessType::Mount));
             return Err(err);
         }
@@ -475,7 +490,7 @@ impl LocalDriver {
     }
 
     /// Deletes an ephemeral volume this publish created, then hands back the error that made it necessary.
-    fn undo_ephemeral(&mut self, id: &str, created: bool, err: Error) -> Error {
+    fn undo_ephemeral(&self, id: &str, created: bool, err: Error) -> Error {
         if created {
             if let Err(cleanup) = self.delete_volume_data(id) {
                 tracing::warn!(volume_id = id, error = %cleanup, "could not delete ephemeral volume after a failed publish");
@@ -508,7 +523,7 @@ impl LocalDriver {
     /// block volume's loop device. Persistent volumes must be staged first (the driver has STAGE_UNSTAGE).
     fn publish_source(&self, id: &str, cap: &Capability, staging: &str) -> Result<PathBuf> {
         let volume = self.volume(id)?;
-        check_access_type(volume, cap)?;
+        check_access_type(&volume, cap)?;
         if volume.ephemeral {
             return Ok(self.store.volume_data(id, AccessType::Mount));
         }

@@ -9,15 +9,21 @@
 //! A record is written to a temporary file, flushed, then renamed over the old one, so a crash leaves either
 //! the old or the new record, never half of one; one operation rewrites only the objects it changed. Records
 //! are loaded into memory at start, so a restarted driver answers as if it never stopped.
+//!
+//! The store is shared by the calls the driver serves side by side (one per volume), so it keeps its maps
+//! behind a lock held only while a record is written and its map updated; a volume's mounts and content
+//! are made outside it.
 
 use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 
+use parking_lot::{MappedMutexGuard, Mutex, MutexGuard};
 use serde::{Deserialize, Serialize};
 
-use inlet_host::error::{IoContext, Result};
+use inlet_host::error::{Error, IoContext, Result};
 use inlet_host::mount::MountFlags;
+use inlet_host::quantity::format_bytes;
 use inlet_host::records::{Durability, load_records, remove_record, write_record};
 
 /// How a volume is consumed: a directory tree, or a raw block device (a loop device over a file).
@@ -93,11 +99,25 @@ pub struct SnapshotRecord {
 #[derive(Debug)]
 pub struct Store {
     root: PathBuf,
+    records: Mutex<Records>,
+}
+
+#[derive(Debug)]
+struct Records {
     volumes: BTreeMap<String, VolumeRecord>,
     snapshots: BTreeMap<String, SnapshotRecord>,
     /// The sum of the volumes' capacities, kept with them: a check of free capacity costs the same
     /// however many volumes the node has.
     allocated: u64,
+}
+
+impl Records {
+    fn insert_volume(&mut self, volume: VolumeRecord) {
+        self.allocated = self.allocated.saturating_add(volume.capacity_bytes);
+        if let Some(old) = self.volumes.insert(volume.id.clone(), volume) {
+            self.allocated = self.allocated.saturating_sub(old.capacity_bytes);
+        }
+    }
 }
 
 impl Store {
@@ -113,10 +133,13 @@ impl Store {
             fs::create_dir_all(&dir).context(|| format!("creating state dir {}", dir.display()))?;
         }
         let volumes: BTreeMap<String, VolumeRecord> = load_records(&root.join("records/volumes"))?;
-        Ok(Self {
+        let records = Records {
             allocated: volumes.values().map(|v| v.capacity_bytes).sum(),
             volumes,
             snapshots: load_records(&root.join("records/snapshots"))?,
+        };
+        Ok(Self {
+            records: Mutex::new(records),
             root: root.to_path_buf(),
         })
     }
@@ -126,24 +149,46 @@ impl Store {
         &self.root
     }
 
-    /// All volumes, ordered by id.
-    pub fn volumes(&self) -> &BTreeMap<String, VolumeRecord> {
-        &self.volumes
+    /// All volumes, ordered by id, locked while the guard lives (call nothing else of the store meanwhile).
+    pub fn volumes(&self) -> MappedMutexGuard<'_, BTreeMap<String, VolumeRecord>> {
+        MutexGuard::map(self.records.lock(), |r| &mut r.volumes)
     }
 
     /// The sum of every volume's capacity.
     pub fn allocated_bytes(&self) -> u64 {
-        self.allocated
+        self.records.lock().allocated
     }
 
-    /// One volume.
-    pub fn volume(&self, id: &str) -> Option<&VolumeRecord> {
-        self.volumes.get(id)
+    /// One volume, as recorded now.
+    pub fn volume(&self, id: &str) -> Option<VolumeRecord> {
+        self.records.lock().volumes.get(id).cloned()
     }
 
     /// Writes a volume record, then updates memory: flushed, unless the volume is ephemeral (it ends with
     /// the node's boot, see [`Durability::UntilReboot`]).
-    pub fn put_volume(&mut self, volume: VolumeRecord) -> Result<()> {
+    pub fn put_volume(&self, volume: VolumeRecord) -> Result<()> {
+        let mut records = self.records.lock();
+        self.write_volume(&volume)?;
+        records.insert_volume(volume);
+        Ok(())
+    }
+
+    /// Writes the record of a new volume unless its size would take the volumes past `capacity`
+    /// (RESOURCE_EXHAUSTED): the check and the write are one step, so two volumes created side by side
+    /// cannot both take the last free bytes.
+    pub fn put_new_volume(&self, volume: VolumeRecord, capacity: u64) -> Result<()> {
+        let mut records = self.records.lock();
+        let free = capacity.saturating_sub(records.allocated);
+        if volume.capacity_bytes > free {
+            return Err(exhausted(volume.capacity_bytes, free, capacity));
+        }
+        self.write_volume(&volume)?;
+        records.insert_volume(volume);
+        Ok(())
+    }
+
+    /// Writes a volume's record: flushed, unless the volume is ephemeral (it ends with the node's boot).
+    fn write_volume(&self, volume: &VolumeRecord) -> Result<()> {
         let durability = match volume.ephemeral {
             true => Durability::UntilReboot,
             false => Durability::PowerLoss,
@@ -151,46 +196,44 @@ impl Store {
         write_record(
             &self.root.join("records/volumes"),
             &volume.id,
-            &volume,
+            volume,
             durability,
-        )?;
-        self.allocated = self.allocated.saturating_add(volume.capacity_bytes);
-        if let Some(old) = self.volumes.insert(volume.id.clone(), volume) {
-            self.allocated = self.allocated.saturating_sub(old.capacity_bytes);
-        }
-        Ok(())
+        )
     }
 
     /// Removes a volume record (its content is the caller's to delete first).
-    pub fn remove_volume(&mut self, id: &str) -> Result<()> {
+    pub fn remove_volume(&self, id: &str) -> Result<()> {
+        let mut records = self.records.lock();
         remove_record(&self.root.join("records/volumes"), id)?;
-        if let Some(old) = self.volumes.remove(id) {
-            self.allocated = self.allocated.saturating_sub(old.capacity_bytes);
+        if let Some(old) = records.volumes.remove(id) {
+            records.allocated = records.allocated.saturating_sub(old.capacity_bytes);
         }
         Ok(())
     }
 
-    /// All snapshots, ordered by id.
-    pub fn snapshots(&self) -> &BTreeMap<String, SnapshotRecord> {
-        &self.snapshots
+    /// All snapshots, ordered by id, locked while the guard lives (call nothing else of the store meanwhile).
+    pub fn snapshots(&self) -> MappedMutexGuard<'_, BTreeMap<String, SnapshotRecord>> {
+        MutexGuard::map(self.records.lock(), |r| &mut r.snapshots)
     }
 
     /// Writes a snapshot record durably, then updates memory.
-    pub fn put_snapshot(&mut self, snapshot: SnapshotRecord) -> Result<()> {
+    pub fn put_snapshot(&self, snapshot: SnapshotRecord) -> Result<()> {
+        let mut records = self.records.lock();
         write_record(
             &self.root.join("records/snapshots"),
             &snapshot.id,
             &snapshot,
             Durability::PowerLoss,
         )?;
-        self.snapshots.insert(snapshot.id.clone(), snapshot);
+        records.snapshots.insert(snapshot.id.clone(), snapshot);
         Ok(())
     }
 
     /// Removes a snapshot record.
-    pub fn remove_snapshot(&mut self, id: &str) -> Result<()> {
+    pub fn remove_snapshot(&self, id: &str) -> Result<()> {
+        let mut records = self.records.lock();
         remove_record(&self.root.join("records/snapshots"), id)?;
-        self.snapshots.remove(id);
+        records.snapshots.remove(id);
         Ok(())
     }
 
@@ -203,6 +246,16 @@ impl Store {
     pub fn snapshot_data(&self, id: &str, access: AccessType) -> PathBuf {
         data_path(&self.root.join("snapshots"), id, access)
     }
+}
+
+/// RESOURCE_EXHAUSTED: `requested` bytes, where only `free` of `capacity` are.
+pub fn exhausted(requested: u64, free: u64, capacity: u64) -> Error {
+    Error::ResourceExhausted(format!(
+        "requested {} but only {} of {} is free",
+        format_bytes(requested),
+        format_bytes(free),
+        format_bytes(capacity)
+    ))
 }
 
 fn data_path(dir: &Path, id: &str, access: AccessType) -> PathBuf {
@@ -233,7 +286,7 @@ mod tests {
     #[test]
     fn records_survive_a_reopen_and_torn_writes_are_discarded() {
         let dir = tempfile::tempdir().unwrap();
-        let mut store = Store::open(dir.path()).unwrap();
+        let store = Store::open(dir.path()).unwrap();
         store.put_volume(volume("b")).unwrap();
         store.put_volume(volume("a")).unwrap();
         store.remove_volume("b").unwrap();
@@ -247,7 +300,7 @@ mod tests {
         let reopened = Store::open(dir.path()).unwrap();
         assert_eq!(reopened.volumes().keys().collect::<Vec<_>>(), ["a"]);
         assert!(!dir.path().join("records/volumes/d.json").exists());
-        assert_eq!(reopened.volume("a"), Some(&volume("a")));
+        assert_eq!(reopened.volume("a"), Some(volume("a")));
         assert!(!dir.path().join("records/volumes/c.json.tmp").exists());
     }
 }

@@ -118,6 +118,39 @@ async fn stage_publish_unpublish_unstage_round_trip() {
     assert!(!f.is_mounted(&staging));
 }
 
+/// A staging path that holds another volume's mount is refused: staging there would record it for the
+/// second volume, whose publish would then hand out the first one's content.
+#[tokio::test]
+async fn a_staging_path_held_by_another_volume_is_refused() {
+    let mut f = Fixture::start().await;
+    let (first, second) = (
+        new_volume(&mut f, "first", rwo()).await,
+        new_volume(&mut f, "second", rwo()).await,
+    );
+    let staging = f.kubelet_path(STAGING);
+    f.node
+        .node_stage_volume(stage(&first, &staging, rwo()))
+        .await
+        .unwrap();
+    assert_status(
+        f.node
+            .node_stage_volume(stage(&second, &staging, rwo()))
+            .await,
+        Code::AlreadyExists,
+        "already holds another mount",
+    );
+    f.node
+        .node_unstage_volume(unstage(&second, &staging))
+        .await
+        .expect("the refused volume was never staged");
+    assert!(f.is_mounted(&staging), "the first volume stays staged");
+    f.node
+        .node_unstage_volume(unstage(&first, &staging))
+        .await
+        .unwrap();
+    assert!(!f.is_mounted(&staging));
+}
+
 #[tokio::test]
 async fn publish_requires_staging_first() {
     let mut f = Fixture::start().await;
