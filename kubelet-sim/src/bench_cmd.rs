@@ -52,6 +52,11 @@ pub struct HollowArgs {
     /// The longest a step may take.
     #[arg(long, default_value = "300s", value_parser = humantime::parse_duration)]
     timeout: Duration,
+    /// Processes to spread the nodes over: 1 runs them in this one; more start `kubelet-sim run
+    /// --kubeconfig` children (each node holds about a dozen sockets, and a process's open-files limit
+    /// bounds how many nodes it can hold).
+    #[arg(long, default_value_t = 1)]
+    processes: usize,
     #[command(flatten)]
     output: Output,
 }
@@ -220,6 +225,9 @@ pub async fn run(bench: Bench) -> Result<(), BenchError> {
                 .map_err(|e| BenchError::Usage(e.to_string()))?;
             let config = hollow::HollowConfig {
                 client,
+                processes: args.processes,
+                kubeconfig: args.kubeconfig.clone(),
+                real_mounts: real,
                 nodes: args.nodes,
                 pods: args.pods,
                 rounds: args.rounds,

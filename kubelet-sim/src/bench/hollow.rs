@@ -15,10 +15,9 @@ use serde::Serialize;
 use serde_json::json;
 
 use super::BenchError;
-use super::stats::peak_rss_mib;
+use super::hollow_fleet::{ChildSpec, Fleet};
 use crate::api::manifest;
 use crate::drivers::DriverArg;
-use crate::sim::Simulation;
 
 /// What to run.
 pub struct HollowConfig {
@@ -40,6 +39,13 @@ pub struct HollowConfig {
     pub mounter: Arc<dyn MountLayer>,
     /// The longest a step may take.
     pub limit: Duration,
+    /// Processes the nodes are spread over: 1 runs them here; more start `kubelet-sim run --kubeconfig`
+    /// children, as a hollow-node Deployment's pods (each process's open-files limit bounds its nodes).
+    pub processes: usize,
+    /// The kubeconfig's path, for the children.
+    pub kubeconfig: std::path::PathBuf,
+    /// Whether mounts are real (the children's `--mounter`).
+    pub real_mounts: bool,
 }
 
 /// The figures.
@@ -47,9 +53,11 @@ pub struct HollowConfig {
 pub struct HollowFigures {
     /// Hollow nodes.
     pub nodes: usize,
+    /// Processes they ran in (1: this one).
+    pub processes: usize,
     /// The process's resident memory before the nodes started, MiB.
     pub baseline_rss_mib: f64,
-    /// Resident memory per node while idle, beyond the baseline, MiB.
+    /// Resident memory per node while idle, beyond the baseline (in children: all of theirs), MiB.
     pub idle_rss_per_node_mib: f64,
     /// CPU per node while idle, millicores.
     pub idle_cpu_per_node_millicores: f64,
@@ -63,18 +71,8 @@ pub struct HollowFigures {
     pub churn_pods_per_second: f64,
     /// CPU per node during the churn, millicores.
     pub churn_cpu_per_node_millicores: f64,
-    /// The process's peak resident memory, MiB.
+    /// The peak resident memory of the processes holding the nodes, and this one's, MiB.
     pub peak_rss_mib: u64,
-}
-
-/// The process's resident memory, in MiB.
-fn rss_mib() -> f64 {
-    inlet_host::metrics::process::resident_bytes().unwrap_or(0) as f64 / (1 << 20) as f64
-}
-
-/// The process's CPU time (user and system).
-fn cpu_time() -> Duration {
-    Duration::from_secs_f64(inlet_host::metrics::process::cpu_seconds().unwrap_or(0.0))
 }
 
 /// Millicores per node used over `wall`.
@@ -82,9 +80,14 @@ fn millicores(cpu: Duration, wall: Duration, nodes: usize) -> f64 {
     cpu.as_secs_f64() / wall.as_secs_f64().max(1e-9) * 1000.0 / nodes.max(1) as f64
 }
 
+/// How often the round's pods are listed.
+const POD_POLL: Duration = Duration::from_millis(200);
+
+/// Asks `done` every `every` until it says yes, or `limit` has passed.
 async fn wait(
     what: &str,
     limit: Duration,
+    every: Duration,
     mut done: impl AsyncFnMut() -> bool,
 ) -> Result<(), BenchError> {
     let until = Instant::now() + limit;
@@ -92,14 +95,26 @@ async fn wait(
         if Instant::now() > until {
             return Err(BenchError::Output(format!("{what}: not within {limit:?}")));
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        tokio::time::sleep(every).await;
     }
     Ok(())
 }
 
+/// How often the nodes are listed while they register: a list of 5,000 Nodes is megabytes the API
+/// server encodes each time, so it is asked less often the more there are (half a second per thousand),
+/// and from its watch cache (`resourceVersion=0`).
+fn node_poll(nodes: usize) -> Duration {
+    Duration::from_millis(200).max(Duration::from_millis(nodes as u64 / 2))
+}
+
 /// Runs the nodes, measures, and has them leave.
 pub async fn run(config: &HollowConfig) -> Result<HollowFigures, BenchError> {
-    let baseline = rss_mib();
+    let baseline = match config.processes {
+        0 | 1 => {
+            inlet_host::metrics::process::resident_bytes().unwrap_or(0) as f64 / (1 << 20) as f64
+        }
+        _ => 0.0,
+    };
     let sim_config = super::sim_config(
         &config.root,
         config.nodes,
@@ -123,25 +138,39 @@ pub async fn run(config: &HollowConfig) -> Result<HollowFigures, BenchError> {
             .map_err(|e| BenchError::Output(format!("creating the CSIDriver: {e}")))?;
     }
     let started = Instant::now();
-    let sim = Simulation::start(sim_config).await?;
-    let names: Vec<String> = sim.nodes.iter().map(|n| n.config.name.clone()).collect();
+    let children = ChildSpec {
+        kubeconfig: &config.kubeconfig,
+        driver: format!("{}=local", config.driver.name),
+        mounter: if config.real_mounts {
+            "linux"
+        } else {
+            "recording"
+        },
+        root: &config.root,
+        limit: config.limit,
+    };
+    let (fleet, names) = Fleet::start(sim_config, config.processes, &children).await?;
     let pods = kube::Api::<Pod>::namespaced(config.client.clone(), "default");
     let selector = ListParams::default().labels("inlet.dev/bench=hollow-nodes");
-    let measured = measure(config, &names, &pods, &selector, started, baseline).await;
+    let measured = measure(config, &fleet, &names, &pods, &selector, started, baseline).await;
     // Whatever happened: the pods deleted, the nodes gone from the cluster.
     let _ = pods
         .delete_collection(&DeleteParams::default(), &selector)
         .await;
-    let left = sim.leave_cluster(config.limit).await;
-    sim.shutdown().await;
+    let peak_rss_mib = fleet.peak_rss_mib();
+    let left = fleet.leave(config.limit).await;
     let figures = measured?;
     left?;
-    Ok(figures)
+    Ok(HollowFigures {
+        peak_rss_mib,
+        ..figures
+    })
 }
 
 /// Waits for the nodes, then measures them idle and under churn.
 async fn measure(
     config: &HollowConfig,
+    fleet: &Fleet,
     names: &[String],
     pods: &kube::Api<Pod>,
     selector: &ListParams,
@@ -149,8 +178,11 @@ async fn measure(
     baseline: f64,
 ) -> Result<HollowFigures, BenchError> {
     let nodes = kube::Api::<Node>::all(config.client.clone());
-    let hollow = ListParams::default().labels("inlet.dev/kubelet-sim=true");
-    wait("every hollow node Ready", config.limit, async || {
+    let hollow = ListParams::default()
+        .labels("inlet.dev/kubelet-sim=true")
+        .match_any();
+    let every = node_poll(config.nodes);
+    wait("every hollow node Ready", config.limit, every, async || {
         let Ok(list) = nodes.list(&hollow).await else {
             return false;
         };
@@ -167,12 +199,12 @@ async fn measure(
     .await?;
     let register_seconds = started.elapsed().as_secs_f64();
 
-    let (cpu, at) = (cpu_time(), Instant::now());
+    let (cpu, at) = (fleet.cpu_time(), Instant::now());
     tokio::time::sleep(config.idle).await;
-    let idle_cpu = millicores(cpu_time() - cpu, at.elapsed(), config.nodes);
-    let idle_rss = (rss_mib() - baseline) / config.nodes.max(1) as f64;
+    let idle_cpu = millicores(fleet.cpu_time() - cpu, at.elapsed(), config.nodes);
+    let idle_rss = (fleet.rss_mib() - baseline) / config.nodes.max(1) as f64;
 
-    let (cpu, at) = (cpu_time(), Instant::now());
+    let (cpu, at) = (fleet.cpu_time(), Instant::now());
     for round in 0..config.rounds {
         for i in 0..config.pods {
             let pod: Pod = serde_json::from_value(json!({
@@ -191,27 +223,36 @@ async fn measure(
                 .await
                 .map_err(|e| BenchError::Output(format!("creating a pod: {e}")))?;
         }
-        wait("the round's pods Running", config.limit, async || {
-            pods.list(selector).await.is_ok_and(|l| {
-                let running = l.items.iter().filter(|p| {
-                    p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
-                });
-                running.count() == config.pods
-            })
-        })
+        wait(
+            "the round's pods Running",
+            config.limit,
+            POD_POLL,
+            async || {
+                pods.list(selector).await.is_ok_and(|l| {
+                    let running = l.items.iter().filter(|p| {
+                        p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+                    });
+                    running.count() == config.pods
+                })
+            },
+        )
         .await?;
         pods.delete_collection(&DeleteParams::default(), selector)
             .await
             .map_err(|e| BenchError::Output(format!("deleting the pods: {e}")))?;
-        wait("the round's pods gone", config.limit, async || {
-            pods.list(selector).await.is_ok_and(|l| l.items.is_empty())
-        })
+        wait(
+            "the round's pods gone",
+            config.limit,
+            POD_POLL,
+            async || pods.list(selector).await.is_ok_and(|l| l.items.is_empty()),
+        )
         .await?;
     }
     let churn = at.elapsed();
-    let churn_cpu = millicores(cpu_time() - cpu, churn, config.nodes);
+    let churn_cpu = millicores(fleet.cpu_time() - cpu, churn, config.nodes);
     Ok(HollowFigures {
         nodes: config.nodes,
+        processes: config.processes.max(1),
         baseline_rss_mib: baseline,
         idle_rss_per_node_mib: idle_rss,
         idle_cpu_per_node_millicores: idle_cpu,
@@ -220,6 +261,6 @@ async fn measure(
         churn_rounds: config.rounds,
         churn_pods_per_second: (config.pods * config.rounds) as f64 / churn.as_secs_f64().max(1e-9),
         churn_cpu_per_node_millicores: churn_cpu,
-        peak_rss_mib: peak_rss_mib(),
+        peak_rss_mib: 0,
     })
 }

@@ -13,6 +13,7 @@ mod chart;
 pub mod csi_ephemeral;
 mod error;
 pub mod hollow;
+mod hollow_fleet;
 pub mod image;
 pub mod pods;
 mod stats;
@@ -194,8 +195,9 @@ pub fn print_pods(out: &mut impl Write, f: &pods::PodsFigures) -> std::io::Resul
 pub fn print_hollow(out: &mut impl Write, f: &hollow::HollowFigures) -> std::io::Result<()> {
     writeln!(
         out,
-        "{} hollow nodes: Ready in {:.1} s; idle {:.2} MiB and {:.2} millicores per node (baseline {:.1} MiB); churn of {} x {} pods: {:.1} pods/s, {:.2} millicores per node; peak RSS {} MiB",
+        "{} hollow nodes in {} process(es): Ready in {:.1} s; idle {:.2} MiB and {:.2} millicores per node (baseline {:.1} MiB); churn of {} x {} pods: {:.1} pods/s, {:.2} millicores per node; peak RSS {} MiB",
         f.nodes,
+        f.processes,
         f.register_seconds,
         f.idle_rss_per_node_mib,
         f.idle_cpu_per_node_millicores,

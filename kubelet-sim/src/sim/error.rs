@@ -52,6 +52,18 @@ pub enum SimError {
         /// The socket it was given on.
         socket: PathBuf,
     },
+    /// The process may not open the sockets its nodes need.
+    #[error(
+        "{nodes} nodes need about {needed} open files, and this process may open {limit}: raise the limit (ulimit -n {needed}, or LimitNOFILE in a unit)"
+    )]
+    OpenFiles {
+        /// The nodes asked for.
+        nodes: usize,
+        /// About what they need.
+        needed: u64,
+        /// The soft limit (raised to the hard one at start).
+        limit: u64,
+    },
     /// Joining the real cluster failed.
     #[error(transparent)]
     Cluster(#[from] crate::cluster::ClusterError),

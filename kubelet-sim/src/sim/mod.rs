@@ -96,6 +96,29 @@ pub struct SimConfig {
     pub cluster: Option<kube::Client>,
 }
 
+/// Sockets a node holds open, measured with inlet's local driver: its runtime's listener and connections,
+/// each driver's socket, registration and connections; with some to spare.
+const OPEN_FILES_PER_NODE: u64 = 12;
+
+/// Refuses, before anything starts, a run whose nodes would stop halfway for want of file descriptors
+/// ("Too many open files" from whichever socket came last).
+fn enough_open_files(config: &SimConfig) -> Result<(), SimError> {
+    use nix::sys::resource::{Resource, getrlimit};
+    let Ok((limit, _)) = getrlimit(Resource::RLIMIT_NOFILE) else {
+        return Ok(());
+    };
+    let per_node = OPEN_FILES_PER_NODE + 2 * config.drivers.len() as u64;
+    let needed = 256 + config.nodes as u64 * per_node;
+    match needed <= limit {
+        true => Ok(()),
+        false => Err(SimError::OpenFiles {
+            nodes: config.nodes,
+            needed,
+            limit,
+        }),
+    }
+}
+
 /// Collects every CSI call the nodes make, for the report: those that returned, and those still in flight.
 /// A returned call is kept as its report's JSON (about half the memory of a [`CsiCall`], whose maps and
 /// strings are each an allocation): a run of 100,000 pods makes 600,000 calls.
@@ -195,6 +218,7 @@ pub struct Simulation {
 impl Simulation {
     /// Starts the runtime, the nodes, their drivers (registered on every node) and the controllers.
     pub async fn start(config: SimConfig) -> Result<Self, SimError> {
+        enough_open_files(&config)?;
         std::fs::create_dir_all(&config.root).map_err(|source| SimError::Root {
             path: config.root.clone(),
             source,

@@ -196,3 +196,24 @@ fn own_tmpfs(dir: &std::path::Path) -> OwnTmpfs {
         .is_ok();
     OwnTmpfs(mounted.then(|| dir.to_path_buf()))
 }
+
+/// More nodes than the process may open sockets for: refused at once, naming the limit and how to raise
+/// it, with nothing started (the alternative was "Too many open files" from whichever node came last).
+/// The limit is lowered with util-linux's `prlimit`.
+#[test]
+fn too_many_nodes_for_the_open_files_limit_is_refused_up_front() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    let out = std::process::Command::new("prlimit")
+        .args(["--nofile=512:512", crate::common::BIN])
+        .args(["bench", "pods", "--pods", "10", "--nodes", "100"])
+        .args(["--mounter", "recording", "--root"])
+        .arg(&root)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    let refused = "100 nodes need about 1656 open files, and this process may open 512: raise the limit (ulimit -n 1656";
+    assert!(stderr.contains(refused), "{stderr}");
+    assert!(!root.join("node-1").exists(), "no node started");
+}

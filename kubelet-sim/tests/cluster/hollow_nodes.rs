@@ -125,6 +125,17 @@ fn serve_pods_created_with_kubectl(kit: &mut Kit, dir: &Path) {
         "jsonpath={.spec.drivers[*].name}",
     ]);
     assert_eq!(csinode, "local.inlet.dev");
+    // The registration's labels survive the status posts since (a merge patch with `labels: null` once
+    // deleted them all, and `bench hollow-nodes` then never found its nodes).
+    let hollow = kit.kubectl(&[
+        "get",
+        "nodes",
+        "-l",
+        "inlet.dev/kubelet-sim=true,kubernetes.io/hostname=hollow-node-2",
+        "-o",
+        "name",
+    ]);
+    assert_eq!(hollow.trim(), "node/hollow-node-2");
     let events = kit.kubectl(&[
         "get",
         "events",
@@ -226,6 +237,60 @@ fn apply_the_examples(kit: &Kit, dir: &Path) {
     assert!(left.is_empty(), "pods left in the API: {left}");
 }
 
+/// `bench hollow-nodes`, small, in this process and spread over two child processes: its nodes found
+/// Ready (by their label), pods churned on them, and the nodes gone from the cluster after. Figures are
+/// not judged.
+fn bench_hollow_nodes(kit: &Kit, dir: &Path) {
+    for processes in ["1", "2"] {
+        let root = dir.join(format!("bench-hollow-{processes}"));
+        std::fs::create_dir_all(&root).unwrap();
+        let json = root.join("figures.json");
+        let out = Command::new(BIN)
+            .args([
+                "bench",
+                "hollow-nodes",
+                "--nodes",
+                "3",
+                "--pods",
+                "3",
+                "--rounds",
+                "1",
+            ])
+            .args(["--idle", "2s", "--timeout", "90s", "--mounter", "recording"])
+            .args(["--processes", processes, "--kubeconfig"])
+            .arg(kit.kubeconfig())
+            .arg("--root")
+            .arg(&root)
+            .arg("--json")
+            .arg(&json)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{stderr}");
+        let report: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+        let figures = &report["figures"];
+        assert_eq!(figures["nodes"], 3, "{report}");
+        assert_eq!(figures["processes"].to_string(), processes, "{report}");
+        assert!(
+            figures["idle_rss_per_node_mib"].as_f64().unwrap() > 0.0,
+            "{report}"
+        );
+        let left = kit.kubectl(&[
+            "get",
+            "nodes",
+            "-l",
+            "inlet.dev/kubelet-sim=true",
+            "-o",
+            "name",
+        ]);
+        assert!(
+            left.trim().is_empty(),
+            "hollow nodes left in the cluster: {left}"
+        );
+    }
+}
+
 #[test]
 fn hollow_nodes_join_the_kits_api_server() {
     if let Some(why) = kit::missing() {
@@ -243,6 +308,7 @@ fn hollow_nodes_join_the_kits_api_server() {
     apply_the_examples(&kit, dir.path());
     super::node_credentials::node_credential_is_enough(&mut kit, dir.path());
     super::hollow_deployment::hollow_nodes_as_a_deployment(&mut kit);
+    bench_hollow_nodes(&kit, dir.path());
     drop(kit);
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     assert!(

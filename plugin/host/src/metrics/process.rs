@@ -44,14 +44,30 @@ impl Collector for ProcessCollector {
 
 /// This process's user and system CPU time so far, in seconds (`process_cpu_seconds_total`).
 pub fn cpu_seconds() -> Option<f64> {
-    let stat = procfs::process::Process::myself().ok()?.stat().ok()?;
-    Some((stat.utime + stat.stime) as f64 / procfs::ticks_per_second() as f64)
+    cpu_seconds_of(std::process::id() as i32)
 }
 
 /// This process's resident memory now, in bytes (`process_resident_memory_bytes`).
 pub fn resident_bytes() -> Option<u64> {
-    let stat = procfs::process::Process::myself().ok()?.stat().ok()?;
+    resident_bytes_of(std::process::id() as i32)
+}
+
+/// Process `pid`'s CPU time, user and system, in seconds.
+pub fn cpu_seconds_of(pid: i32) -> Option<f64> {
+    let stat = procfs::process::Process::new(pid).ok()?.stat().ok()?;
+    Some((stat.utime + stat.stime) as f64 / procfs::ticks_per_second() as f64)
+}
+
+/// Process `pid`'s resident memory now, in bytes.
+pub fn resident_bytes_of(pid: i32) -> Option<u64> {
+    let stat = procfs::process::Process::new(pid).ok()?.stat().ok()?;
     Some(stat.rss * procfs::page_size())
+}
+
+/// Process `pid`'s peak resident memory so far (`VmHWM`), in bytes.
+pub fn peak_resident_bytes_of(pid: i32) -> Option<u64> {
+    let status = procfs::process::Process::new(pid).ok()?.status().ok()?;
+    Some(status.vmhwm? * 1024)
 }
 
 /// Each figure `/proc/self` gives now: name, client_golang's help text, value.

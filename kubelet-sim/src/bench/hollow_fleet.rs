@@ -1,0 +1,193 @@
+//! The hollow nodes `bench hollow-nodes` measures: all in this process (a [`Simulation`]), or spread over
+//! child `kubelet-sim run --kubeconfig` processes, as `deploy/hollow-nodes/` spreads them over pods. Each
+//! node holds about a dozen sockets (its runtime's, its driver's, their connections), so a process's
+//! open-files limit bounds the nodes it can hold: 20,000 holds about 1,400; 5,000 nodes need several
+//! processes wherever the hard limit cannot be raised.
+
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::process::{Child, Command};
+
+use super::BenchError;
+use crate::sim::{SimConfig, Simulation};
+
+/// Where the nodes run.
+pub enum Fleet {
+    /// In this process.
+    InProcess(Box<Simulation>),
+    /// In child processes, each named `<prefix>-p<i>`.
+    Children(Vec<Child>),
+}
+
+/// What child processes are started with.
+pub struct ChildSpec<'a> {
+    /// The cluster's kubeconfig.
+    pub kubeconfig: &'a Path,
+    /// The driver, `NAME=local`.
+    pub driver: String,
+    /// `linux` or `recording`.
+    pub mounter: &'static str,
+    /// Each child's root is `<root>/p<i>`.
+    pub root: &'a Path,
+    /// How long a child may take to drain its nodes when stopped.
+    pub limit: Duration,
+}
+
+/// Node `n` of `nodes`' process: nodes are dealt out in order, the first processes taking one more when
+/// they do not divide evenly.
+fn share(nodes: usize, processes: usize, i: usize) -> usize {
+    nodes / processes + usize::from(i < nodes % processes)
+}
+
+impl Fleet {
+    /// Starts `config.nodes` nodes in this process (`processes` 1) or over `processes` children.
+    pub async fn start(
+        config: SimConfig,
+        processes: usize,
+        child: &ChildSpec<'_>,
+    ) -> Result<(Self, Vec<String>), BenchError> {
+        if processes <= 1 {
+            let sim = Simulation::start(config).await?;
+            let names = sim.nodes.iter().map(|n| n.config.name.clone()).collect();
+            return Ok((Self::InProcess(Box::new(sim)), names));
+        }
+        let exe = std::env::current_exe().map_err(BenchError::io("this program"))?;
+        let (mut children, mut names) = (Vec::new(), Vec::new());
+        for i in 0..processes {
+            let count = share(config.nodes, processes, i);
+            if count == 0 {
+                continue;
+            }
+            let prefix = format!("{}-p{}", config.node_name_prefix, i + 1);
+            names.extend((1..=count).map(|n| format!("{prefix}-{n}")));
+            let root = child.root.join(format!("p{}", i + 1));
+            let log = std::fs::File::create(child.root.join(format!("p{}.log", i + 1)))
+                .map_err(BenchError::io("a child's log"))?;
+            let log_err = log.try_clone().map_err(BenchError::io("a child's log"))?;
+            let spawned = Command::new(&exe)
+                .args([
+                    "run",
+                    "--nodes",
+                    &count.to_string(),
+                    "--node-name-prefix",
+                    &prefix,
+                ])
+                .arg("--kubeconfig")
+                .arg(child.kubeconfig)
+                .args(["--driver", &child.driver, "--mounter", child.mounter])
+                .arg("--root")
+                .arg(&root)
+                .args(["--drain-on-exit", "--timeout"])
+                .arg(format!("{}s", child.limit.as_secs().max(1)))
+                .stdin(Stdio::null())
+                .stdout(log)
+                .stderr(log_err)
+                // Only if this bench dies without stopping them: SIGKILL, their nodes left NotReady.
+                .kill_on_drop(true)
+                .spawn()
+                .map_err(BenchError::io("starting a hollow-node process"))?;
+            children.push(spawned);
+        }
+        Ok((Self::Children(children), names))
+    }
+
+    /// The resident memory of every process holding nodes, MiB (this one's when they are here).
+    pub fn rss_mib(&self) -> f64 {
+        let bytes = match self {
+            Self::InProcess(_) => inlet_host::metrics::process::resident_bytes(),
+            Self::Children(children) => {
+                self::sum(children, inlet_host::metrics::process::resident_bytes_of)
+            }
+        };
+        bytes.unwrap_or(0) as f64 / (1 << 20) as f64
+    }
+
+    /// The CPU time of every process holding nodes.
+    pub fn cpu_time(&self) -> Duration {
+        let seconds = match self {
+            Self::InProcess(_) => inlet_host::metrics::process::cpu_seconds(),
+            Self::Children(children) => {
+                self::sum(children, inlet_host::metrics::process::cpu_seconds_of)
+            }
+        };
+        Duration::from_secs_f64(seconds.unwrap_or(0.0))
+    }
+
+    /// The peak resident memory of every process holding nodes (this one's too), MiB: an upper bound of
+    /// the fleet's, as the processes peak at different moments.
+    pub fn peak_rss_mib(&self) -> u64 {
+        let own = super::stats::peak_rss_mib();
+        match self {
+            Self::InProcess(_) => own,
+            Self::Children(children) => {
+                let peak = self::sum(
+                    children,
+                    inlet_host::metrics::process::peak_resident_bytes_of,
+                );
+                own + peak.unwrap_or(0) / (1 << 20)
+            }
+        }
+    }
+
+    /// The nodes leave the cluster (drained and deleted) and stop: the children on SIGTERM, as a
+    /// Deployment scaled down stops its pods, each given `limit` and a little more to drain.
+    pub async fn leave(self, limit: Duration) -> Result<(), BenchError> {
+        match self {
+            Self::InProcess(sim) => {
+                let left = sim.leave_cluster(limit).await;
+                sim.shutdown().await;
+                Ok(left?)
+            }
+            Self::Children(mut children) => {
+                for child in &children {
+                    if let Some(pid) = child.id() {
+                        let pid = nix::unistd::Pid::from_raw(pid as i32);
+                        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+                    }
+                }
+                let mut failed = Vec::new();
+                for (i, child) in children.iter_mut().enumerate() {
+                    let waited =
+                        tokio::time::timeout(limit + Duration::from_secs(30), child.wait());
+                    match waited.await {
+                        // `run --kubeconfig` without manifests exits 0 after leaving, or 143 on SIGTERM.
+                        Ok(Ok(status)) if matches!(status.code(), Some(0) | Some(143)) => {}
+                        Ok(Ok(status)) => failed.push(format!("process p{}: {status}", i + 1)),
+                        Ok(Err(e)) => failed.push(format!("process p{}: {e}", i + 1)),
+                        Err(_) => failed.push(format!("process p{}: did not stop", i + 1)),
+                    }
+                }
+                match failed.is_empty() {
+                    true => Ok(()),
+                    false => Err(BenchError::Output(format!(
+                        "hollow-node processes: {} (their logs: p<i>.log under the root)",
+                        failed.join("; ")
+                    ))),
+                }
+            }
+        }
+    }
+}
+
+/// The sum of `figure` over the children still running; None when none gave one.
+fn sum<T: std::ops::Add<Output = T>>(
+    children: &[Child],
+    figure: impl Fn(i32) -> Option<T>,
+) -> Option<T> {
+    let figures = children.iter().filter_map(|c| figure(c.id()? as i32));
+    figures.reduce(|a, b| a + b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::share;
+
+    #[test]
+    fn nodes_are_dealt_out_evenly() {
+        let shares: Vec<usize> = (0..3).map(|i| share(10, 3, i)).collect();
+        assert_eq!(shares, [4, 3, 3]);
+        assert_eq!((0..4).map(|i| share(2, 4, i)).sum::<usize>(), 2);
+    }
+}
