@@ -182,6 +182,7 @@ async fn measure(
         .labels("inlet.dev/kubelet-sim=true")
         .match_any();
     let every = node_poll(config.nodes);
+    let wanted: std::collections::HashSet<&str> = names.iter().map(String::as_str).collect();
     wait("every hollow node Ready", config.limit, every, async || {
         let Ok(list) = nodes.list(&hollow).await else {
             return false;
@@ -189,7 +190,7 @@ async fn measure(
         let ready = list.items.iter().filter(|n| {
             let name = n.metadata.name.as_deref().unwrap_or_default();
             let conditions = n.status.iter().flat_map(|s| s.conditions.iter().flatten());
-            names.iter().any(|m| m == name)
+            wanted.contains(name)
                 && conditions
                     .into_iter()
                     .any(|c| c.type_ == "Ready" && c.status == "True")

@@ -7,6 +7,8 @@
 //! - [`pods`]: N pods with K inline volumes over M simulated nodes: settle, start latency, teardown, memory.
 //! - [`image`]: image volumes on a real runtime: cold pull, warm read-only and writable publishes, disk
 //!   per volume, beside copying the image's files.
+//! - [`hollow`]: hollow nodes on a real cluster, idle and churning; `hollow_fleet.rs` runs them in this
+//!   process or over child processes.
 //! - `stats.rs`: percentiles; `chart.rs`: the SVG; `error.rs`: [`BenchError`].
 
 mod chart;

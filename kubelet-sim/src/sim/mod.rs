@@ -100,23 +100,14 @@ pub struct SimConfig {
 /// each driver's socket, registration and connections; with some to spare.
 const OPEN_FILES_PER_NODE: u64 = 12;
 
-/// Refuses, before anything starts, a run whose nodes would stop halfway for want of file descriptors
-/// ("Too many open files" from whichever socket came last).
-fn enough_open_files(config: &SimConfig) -> Result<(), SimError> {
+/// The open files a run's nodes need and the limit, when the limit is short: such a run is refused before
+/// anything starts, where it would stop halfway ("Too many open files" from whichever socket came last).
+fn open_files_short(config: &SimConfig) -> Option<(u64, u64)> {
     use nix::sys::resource::{Resource, getrlimit};
-    let Ok((limit, _)) = getrlimit(Resource::RLIMIT_NOFILE) else {
-        return Ok(());
-    };
+    let (limit, _) = getrlimit(Resource::RLIMIT_NOFILE).ok()?;
     let per_node = OPEN_FILES_PER_NODE + 2 * config.drivers.len() as u64;
     let needed = 256 + config.nodes as u64 * per_node;
-    match needed <= limit {
-        true => Ok(()),
-        false => Err(SimError::OpenFiles {
-            nodes: config.nodes,
-            needed,
-            limit,
-        }),
-    }
+    (needed > limit).then_some((needed, limit))
 }
 
 /// Collects every CSI call the nodes make, for the report: those that returned, and those still in flight.
@@ -218,7 +209,13 @@ pub struct Simulation {
 impl Simulation {
     /// Starts the runtime, the nodes, their drivers (registered on every node) and the controllers.
     pub async fn start(config: SimConfig) -> Result<Self, SimError> {
-        enough_open_files(&config)?;
+        if let Some((needed, limit)) = open_files_short(&config) {
+            return Err(SimError::OpenFiles {
+                nodes: config.nodes,
+                needed,
+                limit,
+            });
+        }
         std::fs::create_dir_all(&config.root).map_err(|source| SimError::Root {
             path: config.root.clone(),
             source,
