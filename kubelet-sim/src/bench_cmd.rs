@@ -228,6 +228,7 @@ pub async fn run(bench: Bench) -> Result<(), BenchError> {
                 processes: args.processes,
                 kubeconfig: args.kubeconfig.clone(),
                 real_mounts: real,
+                interrupts,
                 nodes: args.nodes,
                 pods: args.pods,
                 rounds: args.rounds,

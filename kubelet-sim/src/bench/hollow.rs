@@ -18,6 +18,7 @@ use super::BenchError;
 use super::hollow_fleet::{ChildSpec, Fleet};
 use crate::api::manifest;
 use crate::drivers::DriverArg;
+use crate::signals::Interrupts;
 
 /// What to run.
 pub struct HollowConfig {
@@ -46,6 +47,9 @@ pub struct HollowConfig {
     pub kubeconfig: std::path::PathBuf,
     /// Whether mounts are real (the children's `--mounter`).
     pub real_mounts: bool,
+    /// SIGINT/SIGTERM: the bench stops measuring, its pods are deleted and its nodes leave the cluster
+    /// (children stopped with SIGTERM), and it fails with the signal.
+    pub interrupts: Option<Interrupts>,
 }
 
 /// The figures.
@@ -152,7 +156,16 @@ pub async fn run(config: &HollowConfig) -> Result<HollowFigures, BenchError> {
     let (fleet, names) = Fleet::start(sim_config, config.processes, &children).await?;
     let pods = kube::Api::<Pod>::namespaced(config.client.clone(), "default");
     let selector = ListParams::default().labels("inlet.dev/bench=hollow-nodes");
-    let measured = measure(config, &fleet, &names, &pods, &selector, started, baseline).await;
+    let mut interrupts = config.interrupts.clone();
+    let measured = tokio::select! {
+        measured = measure(config, &fleet, &names, &pods, &selector, started, baseline) => measured,
+        signal = async {
+            match interrupts.as_mut() {
+                Some(interrupts) => interrupts.wait().await,
+                None => std::future::pending().await,
+            }
+        } => Err(BenchError::Interrupted(signal)),
+    };
     // Whatever happened: the pods deleted, the nodes gone from the cluster.
     let _ = pods
         .delete_collection(&DeleteParams::default(), &selector)

@@ -276,7 +276,8 @@ fn bench_hollow_nodes(kit: &Kit, dir: &Path) {
             figures["idle_rss_per_node_mib"].as_f64().unwrap() > 0.0,
             "{report}"
         );
-        let left = kit.kubectl(&[
+        // The earlier phases' nodes stay, NotReady, as a stopped kubelet's do; the bench's must be gone.
+        let nodes = kit.kubectl(&[
             "get",
             "nodes",
             "-l",
@@ -284,11 +285,49 @@ fn bench_hollow_nodes(kit: &Kit, dir: &Path) {
             "-o",
             "name",
         ]);
+        let left: Vec<&str> = nodes
+            .lines()
+            .filter(|n| n.contains("bench-hollow"))
+            .collect();
         assert!(
-            left.trim().is_empty(),
-            "hollow nodes left in the cluster: {left}"
+            left.is_empty(),
+            "the bench's nodes left in the cluster: {left:?}"
         );
     }
+}
+
+/// `bench hollow-nodes --processes 2` stopped with SIGTERM while its nodes idle: it exits 143 after its
+/// children stopped and its nodes left the cluster.
+fn bench_hollow_nodes_stops_on_sigterm(kit: &Kit, dir: &Path) {
+    let root = dir.join("bench-hollow-sigterm");
+    std::fs::create_dir_all(&root).unwrap();
+    let bench = Command::new(BIN)
+        .args(["bench", "hollow-nodes", "--nodes", "2", "--processes", "2"])
+        .args([
+            "--idle",
+            "600s",
+            "--timeout",
+            "90s",
+            "--mounter",
+            "recording",
+        ])
+        .arg("--kubeconfig")
+        .arg(kit.kubeconfig())
+        .arg("--root")
+        .arg(&root)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    for node in ["bench-hollow-p1-1", "bench-hollow-p2-1"] {
+        wait(&format!("{node} Ready"), WAIT, || node_ready(kit, node));
+    }
+    let pid = nix::unistd::Pid::from_raw(bench.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let out = bench.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(143), "{stderr}");
+    let nodes = kit.kubectl(&["get", "nodes", "-o", "name"]);
+    assert!(!nodes.contains("bench-hollow"), "{nodes}");
 }
 
 #[test]
@@ -309,6 +348,7 @@ fn hollow_nodes_join_the_kits_api_server() {
     super::node_credentials::node_credential_is_enough(&mut kit, dir.path());
     super::hollow_deployment::hollow_nodes_as_a_deployment(&mut kit);
     bench_hollow_nodes(&kit, dir.path());
+    bench_hollow_nodes_stops_on_sigterm(&kit, dir.path());
     drop(kit);
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     assert!(

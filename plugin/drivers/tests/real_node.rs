@@ -291,9 +291,21 @@ fn written(kit: &Kit, pod: &str, volume: &str) -> String {
 }
 
 fn wait_registered(kit: &Kit, driver: &str, registered: bool) {
-    wait(&format!("{driver} registered: {registered}"), WAIT, || {
-        kit.drivers_in_csinode().contains(driver) == registered
-    });
+    let deadline = Instant::now() + WAIT;
+    while kit.drivers_in_csinode().contains(driver) != registered {
+        if Instant::now() > deadline {
+            // Once seen on CRI-O's uninstall (image.inlet.dev kept in the CSINode after its pod was
+            // gone): what the kubelet saw of the driver, and what is left in its registry, to tell why.
+            let log = kit.log("kubelet");
+            let lines: Vec<&str> = log.lines().filter(|l| l.contains(driver)).collect();
+            panic!(
+                "timed out waiting for {driver} registered: {registered}\nplugins_registry: {:?}\nthe kubelet's last lines naming it:\n{}",
+                sockets_under(&kit.plugins_registry()),
+                lines[lines.len().saturating_sub(30)..].join("\n")
+            );
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
 }
 
 /// The driver DaemonSet's pod: its name and its container's restart count.
