@@ -226,7 +226,7 @@ fn parse_gates(text: &str) -> Result<BTreeSet<String>, String> {
 }
 
 /// Raises the soft limit on open files to the hard one, as every Go program does at start (Go 1.19's `os`
-/// package, so the kubelet too): each simulated node holds about ten sockets (its runtime's, its drivers',
+/// package, so the kubelet too): each simulated node holds about a dozen sockets (its runtime's, its drivers',
 /// their connections), and the usual soft limit of 1,024 would stop a run at a hundred nodes.
 fn raise_open_files_limit() {
     use nix::sys::resource::{Resource, getrlimit, setrlimit};

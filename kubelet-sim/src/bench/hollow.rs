@@ -113,10 +113,9 @@ fn node_poll(nodes: usize) -> Duration {
 
 /// Runs the nodes, measures, and has them leave.
 pub async fn run(config: &HollowConfig) -> Result<HollowFigures, BenchError> {
+    // Children start from nothing; nodes here add to what this process already holds.
     let baseline = match config.processes {
-        0 | 1 => {
-            inlet_host::metrics::process::resident_bytes().unwrap_or(0) as f64 / (1 << 20) as f64
-        }
+        0 | 1 => Fleet::own_rss_mib(),
         _ => 0.0,
     };
     let sim_config = super::sim_config(
@@ -170,14 +169,10 @@ pub async fn run(config: &HollowConfig) -> Result<HollowFigures, BenchError> {
     let _ = pods
         .delete_collection(&DeleteParams::default(), &selector)
         .await;
-    let peak_rss_mib = fleet.peak_rss_mib();
     let left = fleet.leave(config.limit).await;
     let figures = measured?;
     left?;
-    Ok(HollowFigures {
-        peak_rss_mib,
-        ..figures
-    })
+    Ok(figures)
 }
 
 /// Waits for the nodes, then measures them idle and under churn.
@@ -275,6 +270,7 @@ async fn measure(
         churn_rounds: config.rounds,
         churn_pods_per_second: (config.pods * config.rounds) as f64 / churn.as_secs_f64().max(1e-9),
         churn_cpu_per_node_millicores: churn_cpu,
-        peak_rss_mib: 0,
+        // Before the children stop: their peaks go with them.
+        peak_rss_mib: fleet.peak_rss_mib(),
     })
 }

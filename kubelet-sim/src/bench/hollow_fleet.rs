@@ -35,8 +35,8 @@ pub struct ChildSpec<'a> {
     pub limit: Duration,
 }
 
-/// Node `n` of `nodes`' process: nodes are dealt out in order, the first processes taking one more when
-/// they do not divide evenly.
+/// How many of `nodes` process `i` of `processes` holds: the first processes take one more when they do
+/// not divide evenly.
 fn share(nodes: usize, processes: usize, i: usize) -> usize {
     nodes / processes + usize::from(i < nodes % processes)
 }
@@ -93,15 +93,20 @@ impl Fleet {
         Ok((Self::Children(children), names))
     }
 
+    /// This process's resident memory, MiB.
+    pub fn own_rss_mib() -> f64 {
+        mib(inlet_host::metrics::process::resident_bytes())
+    }
+
     /// The resident memory of every process holding nodes, MiB (this one's when they are here).
     pub fn rss_mib(&self) -> f64 {
-        let bytes = match self {
-            Self::InProcess(_) => inlet_host::metrics::process::resident_bytes(),
-            Self::Children(children) => {
-                self::sum(children, inlet_host::metrics::process::resident_bytes_of)
-            }
-        };
-        bytes.unwrap_or(0) as f64 / (1 << 20) as f64
+        match self {
+            Self::InProcess(_) => Self::own_rss_mib(),
+            Self::Children(children) => mib(self::sum(
+                children,
+                inlet_host::metrics::process::resident_bytes_of,
+            )),
+        }
     }
 
     /// The CPU time of every process holding nodes.
@@ -169,6 +174,11 @@ impl Fleet {
             }
         }
     }
+}
+
+/// Bytes, when known, in MiB.
+fn mib(bytes: Option<u64>) -> f64 {
+    bytes.unwrap_or(0) as f64 / (1 << 20) as f64
 }
 
 /// The sum of `figure` over the children still running; None when none gave one.

@@ -44,14 +44,8 @@ impl Summary {
 
 /// The process's peak resident memory (VmHWM), in MiB.
 pub fn peak_rss_mib() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find(|l| l.starts_with("VmHWM:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|kb| kb.parse::<u64>().ok())
-        .unwrap_or(0)
-        / 1024
+    let pid = std::process::id() as i32;
+    inlet_host::metrics::process::peak_resident_bytes_of(pid).unwrap_or(0) >> 20
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::{
     Node, NodeAddress, NodeCondition, NodeSpec, NodeStatus, NodeSystemInfo, Taint,
@@ -54,20 +54,17 @@ pub async fn register(
     let since = registered_at();
     // Every node checked before any registers; each then registers on its own, as each real kubelet
     // does, a few at a time (one after another, 5,000 nodes took minutes).
-    let held: Vec<_> = futures::stream::iter(nodes.iter().map(|name| refuse_if_held(client, name)))
+    futures::stream::iter(nodes.iter().map(|name| refuse_if_held(client, name)))
         .buffer_unordered(CONCURRENT_BEATS)
-        .collect()
-        .await;
-    held.into_iter().collect::<Result<Vec<()>, _>>()?;
+        .try_collect::<Vec<()>>()
+        .await?;
     let registering = nodes
         .iter()
         .map(|name| register_one(client, api, name, runtime_version, &since));
     futures::stream::iter(registering)
         .buffer_unordered(CONCURRENT_BEATS)
-        .collect::<Vec<_>>()
+        .try_collect()
         .await
-        .into_iter()
-        .collect()
 }
 
 /// Registers node `name` (see [`register`]): its Node, first status and Lease; its name and UID.
