@@ -41,6 +41,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_server(true)
         // Unimplemented RPCs answer UNIMPLEMENTED, as the CSI spec asks of optional calls.
         .generate_default_stubs(true)
+        // prost's codec with small buffers (src/codec.rs).
+        .codec_path("crate::codec::SmallBufferCodec")
         .include_file("_includes.rs")
         .compile_fds(descriptors)?;
     Ok(())

@@ -15,10 +15,21 @@ use kubelet_sim::api::manifest;
 use kubelet_sim::drivers::DriverArg;
 use kubelet_sim::node::{BackoffPolicy, ImageGcArgs, ImageVolumeMounts};
 use kubelet_sim::signals::{Interrupts, Signal};
+use kubelet_sim::sim::{SimConfig, SimImages, Simulation};
 
 mod bench_cmd;
 mod conform_cmd;
-use kubelet_sim::sim::{SimConfig, SimImages, Simulation};
+
+// jemalloc instead of glibc's malloc: the simulated nodes make many small, short-lived allocations on
+// every thread (gRPC frames, futures, API objects), and glibc spent about a quarter of the CPU of a
+// 10,000-pod run in malloc and free; jemalloc also keeps the peak lower than mimalloc did (bench/RESULTS.md,
+// issue #28).
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+/// Threads for blocking work (host syscalls, the in-process drivers' calls): a few per core, with room for
+/// calls that wait on the kernel (a mount behind the mount-table lock, a slow filesystem).
+const BLOCKING_THREADS: usize = 32;
 
 #[derive(Parser)]
 #[command(
@@ -256,7 +267,14 @@ fn main() -> ExitCode {
         .with_ansi(ansi)
         .init();
     raise_open_files_limit();
-    let runtime = match tokio::runtime::Runtime::new() {
+    // tokio's default of 512 blocking threads: the in-process drivers run each CSI call on the blocking pool,
+    // so a simulated cluster that publishes thousands of volumes at once started hundreds of threads on two
+    // cores, which only queued in the kernel and held their stacks and allocator caches (bench/RESULTS.md).
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .max_blocking_threads(BLOCKING_THREADS)
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("kubelet-sim: cannot start the async runtime: {e}");

@@ -10,6 +10,7 @@
 //!   rewriting that header in each connection's HTTP/2 frames.
 //! - [`csi_call`]: a CSI call as a record ([`csi_call::CsiCall`]), made from any request message: what the
 //!   kubelet side reports of the calls it makes and the drivers' call log of the calls they receive.
+//! - [`codec`]: the protobuf codec of every client and server above: prost's, with small buffers.
 //! - [`peer_text`]: text a peer controls, escaped and capped before it is printed or logged.
 //!
 //! The module tree mirrors the protobuf packages. The .proto sources live unmodified under `protos/`, with
@@ -24,6 +25,7 @@ mod generated {
 pub use generated::{containerd, csi, pluginregistration, runtime};
 
 pub mod authority;
+pub mod codec;
 pub mod csi_call;
 pub mod peer_text;
 pub mod uds;
