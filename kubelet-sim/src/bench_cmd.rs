@@ -5,7 +5,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use inlet_host::mount::MountLayer;
-use kubelet_sim::bench::{self, BenchError, Machine, Results, csi_ephemeral, hollow, image, pods};
+use kubelet_sim::bench::{
+    self, BenchError, Machine, Results, csi_ephemeral, hollow, image, pods, pods_cluster,
+};
 use kubelet_sim::drivers::DriverArg;
 use kubelet_sim::signals::Interrupts;
 
@@ -116,6 +118,14 @@ pub struct PodsArgs {
     /// The longest the pods may take to settle, and then to be torn down.
     #[arg(long, default_value = "600s", value_parser = humantime::parse_duration)]
     timeout: Duration,
+    /// A real cluster: the nodes join it as hollow nodes (they leave it at the end), the pods are created
+    /// through its API server, and its share of the time is read from its /metrics. The driver must be
+    /// NAME=local.
+    #[arg(long, value_name = "FILE")]
+    kubeconfig: Option<PathBuf>,
+    /// With --kubeconfig: processes to spread the nodes over, as `bench hollow-nodes --processes`.
+    #[arg(long, default_value_t = 1, requires = "kubeconfig")]
+    processes: usize,
     #[command(flatten)]
     output: Output,
 }
@@ -197,6 +207,7 @@ pub async fn run(bench: Bench) -> Result<(), BenchError> {
             let title = "Ephemeral NodePublish + NodeUnpublish round trip";
             write(&args.output, real, figures, title, &series)
         }
+        Bench::Pods(args) if args.kubeconfig.is_some() => pods_on_a_cluster(args, interrupts).await,
         Bench::Pods(args) => {
             let (mounter, real) = args.output.mounter.layer();
             let (root, _temp) = root(&args.output, &mounter)?;
@@ -286,6 +297,39 @@ pub async fn run(bench: Bench) -> Result<(), BenchError> {
 }
 
 /// Writes the chart of `series` and the JSON of `figures`, as `output` asks.
+/// `bench pods --kubeconfig`: the pods on a real cluster's hollow nodes.
+async fn pods_on_a_cluster(
+    args: PodsArgs,
+    interrupts: Option<Interrupts>,
+) -> Result<(), BenchError> {
+    let kubeconfig = args.kubeconfig.clone().unwrap_or_default();
+    let (mounter, real) = args.output.mounter.layer();
+    let (root, _temp) = root(&args.output, &mounter)?;
+    let client = kubelet_sim::cluster::connect(&kubeconfig)
+        .await
+        .map_err(|e| BenchError::Usage(e.to_string()))?;
+    let config = pods_cluster::ClusterPodsConfig {
+        client,
+        kubeconfig,
+        pods: args.pods,
+        nodes: args.nodes,
+        volumes: args.volumes,
+        processes: args.processes,
+        driver: args.driver,
+        root,
+        mounter,
+        real_mounts: real,
+        limit: args.timeout,
+        interrupts,
+    };
+    let figures = pods_cluster::run(&config).await?;
+    bench::print_cluster_pods(&mut std::io::stdout(), &figures)
+        .map_err(BenchError::io("stdout"))?;
+    let name = format!("{} pods over {} hollow nodes", figures.pods, figures.nodes);
+    let series = [(name, figures.samples.clone())];
+    write(&args.output, real, figures, "Pod start latency", &series)
+}
+
 fn write<T: serde::Serialize>(
     output: &Output,
     real_mounts: bool,

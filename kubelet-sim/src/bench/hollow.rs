@@ -88,7 +88,7 @@ fn millicores(cpu: Duration, wall: Duration, nodes: usize) -> f64 {
 const POD_POLL: Duration = Duration::from_millis(200);
 
 /// Asks `done` every `every` until it says yes, or `limit` has passed.
-async fn wait(
+pub(super) async fn wait(
     what: &str,
     limit: Duration,
     every: Duration,
@@ -111,6 +111,60 @@ fn node_poll(nodes: usize) -> Duration {
     Duration::from_millis(200).max(Duration::from_millis(nodes as u64 / 2))
 }
 
+/// The driver's CSIDriver, so that its inline volumes are allowed (Ephemeral).
+pub(super) async fn create_csidriver(
+    client: &kube::Client,
+    driver: &str,
+) -> Result<(), BenchError> {
+    let csidriver = format!(
+        "apiVersion: storage.k8s.io/v1\nkind: CSIDriver\nmetadata: {{name: {driver}}}\nspec: {{attachRequired: false, volumeLifecycleModes: [Persistent, Ephemeral]}}\n"
+    );
+    let cluster = crate::cluster::Cluster::new(client.clone());
+    for object in
+        manifest::parse(&csidriver, "bench").map_err(|e| BenchError::Output(e.to_string()))?
+    {
+        cluster
+            .create(object.object, "")
+            .await
+            .map_err(|e| BenchError::Output(format!("creating the CSIDriver: {e}")))?;
+    }
+    Ok(())
+}
+
+/// Waits until every node of `names` is Ready in the API, listing the simulator's nodes from the watch
+/// cache every [`node_poll`].
+pub(super) async fn wait_nodes_ready(
+    client: &kube::Client,
+    names: &[String],
+    limit: Duration,
+) -> Result<(), BenchError> {
+    let nodes = kube::Api::<Node>::all(client.clone());
+    let hollow = ListParams::default()
+        .labels("inlet.dev/kubelet-sim=true")
+        .match_any();
+    let wanted: std::collections::HashSet<&str> = names.iter().map(String::as_str).collect();
+    wait(
+        "every hollow node Ready",
+        limit,
+        node_poll(names.len()),
+        async || {
+            let Ok(list) = nodes.list(&hollow).await else {
+                return false;
+            };
+            let ready = list.items.iter().filter(|n| {
+                let name = n.metadata.name.as_deref().unwrap_or_default();
+                let conditions = n.status.iter().flat_map(|s| s.conditions.iter().flatten());
+                wanted.contains(name)
+                    && conditions
+                        .into_iter()
+                        .any(|c| c.type_ == "Ready" && c.status == "True")
+            });
+            ready.count() == names.len()
+        },
+    )
+    .await
+}
+
 /// Runs the nodes, measures, and has them leave.
 pub async fn run(config: &HollowConfig) -> Result<HollowFigures, BenchError> {
     // Children start from nothing; nodes here add to what this process already holds.
@@ -126,20 +180,7 @@ pub async fn run(config: &HollowConfig) -> Result<HollowFigures, BenchError> {
         "bench-hollow",
         Some(config.client.clone()),
     );
-    // The driver's CSIDriver, so that its inline volumes are allowed (Ephemeral).
-    let csidriver = format!(
-        "apiVersion: storage.k8s.io/v1\nkind: CSIDriver\nmetadata: {{name: {}}}\nspec: {{attachRequired: false, volumeLifecycleModes: [Persistent, Ephemeral]}}\n",
-        config.driver.name
-    );
-    let cluster = crate::cluster::Cluster::new(config.client.clone());
-    for object in
-        manifest::parse(&csidriver, "bench").map_err(|e| BenchError::Output(e.to_string()))?
-    {
-        cluster
-            .create(object.object, "")
-            .await
-            .map_err(|e| BenchError::Output(format!("creating the CSIDriver: {e}")))?;
-    }
+    create_csidriver(&config.client, &config.driver.name).await?;
     let started = Instant::now();
     let children = ChildSpec {
         kubeconfig: &config.kubeconfig,
@@ -185,27 +226,7 @@ async fn measure(
     started: Instant,
     baseline: f64,
 ) -> Result<HollowFigures, BenchError> {
-    let nodes = kube::Api::<Node>::all(config.client.clone());
-    let hollow = ListParams::default()
-        .labels("inlet.dev/kubelet-sim=true")
-        .match_any();
-    let every = node_poll(config.nodes);
-    let wanted: std::collections::HashSet<&str> = names.iter().map(String::as_str).collect();
-    wait("every hollow node Ready", config.limit, every, async || {
-        let Ok(list) = nodes.list(&hollow).await else {
-            return false;
-        };
-        let ready = list.items.iter().filter(|n| {
-            let name = n.metadata.name.as_deref().unwrap_or_default();
-            let conditions = n.status.iter().flat_map(|s| s.conditions.iter().flatten());
-            wanted.contains(name)
-                && conditions
-                    .into_iter()
-                    .any(|c| c.type_ == "Ready" && c.status == "True")
-        });
-        ready.count() == names.len()
-    })
-    .await?;
+    wait_nodes_ready(&config.client, names, config.limit).await?;
     let register_seconds = started.elapsed().as_secs_f64();
 
     let (cpu, at) = (fleet.cpu_time(), Instant::now());

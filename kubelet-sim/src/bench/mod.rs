@@ -5,6 +5,8 @@
 //! - [`csi_ephemeral`]: NodePublish + NodeUnpublish round trips of inline ephemeral volumes against any
 //!   CSI endpoints side by side, at each concurrency, with N other volumes published.
 //! - [`pods`]: N pods with K inline volumes over M simulated nodes: settle, start latency, teardown, memory.
+//! - [`pods_cluster`]: the same pods on a real cluster's hollow nodes (`--kubeconfig`), with the API
+//!   server's share read from its `/metrics`.
 //! - [`image`]: image volumes on a real runtime: cold pull, warm read-only and writable publishes, disk
 //!   per volume, beside copying the image's files.
 //! - [`hollow`]: hollow nodes on a real cluster, idle and churning; `hollow_fleet.rs` runs them in this
@@ -18,6 +20,7 @@ pub mod hollow;
 mod hollow_fleet;
 pub mod image;
 pub mod pods;
+pub mod pods_cluster;
 mod stats;
 
 use std::io::Write;
@@ -190,6 +193,38 @@ pub fn print_pods(out: &mut impl Write, f: &pods::PodsFigures) -> std::io::Resul
         },
         f.peak_rss_mib,
         f.csi_calls
+    )
+}
+
+/// Prints the figures of a pods run on a real cluster.
+pub fn print_cluster_pods(
+    out: &mut impl Write,
+    f: &pods_cluster::ClusterPodsFigures,
+) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "{} pods x {} inline volumes over {} hollow nodes in {} process(es) ({}): nodes Ready in {:.1} s; pods created in {:.1} s, {} in {:.1} s; pod start p50 {} p99 {}; deleted in {:.1} s; API server {:.1} CPU s over {:.0} requests ({:.1} s inside it); nodes {:.1} CPU s; peak RSS {} MiB",
+        f.pods,
+        f.volumes,
+        f.nodes,
+        f.processes,
+        f.driver,
+        f.register_seconds,
+        f.create_seconds,
+        if f.settled {
+            "all running"
+        } else {
+            "NOT all running"
+        },
+        f.settle_seconds,
+        show(f.pod_start.p50_us),
+        show(f.pod_start.p99_us),
+        f.teardown_seconds,
+        f.api_server.cpu_seconds,
+        f.api_server.requests,
+        f.api_server.request_seconds,
+        f.nodes_cpu_seconds,
+        f.peak_rss_mib
     )
 }
 

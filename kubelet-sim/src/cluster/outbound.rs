@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Event, EventSource, Pod};
 use k8s_openapi::api::storage::v1::CSINode;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
@@ -18,6 +19,8 @@ use crate::api::{Api, COMPONENT};
 
 /// The longest a change waits to be sent: changes come in bursts, and one pass sends them all.
 const BATCH: Duration = Duration::from_millis(100);
+/// Writes of one pass in flight at once.
+const CONCURRENT_WRITES: usize = 32;
 
 /// A pod as last sent.
 struct Sent {
@@ -63,6 +66,80 @@ struct Sender {
     retry_finished: Vec<(String, String, String)>,
 }
 
+/// Deletes a finished pod's object (`namespace`, `name`, `uid`) if the API server still has that pod and
+/// it is being deleted; gives the pod back when it should be tried again.
+async fn final_delete(
+    client: &kube::Client,
+    (namespace, name, uid): (String, String, String),
+) -> Option<(String, String, String)> {
+    let pods = kube::Api::<Pod>::namespaced(client.clone(), &namespace);
+    let deleting = match pods.get_opt(&name).await {
+        Ok(Some(pod)) => {
+            pod.metadata.uid.as_deref() == Some(&uid) && pod.metadata.deletion_timestamp.is_some()
+        }
+        Ok(None) => false,
+        Err(e) => {
+            tracing::warn!(pod = %name, "reading the pod before its final delete: {e}");
+            return Some((namespace, name, uid));
+        }
+    };
+    if !deleting {
+        return None;
+    }
+    let params = DeleteParams {
+        grace_period_seconds: Some(0),
+        preconditions: Some(Preconditions {
+            uid: Some(uid.clone()),
+            resource_version: None,
+        }),
+        ..Default::default()
+    };
+    match pods.delete(&name, &params).await {
+        Ok(_) => None,
+        // Already gone, or another pod of that name now: not ours to delete.
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => None,
+        Err(e) => {
+            tracing::warn!(pod = %name, "deleting the pod's object: {e}");
+            Some((namespace, name, uid))
+        }
+    }
+}
+
+/// Sends one event: its new count as a patch when it was sent before (`before`), else (or when the API
+/// server expired it, `--event-ttl`) created, as client-go's recorder does.
+async fn post_event(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+    before: Option<i32>,
+    event: Event,
+    node: Option<String>,
+) -> Result<(), kube::Error> {
+    let events = kube::Api::<Event>::namespaced(client.clone(), namespace);
+    if before.is_some() {
+        let patch =
+            json!({"count": event.count.unwrap_or(1), "lastTimestamp": event.last_timestamp});
+        match events
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            other => return other.map(drop),
+        }
+    }
+    let event = Event {
+        source: Some(EventSource {
+            component: Some(COMPONENT.into()),
+            host: node,
+        }),
+        ..event
+    };
+    match events.create(&PostParams::default(), &event).await {
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+        other => other.map(drop),
+    }
+}
+
 impl Sender {
     async fn pass(&mut self) {
         self.pod_statuses().await;
@@ -71,7 +148,11 @@ impl Sender {
         self.csinodes().await;
     }
 
+    /// Each pod whose status changed since it was last sent. Each real kubelet's status manager sends its
+    /// pods one after another, and the nodes of a process send side by side: a few at a time here, as the
+    /// nodes share this sender (one request after another capped a process at one round trip per change).
     async fn pod_statuses(&mut self) {
+        let mut due = Vec::new();
         for pod in self.api.list::<Pod>() {
             let key = (
                 pod.metadata.namespace.clone().unwrap_or_default(),
@@ -88,76 +169,74 @@ impl Sender {
             if sent.uid != uid {
                 *sent = fresh();
             }
-            if sent.status == status {
-                continue;
+            if sent.status != status {
+                due.push((key, uid, status));
             }
-            let pods = kube::Api::<Pod>::namespaced(self.client.clone(), &key.0);
-            // A strategic merge patch, as the status manager sends (`PatchPodStatus`): conditions merge by
-            // type, so those others own (readiness gates, DisruptionTarget) stay.
-            let patch = json!({"metadata": {"uid": uid}, "status": status});
-            match pods
-                .patch_status(&key.1, &PatchParams::default(), &Patch::Strategic(&patch))
-                .await
-            {
-                Ok(_) => sent.status = status,
+        }
+        let client = &self.client;
+        let patched: Vec<_> = futures::stream::iter(due)
+            .map(|(key, uid, status)| async move {
+                let pods = kube::Api::<Pod>::namespaced(client.clone(), &key.0);
+                // A strategic merge patch, as the status manager sends (`PatchPodStatus`): conditions
+                // merge by type, so those others own (readiness gates, DisruptionTarget) stay.
+                let patch = json!({"metadata": {"uid": uid}, "status": &status});
+                let params = PatchParams::default();
+                let result = pods
+                    .patch_status(&key.1, &params, &Patch::Strategic(&patch))
+                    .await;
+                (key, status, result)
+            })
+            .buffer_unordered(CONCURRENT_WRITES)
+            .collect()
+            .await;
+        for (key, status, result) in patched {
+            match result {
+                Ok(_) => {
+                    if let Some(sent) = self.pods.get_mut(&key) {
+                        sent.status = status;
+                    }
+                }
                 Err(e) => tracing::warn!(pod = %key.1, "posting pod status: {e}"),
             }
         }
     }
 
+    /// Each pod's events that are new or counted again since they were last sent, a few at a time (as
+    /// the statuses).
     async fn events(&mut self) {
-        for ((namespace, pod), sent) in &mut self.pods {
+        let mut due = Vec::new();
+        for ((namespace, pod), sent) in &self.pods {
             let node = self
                 .api
                 .peek::<Pod>(namespace, pod)
                 .and_then(|p| p.spec.as_ref().and_then(|s| s.node_name.clone()));
             for event in self.api.events_for(&sent.uid) {
                 let name = event.metadata.name.clone().unwrap_or_default();
-                let count = event.count.unwrap_or(1);
                 let before = sent.events.get(&name).copied();
-                if before == Some(count) {
-                    continue;
+                if before != Some(event.count.unwrap_or(1)) {
+                    let key = (namespace.clone(), pod.clone());
+                    due.push((key, name, before, event, node.clone()));
                 }
-                let events = kube::Api::<Event>::namespaced(self.client.clone(), namespace);
-                let patched = match before {
-                    None => None,
-                    Some(_) => {
-                        let patch = json!({"count": count, "lastTimestamp": event.last_timestamp});
-                        Some(
-                            events
-                                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                                .await,
-                        )
+            }
+        }
+        let client = &self.client;
+        let posted: Vec<_> = futures::stream::iter(due)
+            .map(|(key, name, before, event, node)| async move {
+                let count = event.count.unwrap_or(1);
+                let result = post_event(client, &key.0, &name, before, event, node).await;
+                (key, name, count, result)
+            })
+            .buffer_unordered(CONCURRENT_WRITES)
+            .collect()
+            .await;
+        for (key, name, count, result) in posted {
+            match result {
+                Ok(()) => {
+                    if let Some(sent) = self.pods.get_mut(&key) {
+                        sent.events.insert(name, count);
                     }
-                };
-                // New, or expired by the API server (`--event-ttl`): created (again), as client-go's
-                // recorder does.
-                let create = match &patched {
-                    None => true,
-                    Some(Err(kube::Error::Api(s))) => s.code == 404,
-                    Some(_) => false,
-                };
-                let result = match patched {
-                    _ if create => {
-                        let event = Event {
-                            source: Some(EventSource {
-                                component: Some(COMPONENT.into()),
-                                host: node.clone(),
-                            }),
-                            ..event
-                        };
-                        match events.create(&PostParams::default(), &event).await {
-                            Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
-                            other => other.map(drop),
-                        }
-                    }
-                    Some(result) => result.map(drop),
-                    None => Ok(()),
-                };
-                match result {
-                    Ok(()) => drop(sent.events.insert(name, count)),
-                    Err(e) => tracing::warn!(pod, "posting an event: {e}"),
                 }
+                Err(e) => tracing::warn!(pod = %key.1, "posting an event: {e}"),
             }
         }
     }
@@ -169,46 +248,17 @@ impl Sender {
         let api = &self.api;
         self.pods
             .retain(|(namespace, name), _| api.peek::<Pod>(namespace, name).is_some());
-        let mut retry = Vec::new();
         let finished: Vec<_> = std::mem::take(&mut self.retry_finished)
             .into_iter()
             .chain(self.api.take_finished())
             .collect();
-        for (namespace, name, uid) in finished {
-            let pods = kube::Api::<Pod>::namespaced(self.client.clone(), &namespace);
-            let deleting = match pods.get_opt(&name).await {
-                Ok(Some(pod)) => {
-                    pod.metadata.uid.as_deref() == Some(&uid)
-                        && pod.metadata.deletion_timestamp.is_some()
-                }
-                Ok(None) => false,
-                Err(e) => {
-                    tracing::warn!(pod = %name, "reading the pod before its final delete: {e}");
-                    retry.push((namespace, name, uid));
-                    continue;
-                }
-            };
-            if !deleting {
-                continue;
-            }
-            let params = DeleteParams {
-                grace_period_seconds: Some(0),
-                preconditions: Some(Preconditions {
-                    uid: Some(uid.clone()),
-                    resource_version: None,
-                }),
-                ..Default::default()
-            };
-            match pods.delete(&name, &params).await {
-                Ok(_) => {}
-                // Already gone, or another pod of that name now: not ours to delete.
-                Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
-                Err(e) => {
-                    tracing::warn!(pod = %name, "deleting the pod's object: {e}");
-                    retry.push((namespace, name, uid));
-                }
-            }
-        }
+        let client = &self.client;
+        let retry: Vec<_> = futures::stream::iter(finished)
+            .map(|pod| final_delete(client, pod))
+            .buffer_unordered(CONCURRENT_WRITES)
+            .filter_map(std::future::ready)
+            .collect()
+            .await;
         self.retry_finished.extend(retry);
     }
 

@@ -296,6 +296,51 @@ fn bench_hollow_nodes(kit: &Kit, dir: &Path) {
     }
 }
 
+/// `bench pods --kubeconfig`, small, over two child processes: every pod seen Running through the API
+/// server's watch, its share read from its /metrics, and the pods and nodes gone after. Figures are not
+/// judged.
+fn bench_pods_on_the_cluster(kit: &Kit, dir: &Path) {
+    let root = dir.join("bench-pods");
+    std::fs::create_dir_all(&root).unwrap();
+    let json = root.join("figures.json");
+    let out = Command::new(BIN)
+        .args([
+            "bench",
+            "pods",
+            "--pods",
+            "6",
+            "--nodes",
+            "2",
+            "--processes",
+            "2",
+        ])
+        .args(["--timeout", "90s", "--mounter", "recording", "--kubeconfig"])
+        .arg(kit.kubeconfig())
+        .arg("--root")
+        .arg(&root)
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let figures = &report["figures"];
+    assert_eq!(figures["settled"], true, "{report}");
+    assert_eq!(figures["pod_start"]["samples"], 6, "{report}");
+    assert!(
+        figures["api_server"]["requests"].as_f64().unwrap() > 0.0,
+        "{report}"
+    );
+    let pods = kit.kubectl(&["get", "pods", "-l", "inlet.dev/bench=pods", "-o", "name"]);
+    assert!(pods.is_empty(), "the bench's pods left: {pods}");
+    let nodes = kit.kubectl(&["get", "nodes", "-o", "name"]);
+    assert!(
+        !nodes.contains("bench-pods"),
+        "the bench's nodes left: {nodes}"
+    );
+}
+
 /// `bench hollow-nodes --processes 2` stopped with SIGTERM while its nodes idle: it exits 143 after its
 /// children stopped and its nodes left the cluster.
 fn bench_hollow_nodes_stops_on_sigterm(kit: &Kit, dir: &Path) {
@@ -348,6 +393,7 @@ fn hollow_nodes_join_the_kits_api_server() {
     super::node_credentials::node_credential_is_enough(&mut kit, dir.path());
     super::hollow_deployment::hollow_nodes_as_a_deployment(&mut kit);
     bench_hollow_nodes(&kit, dir.path());
+    bench_pods_on_the_cluster(&kit, dir.path());
     bench_hollow_nodes_stops_on_sigterm(&kit, dir.path());
     drop(kit);
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
