@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use inlet_host::mount::MountLayer;
 use kubelet_sim::bench::{
-    self, BenchError, Machine, Results, csi_ephemeral, hollow, image, pods, pods_cluster,
+    self, BenchError, FleetConfig, Machine, Results, csi_ephemeral, hollow, image, pods,
+    pods_cluster,
 };
 use kubelet_sim::drivers::DriverArg;
 use kubelet_sim::signals::Interrupts;
@@ -235,19 +236,21 @@ pub async fn run(bench: Bench) -> Result<(), BenchError> {
                 .await
                 .map_err(|e| BenchError::Usage(e.to_string()))?;
             let config = hollow::HollowConfig {
-                client,
-                processes: args.processes,
-                kubeconfig: args.kubeconfig.clone(),
-                real_mounts: real,
-                interrupts,
-                nodes: args.nodes,
+                fleet: FleetConfig {
+                    client,
+                    kubeconfig: args.kubeconfig.clone(),
+                    nodes: args.nodes,
+                    processes: args.processes,
+                    driver: args.driver,
+                    root,
+                    mounter,
+                    real_mounts: real,
+                    limit: args.timeout,
+                },
                 pods: args.pods,
                 rounds: args.rounds,
                 idle: args.idle,
-                driver: args.driver,
-                root,
-                mounter,
-                limit: args.timeout,
+                interrupts,
             };
             let figures = hollow::run(&config).await?;
             bench::print_hollow(&mut std::io::stdout(), &figures)
@@ -309,17 +312,19 @@ async fn pods_on_a_cluster(
         .await
         .map_err(|e| BenchError::Usage(e.to_string()))?;
     let config = pods_cluster::ClusterPodsConfig {
-        client,
-        kubeconfig,
+        fleet: FleetConfig {
+            client,
+            kubeconfig,
+            nodes: args.nodes,
+            processes: args.processes,
+            driver: args.driver,
+            root,
+            mounter,
+            real_mounts: real,
+            limit: args.timeout,
+        },
         pods: args.pods,
-        nodes: args.nodes,
         volumes: args.volumes,
-        processes: args.processes,
-        driver: args.driver,
-        root,
-        mounter,
-        real_mounts: real,
-        limit: args.timeout,
         interrupts,
     };
     let figures = pods_cluster::run(&config).await?;

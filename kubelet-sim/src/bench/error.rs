@@ -63,6 +63,24 @@ pub(crate) fn stop_if_interrupted(interrupts: &Option<Interrupts>) -> Result<(),
     }
 }
 
+/// Runs `work` until it ends, or fails with [`BenchError::Interrupted`] when a signal comes first (`work`
+/// is dropped where it waits; the caller then undoes what it made).
+pub(crate) async fn or_interrupted<T>(
+    interrupts: &Option<Interrupts>,
+    work: impl std::future::Future<Output = Result<T, BenchError>>,
+) -> Result<T, BenchError> {
+    let mut interrupts = interrupts.clone();
+    tokio::select! {
+        done = work => done,
+        signal = async {
+            match interrupts.as_mut() {
+                Some(interrupts) => interrupts.wait().await,
+                None => std::future::pending().await,
+            }
+        } => Err(BenchError::Interrupted(signal)),
+    }
+}
+
 impl From<SimError> for BenchError {
     fn from(e: SimError) -> Self {
         Self::Sim(Box::new(e))

@@ -5,48 +5,27 @@
 //! are created on them and deleted again, round after round. The API server's own cost is not counted.
 //! The nodes leave the cluster at the end (drained and deleted).
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use inlet_host::mount::MountLayer;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{DeleteParams, ListParams, PostParams};
 use serde::Serialize;
 use serde_json::json;
 
-use super::BenchError;
-use super::hollow_fleet::{ChildSpec, Fleet};
-use crate::api::manifest;
-use crate::drivers::DriverArg;
+use super::hollow_fleet::{Fleet, FleetConfig};
+use super::{BenchError, or_interrupted};
 use crate::signals::Interrupts;
 
 /// What to run.
 pub struct HollowConfig {
-    /// The cluster.
-    pub client: kube::Client,
-    /// Hollow nodes.
-    pub nodes: usize,
+    /// The hollow nodes.
+    pub fleet: FleetConfig,
     /// Pods per churn round (bound round-robin to the nodes).
     pub pods: usize,
     /// Churn rounds.
     pub rounds: usize,
     /// How long the nodes idle while measured.
     pub idle: Duration,
-    /// The driver (`NAME=local`).
-    pub driver: DriverArg,
-    /// Where node state goes.
-    pub root: std::path::PathBuf,
-    /// The mount layer.
-    pub mounter: Arc<dyn MountLayer>,
-    /// The longest a step may take.
-    pub limit: Duration,
-    /// Processes the nodes are spread over: 1 runs them here; more start `kubelet-sim run --kubeconfig`
-    /// children, as a hollow-node Deployment's pods (each process's open-files limit bounds its nodes).
-    pub processes: usize,
-    /// The kubeconfig's path, for the children.
-    pub kubeconfig: std::path::PathBuf,
-    /// Whether mounts are real (the children's `--mounter`).
-    pub real_mounts: bool,
     /// SIGINT/SIGTERM: the bench stops measuring, its pods are deleted and its nodes leave the cluster
     /// (children stopped with SIGTERM), and it fails with the signal.
     pub interrupts: Option<Interrupts>,
@@ -111,26 +90,6 @@ fn node_poll(nodes: usize) -> Duration {
     Duration::from_millis(200).max(Duration::from_millis(nodes as u64 / 2))
 }
 
-/// The driver's CSIDriver, so that its inline volumes are allowed (Ephemeral).
-pub(super) async fn create_csidriver(
-    client: &kube::Client,
-    driver: &str,
-) -> Result<(), BenchError> {
-    let csidriver = format!(
-        "apiVersion: storage.k8s.io/v1\nkind: CSIDriver\nmetadata: {{name: {driver}}}\nspec: {{attachRequired: false, volumeLifecycleModes: [Persistent, Ephemeral]}}\n"
-    );
-    let cluster = crate::cluster::Cluster::new(client.clone());
-    for object in
-        manifest::parse(&csidriver, "bench").map_err(|e| BenchError::Output(e.to_string()))?
-    {
-        cluster
-            .create(object.object, "")
-            .await
-            .map_err(|e| BenchError::Output(format!("creating the CSIDriver: {e}")))?;
-    }
-    Ok(())
-}
-
 /// Waits until every node of `names` is Ready in the API, listing the simulator's nodes from the watch
 /// cache every [`node_poll`].
 pub(super) async fn wait_nodes_ready(
@@ -168,49 +127,24 @@ pub(super) async fn wait_nodes_ready(
 /// Runs the nodes, measures, and has them leave.
 pub async fn run(config: &HollowConfig) -> Result<HollowFigures, BenchError> {
     // Children start from nothing; nodes here add to what this process already holds.
-    let baseline = match config.processes {
+    let baseline = match config.fleet.processes {
         0 | 1 => Fleet::own_rss_mib(),
         _ => 0.0,
     };
-    let sim_config = super::sim_config(
-        &config.root,
-        config.nodes,
-        &config.driver,
-        &config.mounter,
-        "bench-hollow",
-        Some(config.client.clone()),
-    );
-    create_csidriver(&config.client, &config.driver.name).await?;
     let started = Instant::now();
-    let children = ChildSpec {
-        kubeconfig: &config.kubeconfig,
-        driver: format!("{}=local", config.driver.name),
-        mounter: if config.real_mounts {
-            "linux"
-        } else {
-            "recording"
-        },
-        root: &config.root,
-        limit: config.limit,
-    };
-    let (fleet, names) = Fleet::start(sim_config, config.processes, &children).await?;
-    let pods = kube::Api::<Pod>::namespaced(config.client.clone(), "default");
+    let (fleet, names) = Fleet::join(&config.fleet, "bench-hollow").await?;
+    let pods = kube::Api::<Pod>::namespaced(config.fleet.client.clone(), "default");
     let selector = ListParams::default().labels("inlet.dev/bench=hollow-nodes");
-    let mut interrupts = config.interrupts.clone();
-    let measured = tokio::select! {
-        measured = measure(config, &fleet, &names, &pods, &selector, started, baseline) => measured,
-        signal = async {
-            match interrupts.as_mut() {
-                Some(interrupts) => interrupts.wait().await,
-                None => std::future::pending().await,
-            }
-        } => Err(BenchError::Interrupted(signal)),
-    };
+    let measured = or_interrupted(
+        &config.interrupts,
+        measure(config, &fleet, &names, &pods, &selector, started, baseline),
+    )
+    .await;
     // Whatever happened: the pods deleted, the nodes gone from the cluster.
     let _ = pods
         .delete_collection(&DeleteParams::default(), &selector)
         .await;
-    let left = fleet.leave(config.limit).await;
+    let left = fleet.leave(config.fleet.limit).await;
     let figures = measured?;
     left?;
     Ok(figures)
@@ -226,13 +160,13 @@ async fn measure(
     started: Instant,
     baseline: f64,
 ) -> Result<HollowFigures, BenchError> {
-    wait_nodes_ready(&config.client, names, config.limit).await?;
+    wait_nodes_ready(&config.fleet.client, names, config.fleet.limit).await?;
     let register_seconds = started.elapsed().as_secs_f64();
 
     let (cpu, at) = (fleet.cpu_time(), Instant::now());
     tokio::time::sleep(config.idle).await;
-    let idle_cpu = millicores(fleet.cpu_time() - cpu, at.elapsed(), config.nodes);
-    let idle_rss = (fleet.rss_mib() - baseline) / config.nodes.max(1) as f64;
+    let idle_cpu = millicores(fleet.cpu_time() - cpu, at.elapsed(), config.fleet.nodes);
+    let idle_rss = (fleet.rss_mib() - baseline) / config.fleet.nodes.max(1) as f64;
 
     let (cpu, at) = (fleet.cpu_time(), Instant::now());
     for round in 0..config.rounds {
@@ -246,7 +180,7 @@ async fn measure(
                     "automountServiceAccountToken": false,
                     "containers": [{"name": "app", "image": "busybox",
                                     "volumeMounts": [{"name": "data", "mountPath": "/data"}]}],
-                    "volumes": [{"name": "data", "csi": {"driver": config.driver.name}}]}
+                    "volumes": [{"name": "data", "csi": {"driver": config.fleet.driver.name}}]}
             }))
             .map_err(|e| BenchError::Output(e.to_string()))?;
             pods.create(&PostParams::default(), &pod)
@@ -255,7 +189,7 @@ async fn measure(
         }
         wait(
             "the round's pods Running",
-            config.limit,
+            config.fleet.limit,
             POD_POLL,
             async || {
                 pods.list(selector).await.is_ok_and(|l| {
@@ -272,17 +206,17 @@ async fn measure(
             .map_err(|e| BenchError::Output(format!("deleting the pods: {e}")))?;
         wait(
             "the round's pods gone",
-            config.limit,
+            config.fleet.limit,
             POD_POLL,
             async || pods.list(selector).await.is_ok_and(|l| l.items.is_empty()),
         )
         .await?;
     }
     let churn = at.elapsed();
-    let churn_cpu = millicores(fleet.cpu_time() - cpu, churn, config.nodes);
+    let churn_cpu = millicores(fleet.cpu_time() - cpu, churn, config.fleet.nodes);
     Ok(HollowFigures {
-        nodes: config.nodes,
-        processes: config.processes.max(1),
+        nodes: config.fleet.nodes,
+        processes: config.fleet.processes.max(1),
         baseline_rss_mib: baseline,
         idle_rss_per_node_mib: idle_rss,
         idle_cpu_per_node_millicores: idle_cpu,

@@ -4,14 +4,41 @@
 //! open-files limit bounds the nodes it can hold: 20,000 holds about 1,400; 5,000 nodes need several
 //! processes wherever the hard limit cannot be raised.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::Arc;
 use std::time::Duration;
 
+use inlet_host::mount::MountLayer;
 use tokio::process::{Child, Command};
 
 use super::BenchError;
+use crate::api::manifest;
+use crate::drivers::DriverArg;
 use crate::sim::{SimConfig, Simulation};
+
+/// The hollow nodes a bench runs on a real cluster.
+pub struct FleetConfig {
+    /// The cluster.
+    pub client: kube::Client,
+    /// The kubeconfig's path, for the children.
+    pub kubeconfig: PathBuf,
+    /// Hollow nodes.
+    pub nodes: usize,
+    /// Processes the nodes are spread over: 1 runs them here; more start `kubelet-sim run --kubeconfig`
+    /// children, as a hollow-node Deployment's pods (each process's open-files limit bounds its nodes).
+    pub processes: usize,
+    /// The driver (`NAME=local`).
+    pub driver: DriverArg,
+    /// Where node state goes.
+    pub root: PathBuf,
+    /// The mount layer.
+    pub mounter: Arc<dyn MountLayer>,
+    /// Whether mounts are real (the children's `--mounter`).
+    pub real_mounts: bool,
+    /// The longest a step may take, and the nodes' drain when they leave.
+    pub limit: Duration,
+}
 
 /// Where the nodes run.
 pub enum Fleet {
@@ -22,7 +49,7 @@ pub enum Fleet {
 }
 
 /// What child processes are started with.
-pub struct ChildSpec<'a> {
+struct ChildSpec<'a> {
     /// The cluster's kubeconfig.
     pub kubeconfig: &'a Path,
     /// The driver, `NAME=local`.
@@ -42,8 +69,36 @@ fn share(nodes: usize, processes: usize, i: usize) -> usize {
 }
 
 impl Fleet {
+    /// The driver's CSIDriver created on the cluster, then the nodes started, named after `prefix`.
+    pub async fn join(
+        config: &FleetConfig,
+        prefix: &str,
+    ) -> Result<(Self, Vec<String>), BenchError> {
+        create_csidriver(&config.client, &config.driver.name).await?;
+        let sim_config = super::sim_config(
+            &config.root,
+            config.nodes,
+            &config.driver,
+            &config.mounter,
+            prefix,
+            Some(config.client.clone()),
+        );
+        let children = ChildSpec {
+            kubeconfig: &config.kubeconfig,
+            driver: format!("{}=local", config.driver.name),
+            mounter: if config.real_mounts {
+                "linux"
+            } else {
+                "recording"
+            },
+            root: &config.root,
+            limit: config.limit,
+        };
+        Self::start(sim_config, config.processes, &children).await
+    }
+
     /// Starts `config.nodes` nodes in this process (`processes` 1) or over `processes` children.
-    pub async fn start(
+    async fn start(
         config: SimConfig,
         processes: usize,
         child: &ChildSpec<'_>,
@@ -188,6 +243,23 @@ fn sum<T: std::ops::Add<Output = T>>(
 ) -> Option<T> {
     let figures = children.iter().filter_map(|c| figure(c.id()? as i32));
     figures.reduce(|a, b| a + b)
+}
+
+/// The driver's CSIDriver, so that its inline volumes are allowed (Ephemeral).
+async fn create_csidriver(client: &kube::Client, driver: &str) -> Result<(), BenchError> {
+    let csidriver = format!(
+        "apiVersion: storage.k8s.io/v1\nkind: CSIDriver\nmetadata: {{name: {driver}}}\nspec: {{attachRequired: false, volumeLifecycleModes: [Persistent, Ephemeral]}}\n"
+    );
+    let cluster = crate::cluster::Cluster::new(client.clone());
+    for object in
+        manifest::parse(&csidriver, "bench").map_err(|e| BenchError::Output(e.to_string()))?
+    {
+        cluster
+            .create(object.object, "")
+            .await
+            .map_err(|e| BenchError::Output(format!("creating the CSIDriver: {e}")))?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -31,7 +31,9 @@ use serde::Serialize;
 
 pub use chart::cdf_svg;
 pub use error::BenchError;
+pub(crate) use error::or_interrupted;
 pub(crate) use error::stop_if_interrupted;
+pub use hollow_fleet::FleetConfig;
 pub use stats::{Summary, peak_rss_mib};
 
 /// Where figures were taken.
@@ -168,6 +170,14 @@ pub fn print_ephemeral(
     Ok(())
 }
 
+/// How a pods run ended.
+fn running(settled: bool) -> &'static str {
+    match settled {
+        true => "all running",
+        false => "NOT all running",
+    }
+}
+
 /// Prints a pods run's figures.
 pub fn print_pods(out: &mut impl Write, f: &pods::PodsFigures) -> std::io::Result<()> {
     writeln!(
@@ -177,11 +187,7 @@ pub fn print_pods(out: &mut impl Write, f: &pods::PodsFigures) -> std::io::Resul
         f.volumes,
         f.nodes,
         f.driver,
-        if f.settled {
-            "all running"
-        } else {
-            "NOT all running"
-        },
+        running(f.settled),
         f.settle_seconds,
         show(f.pod_start.p50_us),
         show(f.pod_start.p99_us),
@@ -211,11 +217,7 @@ pub fn print_cluster_pods(
         f.driver,
         f.register_seconds,
         f.create_seconds,
-        if f.settled {
-            "all running"
-        } else {
-            "NOT all running"
-        },
+        running(f.settled),
         f.settle_seconds,
         show(f.pod_start.p50_us),
         show(f.pod_start.p99_us),

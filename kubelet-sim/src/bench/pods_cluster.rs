@@ -7,11 +7,9 @@
 //! and after. The pods are deleted and the nodes leave the cluster at the end, whatever happened.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt};
-use inlet_host::mount::MountLayer;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -19,36 +17,19 @@ use parking_lot::Mutex;
 use serde::Serialize;
 use serde_json::json;
 
-use super::hollow::{create_csidriver, wait, wait_nodes_ready};
-use super::hollow_fleet::{ChildSpec, Fleet};
-use super::{BenchError, Summary};
-use crate::drivers::DriverArg;
+use super::hollow::{wait, wait_nodes_ready};
+use super::hollow_fleet::{Fleet, FleetConfig};
+use super::{BenchError, Summary, or_interrupted};
 use crate::signals::Interrupts;
 
 /// What to run.
 pub struct ClusterPodsConfig {
-    /// The cluster.
-    pub client: kube::Client,
-    /// The kubeconfig's path, for the children.
-    pub kubeconfig: std::path::PathBuf,
+    /// The hollow nodes.
+    pub fleet: FleetConfig,
     /// Pods.
     pub pods: usize,
-    /// Hollow nodes.
-    pub nodes: usize,
     /// Inline volumes per pod.
     pub volumes: usize,
-    /// Processes the nodes are spread over (1: this one).
-    pub processes: usize,
-    /// The driver (`NAME=local`).
-    pub driver: DriverArg,
-    /// Where node state goes.
-    pub root: std::path::PathBuf,
-    /// The mount layer.
-    pub mounter: Arc<dyn MountLayer>,
-    /// Whether mounts are real (the children's `--mounter`).
-    pub real_mounts: bool,
-    /// The longest the nodes may take to be Ready, the pods to run, and then to be gone.
-    pub limit: Duration,
     /// SIGINT/SIGTERM: the bench stops, deletes its pods, has its nodes leave, and fails with the signal.
     pub interrupts: Option<Interrupts>,
 }
@@ -110,44 +91,19 @@ const WATCHED: Duration = Duration::from_millis(100);
 
 /// Runs the nodes and the pods, then deletes the pods and has the nodes leave.
 pub async fn run(config: &ClusterPodsConfig) -> Result<ClusterPodsFigures, BenchError> {
-    let sim_config = super::sim_config(
-        &config.root,
-        config.nodes,
-        &config.driver,
-        &config.mounter,
-        "bench-pods",
-        Some(config.client.clone()),
-    );
-    create_csidriver(&config.client, &config.driver.name).await?;
     let started = Instant::now();
-    let children = ChildSpec {
-        kubeconfig: &config.kubeconfig,
-        driver: format!("{}=local", config.driver.name),
-        mounter: if config.real_mounts {
-            "linux"
-        } else {
-            "recording"
-        },
-        root: &config.root,
-        limit: config.limit,
-    };
-    let (fleet, names) = Fleet::start(sim_config, config.processes, &children).await?;
-    let pods = kube::Api::<Pod>::namespaced(config.client.clone(), "default");
-    let mut interrupts = config.interrupts.clone();
-    let measured = tokio::select! {
-        measured = measure(config, &fleet, &names, &pods, started) => measured,
-        signal = async {
-            match interrupts.as_mut() {
-                Some(interrupts) => interrupts.wait().await,
-                None => std::future::pending().await,
-            }
-        } => Err(BenchError::Interrupted(signal)),
-    };
+    let (fleet, names) = Fleet::join(&config.fleet, "bench-pods").await?;
+    let pods = kube::Api::<Pod>::namespaced(config.fleet.client.clone(), "default");
+    let measured = or_interrupted(
+        &config.interrupts,
+        measure(config, &fleet, &names, &pods, started),
+    )
+    .await;
     let selector = ListParams::default().labels(LABEL);
     let _ = pods
         .delete_collection(&DeleteParams::default(), &selector)
         .await;
-    let left = fleet.leave(config.limit).await;
+    let left = fleet.leave(config.fleet.limit).await;
     let figures = measured?;
     left?;
     Ok(figures)
@@ -170,7 +126,7 @@ async fn measure(
     pods: &kube::Api<Pod>,
     started: Instant,
 ) -> Result<ClusterPodsFigures, BenchError> {
-    wait_nodes_ready(&config.client, names, config.limit).await?;
+    wait_nodes_ready(&config.fleet.client, names, config.fleet.limit).await?;
     let register_seconds = started.elapsed().as_secs_f64();
     let times = Mutex::new(Times::default());
     tokio::select! {
@@ -210,7 +166,7 @@ async fn phases(
     pods: &kube::Api<Pod>,
     times: &Mutex<Times>,
 ) -> Result<ClusterPodsFigures, BenchError> {
-    let before = api_server_metrics(&config.client).await?;
+    let before = api_server_metrics(&config.fleet.client).await?;
     let cpu = fleet.cpu_time();
     let applied = Instant::now();
     futures::stream::iter(0..config.pods)
@@ -219,13 +175,16 @@ async fn phases(
         .try_collect::<()>()
         .await?;
     let create_seconds = applied.elapsed().as_secs_f64();
-    let settled = wait("every pod Running", config.limit, WATCHED, async || {
-        times.lock().running.len() >= config.pods
-    })
+    let settled = wait(
+        "every pod Running",
+        config.fleet.limit,
+        WATCHED,
+        async || times.lock().running.len() >= config.pods,
+    )
     .await
     .is_ok();
     let nodes_cpu_seconds = (fleet.cpu_time() - cpu).as_secs_f64();
-    let after = api_server_metrics(&config.client).await?;
+    let after = api_server_metrics(&config.fleet.client).await?;
     let (settle, mut samples) = {
         let times = times.lock();
         let last = times.running.values().max().copied().unwrap_or(applied);
@@ -262,18 +221,18 @@ async fn phases(
         .buffer_unordered(CREATES_IN_FLIGHT)
         .try_collect::<()>()
         .await?;
-    wait("every pod gone", config.limit, every, async || {
+    wait("every pod gone", config.fleet.limit, every, async || {
         pods.list(&listed).await.is_ok_and(|l| l.items.is_empty())
     })
     .await?;
     let teardown_seconds = deleted.elapsed().as_secs_f64();
     let peak_rss_mib = fleet.peak_rss_mib();
     Ok(ClusterPodsFigures {
-        driver: config.driver.name.clone(),
+        driver: config.fleet.driver.name.clone(),
         pods: config.pods,
-        nodes: config.nodes,
+        nodes: config.fleet.nodes,
         volumes: config.volumes,
-        processes: config.processes.max(1),
+        processes: config.fleet.processes.max(1),
         register_seconds: 0.0,
         settled,
         create_seconds,
@@ -303,7 +262,7 @@ async fn create_pod(
         .map(|v| json!({"name": format!("v{v}"), "mountPath": format!("/v{v}")}))
         .collect();
     let volumes: Vec<_> = (0..config.volumes)
-        .map(|v| json!({"name": format!("v{v}"), "csi": {"driver": config.driver.name}}))
+        .map(|v| json!({"name": format!("v{v}"), "csi": {"driver": config.fleet.driver.name}}))
         .collect();
     let pod: Pod = serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Pod",
