@@ -230,23 +230,17 @@ pub async fn run(bench: Bench) -> Result<(), BenchError> {
             write(&args.output, real, figures, "Pod start latency", &series)
         }
         Bench::HollowNodes(args) => {
-            let (mounter, real) = args.output.mounter.layer();
-            let (root, _temp) = root(&args.output, &mounter)?;
-            let client = kubelet_sim::cluster::connect(&args.kubeconfig)
-                .await
-                .map_err(|e| BenchError::Usage(e.to_string()))?;
+            let (fleet, _temp) = fleet(
+                &args.output,
+                &args.kubeconfig,
+                (args.nodes, args.processes),
+                args.driver,
+                args.timeout,
+            )
+            .await?;
+            let real = fleet.real_mounts;
             let config = hollow::HollowConfig {
-                fleet: FleetConfig {
-                    client,
-                    kubeconfig: args.kubeconfig.clone(),
-                    nodes: args.nodes,
-                    processes: args.processes,
-                    driver: args.driver,
-                    root,
-                    mounter,
-                    real_mounts: real,
-                    limit: args.timeout,
-                },
+                fleet,
                 pods: args.pods,
                 rounds: args.rounds,
                 idle: args.idle,
@@ -299,30 +293,23 @@ pub async fn run(bench: Bench) -> Result<(), BenchError> {
     }
 }
 
-/// Writes the chart of `series` and the JSON of `figures`, as `output` asks.
 /// `bench pods --kubeconfig`: the pods on a real cluster's hollow nodes.
 async fn pods_on_a_cluster(
     args: PodsArgs,
     interrupts: Option<Interrupts>,
 ) -> Result<(), BenchError> {
     let kubeconfig = args.kubeconfig.clone().unwrap_or_default();
-    let (mounter, real) = args.output.mounter.layer();
-    let (root, _temp) = root(&args.output, &mounter)?;
-    let client = kubelet_sim::cluster::connect(&kubeconfig)
-        .await
-        .map_err(|e| BenchError::Usage(e.to_string()))?;
+    let (fleet, _temp) = fleet(
+        &args.output,
+        &kubeconfig,
+        (args.nodes, args.processes),
+        args.driver,
+        args.timeout,
+    )
+    .await?;
+    let real = fleet.real_mounts;
     let config = pods_cluster::ClusterPodsConfig {
-        fleet: FleetConfig {
-            client,
-            kubeconfig,
-            nodes: args.nodes,
-            processes: args.processes,
-            driver: args.driver,
-            root,
-            mounter,
-            real_mounts: real,
-            limit: args.timeout,
-        },
+        fleet,
         pods: args.pods,
         volumes: args.volumes,
         interrupts,
@@ -335,6 +322,35 @@ async fn pods_on_a_cluster(
     write(&args.output, real, figures, "Pod start latency", &series)
 }
 
+/// The hollow nodes of a `--kubeconfig` bench (`nodes` over `processes`), and the temp root they use when
+/// `--root` was not given (kept until the bench ends).
+async fn fleet(
+    output: &Output,
+    kubeconfig: &std::path::Path,
+    (nodes, processes): (usize, usize),
+    driver: DriverArg,
+    limit: Duration,
+) -> Result<(FleetConfig, Option<TempRoot>), BenchError> {
+    let (mounter, real_mounts) = output.mounter.layer();
+    let (root, temp) = root(output, &mounter)?;
+    let client = kubelet_sim::cluster::connect(kubeconfig)
+        .await
+        .map_err(|e| BenchError::Usage(e.to_string()))?;
+    let fleet = FleetConfig {
+        client,
+        kubeconfig: kubeconfig.to_path_buf(),
+        nodes,
+        processes,
+        driver,
+        root,
+        mounter,
+        real_mounts,
+        limit,
+    };
+    Ok((fleet, temp))
+}
+
+/// Writes the chart of `series` and the JSON of `figures`, as `output` asks.
 fn write<T: serde::Serialize>(
     output: &Output,
     real_mounts: bool,
