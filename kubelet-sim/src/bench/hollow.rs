@@ -140,14 +140,9 @@ pub async fn run(config: &HollowConfig) -> Result<HollowFigures, BenchError> {
         measure(config, &fleet, &names, &pods, &selector, started, baseline),
     )
     .await;
-    // Whatever happened: the pods deleted, the nodes gone from the cluster.
-    let _ = pods
-        .delete_collection(&DeleteParams::default(), &selector)
-        .await;
-    let left = fleet.leave(config.fleet.limit).await;
-    let figures = measured?;
-    left?;
-    Ok(figures)
+    fleet
+        .leave_after(measured, &pods, &selector, config.fleet.limit)
+        .await
 }
 
 /// Waits for the nodes, then measures them idle and under churn.

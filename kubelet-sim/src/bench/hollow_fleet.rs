@@ -10,6 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use inlet_host::mount::MountLayer;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{DeleteParams, ListParams};
 use tokio::process::{Child, Command};
 
 use super::BenchError;
@@ -189,6 +191,24 @@ impl Fleet {
                 own + peak.unwrap_or(0) / (1 << 20)
             }
         }
+    }
+
+    /// Whatever `measured` came to: the bench's pods (`selector`) deleted, then the nodes gone from the
+    /// cluster ([`Self::leave`]); the figures, else the first error.
+    pub async fn leave_after<T>(
+        self,
+        measured: Result<T, BenchError>,
+        pods: &kube::Api<Pod>,
+        selector: &ListParams,
+        limit: Duration,
+    ) -> Result<T, BenchError> {
+        let _ = pods
+            .delete_collection(&DeleteParams::default(), selector)
+            .await;
+        let left = self.leave(limit).await;
+        let figures = measured?;
+        left?;
+        Ok(figures)
     }
 
     /// The nodes leave the cluster (drained and deleted) and stop: the children on SIGTERM, as a

@@ -2,9 +2,9 @@
 //! process or over `--processes` children, as `bench hollow-nodes` runs them), then N pods with K inline CSI
 //! volumes each are created through its API server, bound round-robin to the nodes (`spec.nodeName`: the
 //! scheduler is not measured), and run through the hollow kubelets: how long until every pod runs, each
-//! pod's start (from its create to a watch seeing it Running), the teardown, and how much of the time was the API server's, read from its own `/metrics`
-//! (`process_cpu_seconds_total`, `apiserver_request_total`, `apiserver_request_duration_seconds`) before
-//! and after. The pods are deleted and the nodes leave the cluster at the end, whatever happened.
+//! pod's start (from its create to a watch seeing it Running), the teardown, and how much of the time was
+//! the API server's, read from its own `/metrics` (`process_cpu_seconds_total`, `apiserver_request_total`,
+//! `apiserver_request_duration_seconds`) before and after. The pods are deleted and the nodes leave the cluster at the end, whatever happened.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -45,6 +45,17 @@ pub struct ApiServerShare {
     pub request_seconds: f64,
 }
 
+impl ApiServerShare {
+    /// What the API server did since the counters were `before`.
+    fn since(&self, before: &Self) -> Self {
+        Self {
+            cpu_seconds: self.cpu_seconds - before.cpu_seconds,
+            requests: self.requests - before.requests,
+            request_seconds: self.request_seconds - before.request_seconds,
+        }
+    }
+}
+
 /// The figures of one run.
 #[derive(Debug, Clone, Serialize)]
 pub struct ClusterPodsFigures {
@@ -81,6 +92,11 @@ pub struct ClusterPodsFigures {
     pub samples: Vec<Duration>,
 }
 
+/// Pod `i`'s name.
+fn pod_name(i: usize) -> String {
+    format!("bench-pods-{i}")
+}
+
 /// The label the bench's pods carry.
 const LABEL: &str = "inlet.dev/bench=pods";
 /// Pods created at once: about what a controller's client does at its default QPS and burst, without
@@ -100,13 +116,9 @@ pub async fn run(config: &ClusterPodsConfig) -> Result<ClusterPodsFigures, Bench
     )
     .await;
     let selector = ListParams::default().labels(LABEL);
-    let _ = pods
-        .delete_collection(&DeleteParams::default(), &selector)
-        .await;
-    let left = fleet.leave(config.fleet.limit).await;
-    let figures = measured?;
-    left?;
-    Ok(figures)
+    fleet
+        .leave_after(measured, &pods, &selector, config.fleet.limit)
+        .await
 }
 
 /// When each of the bench's pods was created, and when a watch first saw it Running.
@@ -130,10 +142,7 @@ async fn measure(
     let register_seconds = started.elapsed().as_secs_f64();
     let times = Mutex::new(Times::default());
     tokio::select! {
-        figures = phases(config, fleet, names, pods, &times) => figures.map(|mut f| {
-            f.register_seconds = register_seconds;
-            f
-        }),
+        figures = phases(config, fleet, names, pods, &times, register_seconds) => figures,
         ended = watch_running(pods, &times) => Err(ended),
     }
 }
@@ -165,6 +174,7 @@ async fn phases(
     names: &[String],
     pods: &kube::Api<Pod>,
     times: &Mutex<Times>,
+    register_seconds: f64,
 ) -> Result<ClusterPodsFigures, BenchError> {
     let before = api_server_metrics(&config.fleet.client).await?;
     let cpu = fleet.cpu_time();
@@ -207,15 +217,11 @@ async fn phases(
     let deleted = Instant::now();
     futures::stream::iter(0..config.pods)
         .map(|i| async move {
-            match pods
-                .delete(&format!("bench-pods-{i}"), &DeleteParams::default())
-                .await
-            {
+            let name = pod_name(i);
+            match pods.delete(&name, &DeleteParams::default()).await {
                 Ok(_) => Ok(()),
                 Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-                Err(e) => Err(BenchError::Output(format!(
-                    "deleting pod bench-pods-{i}: {e}"
-                ))),
+                Err(e) => Err(BenchError::Output(format!("deleting pod {name}: {e}"))),
             }
         })
         .buffer_unordered(CREATES_IN_FLIGHT)
@@ -233,17 +239,13 @@ async fn phases(
         nodes: config.fleet.nodes,
         volumes: config.volumes,
         processes: config.fleet.processes.max(1),
-        register_seconds: 0.0,
+        register_seconds,
         settled,
         create_seconds,
         settle_seconds: settle.as_secs_f64(),
         teardown_seconds,
         pod_start,
-        api_server: ApiServerShare {
-            cpu_seconds: after.cpu_seconds - before.cpu_seconds,
-            requests: after.requests - before.requests,
-            request_seconds: after.request_seconds - before.request_seconds,
-        },
+        api_server: after.since(&before),
         nodes_cpu_seconds,
         peak_rss_mib,
         samples,
@@ -266,7 +268,7 @@ async fn create_pod(
         .collect();
     let pod: Pod = serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": format!("bench-pods-{i}"), "labels": {"inlet.dev/bench": "pods"}},
+        "metadata": {"name": pod_name(i), "labels": {"inlet.dev/bench": "pods"}},
         "spec": {
             "nodeName": node,
             "automountServiceAccountToken": false,
@@ -274,11 +276,10 @@ async fn create_pod(
             "volumes": volumes}
     }))
     .map_err(|e| BenchError::Output(e.to_string()))?;
-    let name = format!("bench-pods-{i}");
-    times.lock().created.insert(name, Instant::now());
+    times.lock().created.insert(pod_name(i), Instant::now());
     pods.create(&PostParams::default(), &pod)
         .await
-        .map_err(|e| BenchError::Output(format!("creating pod bench-pods-{i}: {e}")))?;
+        .map_err(|e| BenchError::Output(format!("creating pod {}: {e}", pod_name(i))))?;
     Ok(())
 }
 

@@ -237,17 +237,37 @@ fn apply_the_examples(kit: &Kit, dir: &Path) {
     assert!(left.is_empty(), "pods left in the API: {left}");
 }
 
+/// Runs `kubelet-sim bench <bench> <more>` on the kit (recorded mounts, a 90 s limit, `root` as its root),
+/// asserts that it succeeded, and returns the JSON it wrote.
+fn bench_report(kit: &Kit, root: &Path, bench: &[&str], more: &[&str]) -> serde_json::Value {
+    std::fs::create_dir_all(root).unwrap();
+    let json = root.join("figures.json");
+    let out = Command::new(BIN)
+        .arg("bench")
+        .args(bench)
+        .args(more)
+        .args(["--timeout", "90s", "--mounter", "recording", "--kubeconfig"])
+        .arg(kit.kubeconfig())
+        .arg("--root")
+        .arg(root)
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap()
+}
+
 /// `bench hollow-nodes`, small, in this process and spread over two child processes: its nodes found
 /// Ready (by their label), pods churned on them, and the nodes gone from the cluster after. Figures are
 /// not judged.
 fn bench_hollow_nodes(kit: &Kit, dir: &Path) {
     for processes in ["1", "2"] {
-        let root = dir.join(format!("bench-hollow-{processes}"));
-        std::fs::create_dir_all(&root).unwrap();
-        let json = root.join("figures.json");
-        let out = Command::new(BIN)
-            .args([
-                "bench",
+        let report = bench_report(
+            kit,
+            &dir.join(format!("bench-hollow-{processes}")),
+            &[
                 "hollow-nodes",
                 "--nodes",
                 "3",
@@ -255,20 +275,9 @@ fn bench_hollow_nodes(kit: &Kit, dir: &Path) {
                 "3",
                 "--rounds",
                 "1",
-            ])
-            .args(["--idle", "2s", "--timeout", "90s", "--mounter", "recording"])
-            .args(["--processes", processes, "--kubeconfig"])
-            .arg(kit.kubeconfig())
-            .arg("--root")
-            .arg(&root)
-            .arg("--json")
-            .arg(&json)
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success(), "{stderr}");
-        let report: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+            ],
+            &["--idle", "2s", "--processes", processes],
+        );
         let figures = &report["figures"];
         assert_eq!(figures["nodes"], 3, "{report}");
         assert_eq!(figures["processes"].to_string(), processes, "{report}");
@@ -300,31 +309,12 @@ fn bench_hollow_nodes(kit: &Kit, dir: &Path) {
 /// server's watch, its share read from its /metrics, and the pods and nodes gone after. Figures are not
 /// judged.
 fn bench_pods_on_the_cluster(kit: &Kit, dir: &Path) {
-    let root = dir.join("bench-pods");
-    std::fs::create_dir_all(&root).unwrap();
-    let json = root.join("figures.json");
-    let out = Command::new(BIN)
-        .args([
-            "bench",
-            "pods",
-            "--pods",
-            "6",
-            "--nodes",
-            "2",
-            "--processes",
-            "2",
-        ])
-        .args(["--timeout", "90s", "--mounter", "recording", "--kubeconfig"])
-        .arg(kit.kubeconfig())
-        .arg("--root")
-        .arg(&root)
-        .arg("--json")
-        .arg(&json)
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
-    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let report = bench_report(
+        kit,
+        &dir.join("bench-pods"),
+        &["pods", "--pods", "6", "--nodes", "2"],
+        &["--processes", "2"],
+    );
     let figures = &report["figures"];
     assert_eq!(figures["settled"], true, "{report}");
     assert_eq!(figures["pod_start"]["samples"], 6, "{report}");
