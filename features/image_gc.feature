@@ -24,7 +24,7 @@ Feature: Image garbage collection counts image volumes as in use
       """
       volumeLifecycleModes: [Ephemeral]
       """
-    And the image garbage collector removes images unused for 300 ms
+    And the image garbage collector removes images unused for 300 ms, and none for space
 
   Scenario: Images of in-tree and CSI image volumes stay; images no one uses go
     Given the manifests:

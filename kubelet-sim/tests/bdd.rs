@@ -4,12 +4,15 @@
 //! Steps wait on the API's change notifications with a deadline, never on fixed sleeps. A custom harness
 //! (`harness = false`): libtest's flags (`--nocapture`) are accepted and ignored; the last line is
 //! `bdd: N passed, N failed, N skipped` for any CI log reader.
+//! Above it, each scenario that failed is named with its first error (`FAILED: <feature> › <scenario>
+//! (line N): ...`), as CI keeps only the tail of a long run.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use cucumber::event::ScenarioFinished;
 use cucumber::gherkin::Step;
 use cucumber::{StatsWriter, World, given, then, when};
 use inlet_host::mount::{LinuxMounter, MountCall, MountLayer, RecordingMounter, can_mount};
@@ -25,12 +28,18 @@ use kubelet_sim::sim::{SimConfig, SimImages, Simulation};
 
 #[path = "bdd/claims.rs"]
 mod claims;
+#[path = "bdd/containers.rs"]
+mod containers;
+#[path = "bdd/csi_calls.rs"]
+mod csi_calls;
 #[path = "bdd/grants.rs"]
 mod grants;
 #[path = "bdd/hooks.rs"]
 mod hooks;
 #[path = "bdd/images.rs"]
 mod images;
+#[path = "bdd/node_state.rs"]
+mod node_state;
 #[path = "bdd/pod_status.rs"]
 mod pod_status;
 #[path = "bdd/registration.rs"]
@@ -566,498 +575,6 @@ fn pv_rejected(w: &mut Sim, pv: String, text: String) {
     );
 }
 
-/// The mount at `path` of a container, with the pod's directory on its node.
-fn container_mount_at(
-    w: &Sim,
-    pod: &str,
-    container: &str,
-    path: &str,
-) -> (kubelet_sim::node::MountReport, std::path::PathBuf) {
-    let report = w.report();
-    let pod = report.pods.iter().find(|p| p.name == pod).expect("pod");
-    let pod_dir = w
-        .dir
-        .path()
-        .join("root")
-        .join(&pod.node)
-        .join("pods")
-        .join(&pod.uid);
-    let mount = container_of(pod, container)
-        .mounts
-        .iter()
-        .find(|m| m.container_path == path)
-        .cloned()
-        .unwrap_or_else(|| panic!("no mount at {path}"));
-    (mount, pod_dir)
-}
-
-#[then(regex = r#"^container "([^"]+)" of pod "([^"]+)" mounts "([^"]+)" (read-only|read-write)$"#)]
-fn container_mount(w: &mut Sim, container: String, pod: String, path: String, mode: String) {
-    let (mount, _) = container_mount_at(w, &pod, &container, &path);
-    assert_eq!(mount.readonly, mode == "read-only", "{mount:?}");
-    assert!(
-        std::path::Path::new(&mount.host_path).exists(),
-        "the host path exists: {}",
-        mount.host_path
-    );
-}
-
-#[then(
-    regex = r#"^container "([^"]+)" of pod "([^"]+)" mounts "([^"]+)" from its pod's "([^"]+)"$"#
-)]
-fn container_mount_from(w: &mut Sim, name: String, pod: String, path: String, from: String) {
-    let (mount, pod_dir) = container_mount_at(w, &pod, &name, &path);
-    assert_eq!(
-        std::path::Path::new(&mount.host_path),
-        pod_dir.join(from),
-        "{mount:?}"
-    );
-}
-
-#[then(regex = r#"^container "([^"]+)" of pod "([^"]+)" waits with reason "([^"]+)"$"#)]
-fn container_waits(w: &mut Sim, name: String, pod: String, reason: String) {
-    let c = container(w, &pod, &name);
-    assert_eq!(
-        (c.state.as_str(), c.reason.as_str()),
-        ("waiting", reason.as_str()),
-        "{c:#?}"
-    );
-}
-
-fn container(w: &Sim, pod: &str, container: &str) -> kubelet_sim::node::ContainerReport {
-    let report = w.report();
-    let pod = report.pods.iter().find(|p| p.name == pod).expect("pod");
-    container_of(pod, container).clone()
-}
-
-fn container_of<'a>(
-    pod: &'a kubelet_sim::report::PodReport,
-    container: &str,
-) -> &'a kubelet_sim::node::ContainerReport {
-    pod.containers
-        .iter()
-        .chain(&pod.init_containers)
-        .find(|c| c.name == container)
-        .unwrap_or_else(|| panic!("no container {container}: {:#?}", pod.containers))
-}
-
-#[then(
-    regex = r#"^container "([^"]+)" of pod "([^"]+)" ended with exit code (\d+) and reason "([^"]*)"$"#
-)]
-fn container_ended(w: &mut Sim, name: String, pod: String, code: i32, reason: String) {
-    let c = container(w, &pod, &name);
-    assert_eq!(
-        (c.state.as_str(), c.exit_code, c.reason.as_str()),
-        ("terminated", Some(code), reason.as_str()),
-        "{c:#?}"
-    );
-}
-
-#[then(regex = r#"^the log of container "([^"]+)" of pod "([^"]+)" says "(.*)"$"#)]
-fn container_log(w: &mut Sim, name: String, pod: String, line: String) {
-    let c = container(w, &pod, &name);
-    assert!(c.logs.contains(&line), "{:?}", c.logs);
-}
-
-#[then(regex = r#"^container "([^"]+)" of pod "([^"]+)" is restarted at least (\d+) times$"#)]
-async fn container_restarts(w: &mut Sim, name: String, pod: String, times: u32) {
-    w.wait(&format!("{pod}/{name} restarted {times} times"), |r| {
-        r.pods.iter().any(|p| {
-            p.name == pod
-                && p.containers
-                    .iter()
-                    .chain(&p.init_containers)
-                    .any(|c| c.name == name && c.restart_count >= times)
-        })
-    })
-    .await;
-}
-
-// ---- Then: CSI calls ----
-
-#[then(regex = r#"^the driver got (\w+) for volume "([^"]+)" of pod "([^"]+)"$"#)]
-async fn got_call(w: &mut Sim, method: String, volume: String, pod: String) {
-    let dir = format!(
-        "/pods/{}/volumes/kubernetes.io~csi/{volume}/mount",
-        w.uid(&pod)
-    );
-    w.wait(&format!("{method} for {pod}/{volume}"), |r| {
-        r.csi_calls
-            .iter()
-            .any(|c| c.method == method && c.target_path.ends_with(&dir))
-    })
-    .await;
-}
-
-#[then(
-    regex = r#"^the driver got (\w+) for volume "([^"]+)" of pod "([^"]+)" at least (\d+) times$"#
-)]
-async fn got_calls(w: &mut Sim, method: String, volume: String, pod: String, times: usize) {
-    let dir = format!(
-        "/pods/{}/volumes/kubernetes.io~csi/{volume}/mount",
-        w.uid(&pod)
-    );
-    w.wait(&format!("{times} {method} for {pod}/{volume}"), |r| {
-        r.csi_calls
-            .iter()
-            .filter(|c| c.method == method && c.target_path.ends_with(&dir))
-            .count()
-            >= times
-    })
-    .await;
-}
-
-#[then(regex = r#"^pod "([^"]+)" got no Warning event$"#)]
-fn no_warning(w: &mut Sim, pod: String) {
-    let events = w.sim().api.events_for(&w.uid(&pod));
-    let warnings: Vec<_> = events
-        .iter()
-        .filter(|e| e.type_.as_deref() == Some("Warning"))
-        .map(|e| (&e.reason, &e.message))
-        .collect();
-    assert!(warnings.is_empty(), "{warnings:?}");
-}
-
-#[then(regex = r#"^the driver got no (\w+) for volume "([^"]+)" of pod "([^"]+)"$"#)]
-fn got_no_call(w: &mut Sim, method: String, volume: String, pod: String) {
-    let calls = w.calls_for(&method, &pod, &volume);
-    assert!(calls.is_empty(), "unexpected {method}: {calls:#?}");
-}
-
-#[then(regex = r#"^the driver got no (\w+) calls?$"#)]
-fn no_call(w: &mut Sim, method: String) {
-    let calls: Vec<CsiCall> = w
-        .report()
-        .csi_calls
-        .into_iter()
-        .filter(|c| c.method == method)
-        .collect();
-    assert!(calls.is_empty(), "unexpected {method}: {calls:#?}");
-}
-
-#[then(regex = r#"^the driver got (\w+) for handle "([^"]+)" (\d+) times?$"#)]
-fn call_count(w: &mut Sim, method: String, handle: String, times: usize) {
-    let n = w
-        .report()
-        .csi_calls
-        .iter()
-        .filter(|c| c.method == method && c.volume_id == handle && c.code == "OK")
-        .count();
-    assert_eq!(
-        n,
-        times,
-        "{method} for {handle}: {:#?}",
-        w.report().csi_calls
-    );
-}
-
-#[then(
-    regex = r#"^every (\w+) call for handle "([^"]+)" has (access mode|volume mount group) "([^"]*)"$"#
-)]
-fn call_capability(w: &mut Sim, method: String, handle: String, field: String, value: String) {
-    let calls: Vec<CsiCall> = w
-        .report()
-        .csi_calls
-        .into_iter()
-        .filter(|c| c.method == method && c.volume_id == handle)
-        .collect();
-    assert!(!calls.is_empty(), "no {method} for {handle}");
-    for call in &calls {
-        let got = match field.as_str() {
-            "access mode" => &call.access_mode,
-            _ => &call.volume_mount_group,
-        };
-        assert_eq!(got, &value, "{field} of {call:#?}");
-    }
-}
-
-#[then(regex = r#"^the driver published "([^"]+)" of pod "([^"]+)" at least (\d+) times$"#)]
-async fn published_times(w: &mut Sim, volume: String, pod: String, times: usize) {
-    let dir = format!(
-        "/pods/{}/volumes/kubernetes.io~csi/{volume}/mount",
-        w.uid(&pod)
-    );
-    w.wait(&format!("{pod}/{volume} published {times} times"), |r| {
-        r.csi_calls
-            .iter()
-            .filter(|c| {
-                c.method == "NodePublishVolume" && c.code == "OK" && c.target_path.ends_with(&dir)
-            })
-            .count()
-            >= times
-    })
-    .await;
-}
-
-#[then(
-    regex = r#"^the volume id of "([^"]+)" in pod "([^"]+)" is csi- and the sha256 of the pod UID and the volume name$"#
-)]
-fn handle_formula(w: &mut Sim, volume: String, pod: String) {
-    let call = w.publish_of(&pod, &volume);
-    assert_eq!(
-        call.volume_id,
-        ephemeral_volume_handle(&w.uid(&pod), &volume)
-    );
-    assert_eq!(call.volume_id.len(), 68);
-}
-
-#[then(regex = r#"^pods "([^"]+)" and "([^"]+)" got different volume ids for "([^"]+)"$"#)]
-fn different_handles(w: &mut Sim, a: String, b: String, volume: String) {
-    assert_ne!(
-        w.publish_of(&a, &volume).volume_id,
-        w.publish_of(&b, &volume).volume_id
-    );
-}
-
-#[then(
-    regex = r#"^the publish of "([^"]+)" in pod "([^"]+)" has volume context "([^"]+)" = "([^"]*)"$"#
-)]
-fn context_has(w: &mut Sim, volume: String, pod: String, key: String, value: String) {
-    let call = w.publish_of(&pod, &volume);
-    assert_eq!(
-        call.volume_context.get(&key),
-        Some(&value),
-        "{:#?}",
-        call.volume_context
-    );
-}
-
-#[then(
-    regex = r#"^the publish of "([^"]+)" in pod "([^"]+)" has no volume context key starting with "([^"]+)"$"#
-)]
-fn context_lacks(w: &mut Sim, volume: String, pod: String, prefix: String) {
-    let call = w.publish_of(&pod, &volume);
-    assert!(
-        !call.volume_context.keys().any(|k| k.starts_with(&prefix)),
-        "{:#?}",
-        call.volume_context
-    );
-}
-
-#[then(regex = r#"^the publish of "([^"]+)" in pod "([^"]+)" is (read-only|read-write)$"#)]
-fn publish_readonly(w: &mut Sim, volume: String, pod: String, mode: String) {
-    assert_eq!(w.publish_of(&pod, &volume).readonly, mode == "read-only");
-}
-
-#[then(regex = r#"^the publish of "([^"]+)" in pod "([^"]+)" has the staging path (empty|set)$"#)]
-fn publish_staging(w: &mut Sim, volume: String, pod: String, state: String) {
-    let call = w.publish_of(&pod, &volume);
-    assert_eq!(call.staging_path.is_empty(), state == "empty", "{call:#?}");
-    if state == "empty" {
-        assert!(
-            call.publish_context.is_empty(),
-            "an ephemeral publish has no publish context"
-        );
-    }
-}
-
-#[then(regex = r#"^the publish of "([^"]+)" in pod "([^"]+)" has secret keys "([^"]*)"$"#)]
-fn publish_secret_keys(w: &mut Sim, volume: String, pod: String, keys: String) {
-    let expected: Vec<String> = keys
-        .split(',')
-        .filter(|k| !k.is_empty())
-        .map(String::from)
-        .collect();
-    assert_eq!(w.publish_of(&pod, &volume).secret_keys, expected);
-}
-
-#[then(
-    regex = r#"^the publish of "([^"]+)" in pod "([^"]+)" has a token for audience "([^"]*)" expiring on a whole second, RFC 3339 in UTC$"#
-)]
-fn token_expiry(w: &mut Sim, volume: String, pod: String, audience: String) {
-    let call = w.publish_of(&pod, &volume);
-    let tokens = &call.volume_context["csi.storage.k8s.io/serviceAccount.tokens"];
-    let tokens: serde_json::Value = serde_json::from_str(tokens).expect("tokens are JSON");
-    assert_eq!(tokens[&audience]["token"], "<redacted>", "{tokens}");
-    let expiry = tokens[&audience]["expirationTimestamp"]
-        .as_str()
-        .expect("an expirationTimestamp");
-    // `2026-12-01T16:00:00Z`: no fraction, UTC.
-    let parsed = expiry.parse::<k8s_openapi::jiff::Timestamp>();
-    assert!(
-        parsed.is_ok() && expiry.len() == 20 && expiry.ends_with('Z'),
-        "{expiry} is not metav1.Time's form"
-    );
-}
-
-#[then(regex = r"^no report, log or call carries a secret value$")]
-fn no_secret_values(w: &mut Sim) {
-    let report = serde_json::to_string(&w.report()).expect("json");
-    for value in ["s3cr3t-password", "sim-token-"] {
-        assert!(!report.contains(value), "the report contains {value:?}");
-    }
-}
-
-#[then(regex = r#"^the (\w+) call for handle "([^"]+)" has secret keys "([^"]*)"$"#)]
-fn call_secret_keys(w: &mut Sim, method: String, handle: String, keys: String) {
-    let expected: Vec<String> = keys
-        .split(',')
-        .filter(|k| !k.is_empty())
-        .map(String::from)
-        .collect();
-    let report = w.report();
-    let call = report
-        .csi_calls
-        .iter()
-        .find(|c| c.method == method && c.volume_id == handle && c.code == "OK");
-    assert_eq!(
-        call.map(|c| c.secret_keys.clone()),
-        Some(expected),
-        "{:#?}",
-        report.csi_calls
-    );
-}
-
-// ---- Then: API reads ----
-
-#[then(regex = r#"^the only secrets read were "([^"]*)"$"#)]
-fn secrets_read(w: &mut Sim, list: String) {
-    let read = w.report().secrets_read();
-    let expected: BTreeSet<String> = list
-        .split(',')
-        .filter(|s| !s.is_empty())
-        .map(String::from)
-        .collect();
-    assert_eq!(read, expected);
-}
-
-// ---- Then: attachments ----
-
-#[then(
-    regex = r#"^a VolumeAttachment for handle "([^"]+)" of "([^"]+)" on "([^"]+)" is attached$"#
-)]
-async fn attached(w: &mut Sim, handle: String, driver: String, node: String) {
-    let name = attachment_name(&handle, &driver, &node);
-    let api = Arc::clone(&w.sim().api);
-    w.wait(&format!("{name} is attached"), |_| {
-        api.peek::<VolumeAttachment>("", &name)
-            .and_then(|v| v.status.clone())
-            .is_some_and(|s| s.attached)
-    })
-    .await;
-}
-
-#[then(regex = r#"^there (?:is|are) (\d+) VolumeAttachments?$"#)]
-fn attachment_count(w: &mut Sim, n: usize) {
-    assert_eq!(w.sim().api.list::<VolumeAttachment>().len(), n);
-}
-
-#[then(
-    regex = r#"^the VolumeAttachment for handle "([^"]+)" of "([^"]+)" on "([^"]+)" carries the inline source for namespace "([^"]+)"$"#
-)]
-fn attachment_copy(w: &mut Sim, handle: String, driver: String, node: String, namespace: String) {
-    let va = w
-        .sim()
-        .api
-        .peek::<VolumeAttachment>("", &attachment_name(&handle, &driver, &node))
-        .expect("attachment");
-    let va = std::sync::Arc::unwrap_or_clone(va);
-    let csi = va
-        .spec
-        .source
-        .inline_volume_spec
-        .clone()
-        .and_then(|s| s.csi)
-        .expect("an inline copy");
-    assert_eq!(
-        (csi.driver.as_str(), csi.volume_handle.as_str()),
-        (driver.as_str(), handle.as_str())
-    );
-    let annotation = va
-        .metadata
-        .annotations
-        .and_then(|a| a.get("inlet.dev/inline-volume-namespace").cloned());
-    assert_eq!(annotation.as_deref(), Some(namespace.as_str()));
-}
-
-#[then(
-    regex = r#"^the VolumeAttachment for handle "([^"]+)" of "([^"]+)" on "([^"]+)" has a detach error saying "(.*)"$"#
-)]
-async fn detach_error(w: &mut Sim, handle: String, driver: String, node: String, text: String) {
-    let name = attachment_name(&handle, &driver, &node);
-    let api = Arc::clone(&w.sim().api);
-    w.wait(
-        &format!("{name} has a detach error saying {text:?}"),
-        |_| {
-            api.peek::<VolumeAttachment>("", &name)
-                .and_then(|v| v.status.clone())
-                .and_then(|s| s.detach_error)
-                .and_then(|e| e.message)
-                .is_some_and(|m| m.contains(&text))
-        },
-    )
-    .await;
-}
-
-#[then(regex = r"^no VolumeAttachment is left$")]
-async fn no_attachments(w: &mut Sim) {
-    let api = Arc::clone(&w.sim().api);
-    w.wait("no VolumeAttachment is left", |_| {
-        api.list::<VolumeAttachment>().is_empty()
-    })
-    .await;
-}
-
-// ---- Then: the node ----
-
-#[then(regex = r#"^the staging record of handle "([^"]+)" on "([^"]+)" is exactly (\{.*\})$"#)]
-fn staging_record(w: &mut Sim, handle: String, node: String, expected: String) {
-    let plugin = w
-        .dir
-        .path()
-        .join("root")
-        .join(&node)
-        .join("plugins/kubernetes.io/csi");
-    let records: Vec<String> = walkdir::WalkDir::new(&plugin)
-        .into_iter()
-        .flatten()
-        .filter(|e| e.file_name() == "vol_data.json")
-        .filter_map(|e| std::fs::read_to_string(e.path()).ok())
-        .collect();
-    let record = records
-        .iter()
-        .find(|r| r.contains(&format!("{handle:?}")))
-        .unwrap_or_else(|| panic!("no staging record of {handle} under {}", plugin.display()));
-    assert_eq!(record, &format!("{expected}\n"));
-}
-
-#[then(regex = r"^nothing is left on the node$")]
-fn nothing_left(w: &mut Sim) {
-    let teardown = w
-        .teardown
-        .clone()
-        .expect("run \"When all pods are deleted\" first");
-    assert!(teardown.clean(), "{teardown:#?}");
-}
-
-#[then(
-    regex = r#"^the vol_data.json of "([^"]+)" in pod "([^"]+)" records mode "(\w+)" and driver "([^"]+)"$"#
-)]
-fn vol_data(w: &mut Sim, volume: String, pod: String, mode: String, driver: String) {
-    let node = w
-        .report()
-        .pods
-        .iter()
-        .find(|p| p.name == pod)
-        .map(|p| p.node.clone())
-        .expect("pod");
-    let dir: PathBuf = w
-        .dir
-        .path()
-        .join("root")
-        .join(node)
-        .join("pods")
-        .join(w.uid(&pod))
-        .join("volumes/kubernetes.io~csi")
-        .join(&volume);
-    let data = inlet_volume::csi::vol_data::VolData::load(&dir).expect("vol_data.json");
-    assert_eq!(
-        (data.lifecycle_mode.as_str(), data.driver_name.as_str()),
-        (mode.as_str(), driver.as_str())
-    );
-    assert_eq!(data.volume_handle, w.publish_of(&pod, &volume).volume_id);
-}
-
 fn main() {
     let features = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../features");
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -1069,11 +586,29 @@ fn main() {
     let registry = images::registry_available();
     let filtered = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let counted = Arc::clone(&filtered);
+    // The scenarios that failed, with their first error, named again after the summary.
+    let failures = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let failed_into = Arc::clone(&failures);
     let writer = runtime.block_on(
         Sim::cucumber()
             .max_concurrent_scenarios(4)
             .with_default_cli()
-            .after(|_, _, _, _, world| {
+            .after(move |feature, _, scenario, finished, world| {
+                // An error's first line: the report a step prints with it is above, in the scenario's
+                // output.
+                let failure = match finished {
+                    ScenarioFinished::StepFailed(_, _, error) => Some(error.to_string()),
+                    ScenarioFinished::BeforeHookFailed(info) => Some(format!("{info:?}")),
+                    _ => None,
+                };
+                if let Some(error) = failure {
+                    let error = error.lines().next().unwrap_or_default();
+                    let line = format!(
+                        "{} › {} (line {}): {error}",
+                        feature.name, scenario.name, scenario.position.line
+                    );
+                    failed_into.lock().expect("failures").push(line);
+                }
                 Box::pin(async move {
                     if let Some(w) = world {
                         if let Some(sim) = w.sim.take() {
@@ -1103,6 +638,9 @@ fn main() {
     );
     let stats = writer.scenarios_stats();
     let failed = stats.failed + writer.parsing_errors() + writer.hook_errors();
+    for line in failures.lock().expect("failures").iter() {
+        println!("FAILED: {line}");
+    }
     println!(
         "bdd: {} passed, {} failed, {} skipped",
         stats.passed,

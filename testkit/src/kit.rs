@@ -63,6 +63,10 @@ pub fn missing() -> Option<String> {
     None
 }
 
+/// The ports the kit's processes listen on (its up.sh: etcd's client and peer ports, the API server's,
+/// the kubelet's and its healthz, the controller manager's and the scheduler's).
+const KIT_PORTS: [u16; 7] = [23790, 23800, 16443, 20250, 20248, 20257, 20259];
+
 /// The kit, up under `run`; taken down (its pods, registrations, mounts and the processes whose pid files
 /// are in `run/pids/`) on drop.
 pub struct Kit {
@@ -97,6 +101,17 @@ impl Kit {
             children: Vec::new(),
             _turn: turn,
         };
+        // down.sh waits for the processes it started; one still closing (an etcd of the kit before, seen
+        // once here) may hold its port a moment longer, and up.sh then fails to start it.
+        wait(
+            "the kit's ports to be free",
+            Duration::from_secs(30),
+            || {
+                KIT_PORTS
+                    .iter()
+                    .all(|port| std::net::TcpListener::bind(("127.0.0.1", *port)).is_ok())
+            },
+        );
         let out = kit.script_with("up.sh", &[runtime], options);
         assert!(
             out.status.success(),
