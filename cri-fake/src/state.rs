@@ -34,8 +34,9 @@ pub struct CriCall {
 pub struct Sandbox {
     /// The sandbox as ListPodSandbox reports it.
     pub sandbox: cri::PodSandbox,
-    /// The config it was created with.
-    pub config: cri::PodSandboxConfig,
+    /// Its config's `log_directory`, under which its containers' logs go (the rest of the config is not
+    /// read again: only what ListPodSandbox reports is kept).
+    pub log_directory: String,
     /// The name it reserved (freed on removal without scanning every name).
     pub reserved_name: String,
     /// Its containers' ids (so removal does not scan every container).
@@ -87,8 +88,9 @@ impl Container {
 
 #[derive(Debug, Default)]
 struct State {
-    sandboxes: BTreeMap<String, Sandbox>,
-    containers: BTreeMap<String, Container>,
+    /// Boxed: a B-tree node holds eleven values inline, and a sandbox or container record is about 1 KB.
+    sandboxes: BTreeMap<String, Box<Sandbox>>,
+    containers: BTreeMap<String, Box<Container>>,
     /// Reserved names (sandbox and container) to the id holding them.
     names: HashMap<String, String>,
     calls: Vec<CriCall>,
@@ -151,7 +153,12 @@ impl FakeRuntime {
 
     /// The sandboxes held now.
     pub fn sandboxes(&self) -> Vec<Sandbox> {
-        self.state.lock().sandboxes.values().cloned().collect()
+        self.state
+            .lock()
+            .sandboxes
+            .values()
+            .map(|s| Sandbox::clone(s))
+            .collect()
     }
 
     /// The containers held now.
@@ -167,7 +174,7 @@ impl FakeRuntime {
             .values_mut()
             .filter_map(|c| {
                 c.refresh();
-                keep(c).then(|| c.clone())
+                keep(c).then(|| Container::clone(c))
             })
             .collect()
     }
@@ -235,17 +242,17 @@ impl FakeRuntime {
                 metadata: Some(metadata),
                 state: cri::PodSandboxState::SandboxReady as i32,
                 created_at: now_nanos(),
-                labels: config.labels.clone(),
-                annotations: config.annotations.clone(),
+                labels: config.labels,
+                annotations: config.annotations,
                 runtime_handler,
             };
             let sandbox = Sandbox {
                 sandbox,
-                config,
+                log_directory: config.log_directory,
                 reserved_name: name.clone(),
                 containers: Vec::new(),
             };
-            s.sandboxes.insert(id.clone(), sandbox);
+            s.sandboxes.insert(id.clone(), Box::new(sandbox));
             Ok(id)
         })
     }
@@ -293,11 +300,12 @@ impl FakeRuntime {
 
     /// PodSandboxStatus.
     pub fn sandbox(&self, id: &str) -> Result<Sandbox, Status> {
-        self.with(|s| s.sandboxes.get(id).cloned()).ok_or_else(|| {
-            Status::not_found(format!(
-                "an error occurred when try to find sandbox {id:?}: not found"
-            ))
-        })
+        self.with(|s| s.sandboxes.get(id).map(|s| Sandbox::clone(s)))
+            .ok_or_else(|| {
+                Status::not_found(format!(
+                    "an error occurred when try to find sandbox {id:?}: not found"
+                ))
+            })
     }
 
     /// CreateContainer: needs a ready sandbox, a pulled image, and every mount's host path to exist.
@@ -352,9 +360,8 @@ impl FakeRuntime {
                 )));
             }
             let pod = sandbox.sandbox.metadata.clone().unwrap_or_default();
-            let log_file = (!sandbox.config.log_directory.is_empty()
-                && !config.log_path.is_empty())
-            .then(|| PathBuf::from(&sandbox.config.log_directory).join(&config.log_path));
+            let log_file = (!sandbox.log_directory.is_empty() && !config.log_path.is_empty())
+                .then(|| PathBuf::from(&sandbox.log_directory).join(&config.log_path));
             let image = self.images.get(&image_name).ok_or_else(|| {
                 Status::not_found(format!(
                     "failed to get image {image_name:?}: not found (pull it first)"
@@ -373,8 +380,8 @@ impl FakeRuntime {
                 image: config.image.clone(),
                 image_ref: image.id.clone(),
                 image_id: image.id.clone(),
-                labels: config.labels.clone(),
-                annotations: config.annotations.clone(),
+                labels: config.labels,
+                annotations: config.annotations,
                 mounts: config.mounts.clone(),
                 log_path: config.log_path.clone(),
                 ..Default::default()
@@ -385,7 +392,7 @@ impl FakeRuntime {
             let outcome = program::run(&config.command, &config.args, &mounts, &config.envs);
             s.containers.insert(
                 id.clone(),
-                Container {
+                Box::new(Container {
                     status,
                     sandbox_id: sandbox_id.to_string(),
                     reserved_name: name,
@@ -395,7 +402,7 @@ impl FakeRuntime {
                     devices: config.devices,
                     mounts,
                     exits_at: None,
-                },
+                }),
             );
             Ok(id)
         })
@@ -561,7 +568,7 @@ impl FakeRuntime {
         self.with(|s| {
             s.containers.get_mut(id).map(|c| {
                 c.refresh();
-                c.clone()
+                Container::clone(c)
             })
         })
         .ok_or_else(|| {

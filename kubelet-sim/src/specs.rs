@@ -76,7 +76,7 @@ pub fn volume_spec(
         };
         return Ok((
             Spec::Inline {
-                volume: std::sync::Arc::new(volume),
+                volume: volume.into(),
                 csi: Some(csi),
             },
             read_only,
@@ -139,7 +139,7 @@ pub fn volume_spec(
         || volume.projected.is_some();
     Ok((
         Spec::Inline {
-            volume: std::sync::Arc::new(volume),
+            volume: volume.into(),
             csi: None,
         },
         read_only,

@@ -82,6 +82,11 @@ impl Api {
         reason: &str,
         message: &str,
     ) {
+        if involved.kind.as_deref() == Some("Pod") {
+            let namespace = involved.namespace.clone().unwrap_or_default();
+            let key = (namespace, involved.name.clone().unwrap_or_default());
+            self.pod_event_feeds.feed(&key);
+        }
         let uid = involved.uid.clone().unwrap_or_default();
         let resource_version = involved.resource_version.as_deref().map(Box::from);
         let mut logs = self.events.lock();

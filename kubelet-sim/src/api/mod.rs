@@ -15,7 +15,7 @@ use k8s_openapi::api::core::v1::Pod;
 
 pub use events::COMPONENT;
 pub(crate) use events::EventLogs;
-pub use store::{Api, ApiRead, Key, Kind, now};
+pub use store::{Api, ApiRead, Key, Kind, PodFeed, now};
 
 /// Where a container sits in its pod, as an event's `involvedObject.fieldPath` says it
 /// (`pkg/kubelet/container/ref.go` fieldPath: app containers first, then init containers; one the pod

@@ -11,10 +11,13 @@
 //!
 //! Objects are kept behind `Arc`, so a list copies pointers, not objects (an informer's cache shares them
 //! the same way); an update copies the one object it changes.
+//!
+//! A cluster controller does not list every pod on every pass: it takes the pods that changed from a
+//! [`PodFeed`], as upstream's controllers take keys from the work queue their pod informer's handlers fill.
 
 use std::any::{Any, TypeId};
-use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Weak};
 
 use k8s_openapi::Metadata;
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -66,6 +69,43 @@ pub struct ApiRead {
     pub name: String,
 }
 
+/// The keys of the pods added, changed or removed since the last [`PodFeed::drain`], each once
+/// (client-go's work queue dedupes keys the same way): a controller's pass then costs what changed, not
+/// what the cluster holds. Created by [`Api::pod_feed`].
+#[derive(Debug, Default)]
+pub struct PodFeed(Mutex<HashSet<Key>>);
+
+impl PodFeed {
+    /// The keys fed since the last call.
+    pub fn drain(&self) -> HashSet<Key> {
+        std::mem::take(&mut *self.0.lock())
+    }
+}
+
+/// The live [`PodFeed`]s of one kind of change.
+#[derive(Debug, Default)]
+pub(super) struct PodFeeds(Mutex<Vec<Weak<PodFeed>>>);
+
+impl PodFeeds {
+    /// A new feed, fed from now on.
+    fn subscribe(&self) -> Arc<PodFeed> {
+        let feed = Arc::new(PodFeed::default());
+        self.0.lock().push(Arc::downgrade(&feed));
+        feed
+    }
+
+    /// Feeds `key` to every live feed, and lets go of those dropped.
+    pub(super) fn feed(&self, key: &Key) {
+        self.0.lock().retain(|feed| match feed.upgrade() {
+            Some(feed) => {
+                feed.0.lock().insert(key.clone());
+                true
+            }
+            None => false,
+        });
+    }
+}
+
 /// A kind the API stores.
 pub trait Kind:
     k8s_openapi::Resource + Metadata<Ty = ObjectMeta> + Clone + Send + Sync + 'static
@@ -90,6 +130,10 @@ pub struct Api {
     cluster_revision: tokio::sync::watch::Sender<u64>,
     /// Per node, bumped by changes to that node's objects.
     node_revisions: RwLock<HashMap<String, tokio::sync::watch::Sender<u64>>>,
+    /// The feeds of every Pod change.
+    pod_feeds: PodFeeds,
+    /// The feeds of each pod an event is recorded on (see `events.rs`).
+    pub(super) pod_event_feeds: PodFeeds,
     /// Pods their node has finished with (namespace, name, UID), kept while someone takes them (see
     /// [`Api::track_finished`]).
     finished: Mutex<Option<Vec<(String, String, String)>>>,
@@ -157,6 +201,22 @@ impl Api {
             .entry(node.to_string())
             .or_insert_with(|| tokio::sync::watch::channel(0).0)
             .subscribe()
+    }
+
+    /// A feed of the pods that change from now on (the key of each pod added, changed or removed).
+    pub fn pod_feed(&self) -> Arc<PodFeed> {
+        self.pod_feeds.subscribe()
+    }
+
+    /// A feed of the pods an event is recorded on from now on: events change no object, so a pod feed
+    /// does not see them.
+    pub fn pod_event_feed(&self) -> Arc<PodFeed> {
+        self.pod_event_feeds.subscribe()
+    }
+
+    /// The keys of every pod now.
+    pub fn pod_keys(&self) -> Vec<Key> {
+        self.with_map::<Pod, _>(|m| m.keys().cloned().collect())
     }
 
     /// A receiver that sees changes to objects of no node (PVs, PVCs, CSIDrivers, Secrets, ...).
@@ -328,6 +388,7 @@ impl Api {
         if TypeId::of::<T>() != TypeId::of::<Pod>() {
             return;
         }
+        self.pod_feeds.feed(key);
         let mut index = self.pods_by_node.write();
         if let Some(node) = before.filter(|b| Some(b) != after.as_ref()) {
             if let Some(pods) = index.get_mut(&node) {
@@ -453,5 +514,48 @@ mod tests {
             .collect();
         assert_eq!(names, ["c"]);
         assert_eq!(api.pods_on("n2").len(), 1);
+    }
+
+    #[test]
+    fn a_pod_feed_gives_each_changed_pod_once() {
+        let api = Api::new();
+        let pod = |name: &str| Pod {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("ns".into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        api.put(pod("before"));
+        let feed = api.pod_feed();
+        let key = |name: &str| ("ns".to_string(), name.to_string());
+        assert!(feed.drain().is_empty(), "only changes from now on");
+        api.put(pod("a"));
+        api.update::<Pod>("ns", "a", |p| p.status = Some(Default::default()));
+        api.put(pod("b"));
+        api.put(Secret::default());
+        assert_eq!(feed.drain(), [key("a"), key("b")].into_iter().collect());
+        assert!(feed.drain().is_empty(), "drained");
+        api.remove::<Pod>("ns", "before");
+        assert_eq!(feed.drain(), [key("before")].into_iter().collect());
+        drop(feed);
+        api.put(pod("c"));
+        assert!(
+            api.pod_feeds.0.lock().is_empty(),
+            "a dropped feed is let go"
+        );
+        assert_eq!(api.pod_keys(), [key("a"), key("b"), key("c")]);
+
+        let events = api.pod_event_feed();
+        let a = api.peek::<Pod>("ns", "a").unwrap();
+        api.record_event(&a, "Normal", "Pulled", "pulled");
+        api.record_event(&a, "Normal", "Pulled", "pulled");
+        api.record_node_event("n1", "Normal", "Starting", "starting");
+        assert_eq!(
+            events.drain(),
+            [key("a")].into_iter().collect(),
+            "a pod's events only"
+        );
     }
 }

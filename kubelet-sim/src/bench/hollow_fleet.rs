@@ -53,15 +53,15 @@ pub enum Fleet {
 /// What child processes are started with.
 struct ChildSpec<'a> {
     /// The cluster's kubeconfig.
-    pub kubeconfig: &'a Path,
+    kubeconfig: &'a Path,
     /// The driver, `NAME=local`.
-    pub driver: String,
+    driver: String,
     /// `linux` or `recording`.
-    pub mounter: &'static str,
+    mounter: &'static str,
     /// Each child's root is `<root>/p<i>`.
-    pub root: &'a Path,
+    root: &'a Path,
     /// How long a child may take to drain its nodes when stopped.
-    pub limit: Duration,
+    limit: Duration,
 }
 
 /// How many of `nodes` process `i` of `processes` holds: the first processes take one more when they do

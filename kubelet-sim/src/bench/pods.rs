@@ -4,6 +4,7 @@
 //! process's peak memory. Mounts are recorded, not made (`--mounter` says otherwise), so the figure is the
 //! simulator's and the driver's own work.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -63,6 +64,8 @@ pub struct PodsFigures {
     pub peak_rss_mib: u64,
     /// CSI calls made.
     pub csi_calls: usize,
+    /// The CSI calls by method, then by code: what the nodes asked of the drivers, and how it went.
+    pub csi_calls_by_method: BTreeMap<String, BTreeMap<String, usize>>,
     /// Every pod's start latency, for the chart.
     #[serde(skip)]
     pub samples: Vec<Duration>,
@@ -138,6 +141,7 @@ pub async fn run(config: &PodsConfig) -> Result<PodsFigures, BenchError> {
     let teardown = sim.teardown(config.limit).await;
     let teardown_seconds = started.elapsed().as_secs_f64();
     let csi_calls = sim.calls.returned();
+    let csi_calls_by_method = sim.calls.counts();
     sim.shutdown().await;
     stop_if_interrupted(&config.interrupts)?;
     Ok(PodsFigures {
@@ -152,6 +156,7 @@ pub async fn run(config: &PodsConfig) -> Result<PodsFigures, BenchError> {
         pod_start,
         peak_rss_mib: peak_rss_mib(),
         csi_calls,
+        csi_calls_by_method,
         samples,
     })
 }

@@ -4,7 +4,8 @@
 //! scheduler is not measured), and run through the hollow kubelets: how long until every pod runs, each
 //! pod's start (from its create to a watch seeing it Running), the teardown, and how much of the time was
 //! the API server's, read from its own `/metrics` (`process_cpu_seconds_total`, `apiserver_request_total`,
-//! `apiserver_request_duration_seconds`) before and after. The pods are deleted and the nodes leave the cluster at the end, whatever happened.
+//! `apiserver_request_duration_seconds`) before and after. The pods are deleted and the nodes leave the
+//! cluster at the end, whatever happened.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};

@@ -3,7 +3,7 @@
 //! their Node), and the final delete of a pod its node has torn down (`status_manager.go`: a pod with a
 //! deletion timestamp is deleted with grace period 0 once its volumes and containers are gone).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,7 +15,7 @@ use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use serde_json::{Value, json};
 
 use super::FIELD_MANAGER;
-use crate::api::{Api, COMPONENT};
+use crate::api::{Api, COMPONENT, Key, PodFeed};
 
 /// The longest a change waits to be sent: changes come in bursts, and one pass sends them all.
 const BATCH: Duration = Duration::from_millis(100);
@@ -38,11 +38,18 @@ pub async fn run(
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
     let mut changes = api.watch();
+    // Subscribed before the pods there are now are read: none is missed between the two.
+    let (pod_feed, event_feed) = (api.pod_feed(), api.pod_event_feed());
+    let statuses_due: HashSet<Key> = api.pod_keys().into_iter().collect();
     let mut sender = Sender {
         client,
         api,
         nodes,
         pods: HashMap::new(),
+        pod_feed,
+        event_feed,
+        events_due: statuses_due.clone(),
+        statuses_due,
         csinodes: HashMap::new(),
         retry_finished: Vec::new(),
     };
@@ -60,7 +67,15 @@ struct Sender {
     client: kube::Client,
     api: Arc<Api>,
     nodes: BTreeMap<String, String>,
-    pods: HashMap<(String, String), Sent>,
+    pods: HashMap<Key, Sent>,
+    /// The pods that changed, and those an event was recorded on, since the last pass: a pass looks at
+    /// those, not at every pod of the process's nodes.
+    pod_feed: Arc<PodFeed>,
+    event_feed: Arc<PodFeed>,
+    /// Pods whose status, or events, are to be looked at on the next pass (a write that failed is tried
+    /// again).
+    statuses_due: HashSet<Key>,
+    events_due: HashSet<Key>,
     csinodes: HashMap<String, Value>,
     /// Final deletes that failed, tried again at the next pass.
     retry_finished: Vec<(String, String, String)>,
@@ -151,13 +166,15 @@ impl Sender {
     /// Each pod whose status changed since it was last sent. Each real kubelet's status manager sends its
     /// pods one after another, and the nodes of a process send side by side: a few at a time here, as the
     /// nodes share this sender (one request after another capped a process at one round trip per change).
+    /// A pod gone from the embedded API is forgotten.
     async fn pod_statuses(&mut self) {
         let mut due = Vec::new();
-        for pod in self.api.list::<Pod>() {
-            let key = (
-                pod.metadata.namespace.clone().unwrap_or_default(),
-                pod.metadata.name.clone().unwrap_or_default(),
-            );
+        self.statuses_due.extend(self.pod_feed.drain());
+        for key in std::mem::take(&mut self.statuses_due) {
+            let Some(pod) = self.api.peek::<Pod>(&key.0, &key.1) else {
+                self.pods.remove(&key);
+                continue;
+            };
             let uid = pod.metadata.uid.clone().unwrap_or_default();
             let status = serde_json::to_value(&pod.status).unwrap_or_default();
             let fresh = || Sent {
@@ -196,7 +213,10 @@ impl Sender {
                         sent.status = status;
                     }
                 }
-                Err(e) => tracing::warn!(pod = %key.1, "posting pod status: {e}"),
+                Err(e) => {
+                    tracing::warn!(pod = %key.1, "posting pod status: {e}");
+                    self.statuses_due.insert(key);
+                }
             }
         }
     }
@@ -205,17 +225,22 @@ impl Sender {
     /// the statuses).
     async fn events(&mut self) {
         let mut due = Vec::new();
-        for ((namespace, pod), sent) in &self.pods {
-            let node = self
-                .api
-                .peek::<Pod>(namespace, pod)
-                .and_then(|p| p.spec.as_ref().and_then(|s| s.node_name.clone()));
+        self.events_due.extend(self.event_feed.drain());
+        for key in std::mem::take(&mut self.events_due) {
+            let Some(pod) = self.api.peek::<Pod>(&key.0, &key.1) else {
+                continue;
+            };
+            // Its status goes first: a pod not sent yet has its events looked at again next pass.
+            let Some(sent) = self.pods.get(&key) else {
+                self.events_due.insert(key);
+                continue;
+            };
+            let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
             for event in self.api.events_for(&sent.uid) {
                 let name = event.metadata.name.clone().unwrap_or_default();
                 let before = sent.events.get(&name).copied();
                 if before != Some(event.count.unwrap_or(1)) {
-                    let key = (namespace.clone(), pod.clone());
-                    due.push((key, name, before, event, node.clone()));
+                    due.push((key.clone(), name, before, event, node.clone()));
                 }
             }
         }
@@ -236,18 +261,18 @@ impl Sender {
                         sent.events.insert(name, count);
                     }
                 }
-                Err(e) => tracing::warn!(pod = %key.1, "posting an event: {e}"),
+                Err(e) => {
+                    tracing::warn!(pod = %key.1, "posting an event: {e}");
+                    self.events_due.insert(key);
+                }
             }
         }
     }
 
     /// Pods their nodes have finished with: their objects go, with grace period 0, if the API server
     /// still has the same pod and it is being deleted (a node removes a pod only once it was asked to,
-    /// but may finish before this pass ever saw it). Pods gone from the embedded API are forgotten.
+    /// but may finish before this pass ever saw it).
     async fn final_deletes(&mut self) {
-        let api = &self.api;
-        self.pods
-            .retain(|(namespace, name), _| api.peek::<Pod>(namespace, name).is_some());
         let finished: Vec<_> = std::mem::take(&mut self.retry_finished)
             .into_iter()
             .chain(self.api.take_finished())

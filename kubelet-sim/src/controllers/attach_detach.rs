@@ -13,7 +13,7 @@
 //!   its secret is the one the granting PersistentVolume names (`inlet_volume::csi::grant`), read at
 //!   detach time. If that secret was deleted, the detach fails and is retried (the volume stays attached).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -33,7 +33,7 @@ use k8s_openapi::api::storage::v1::{
 };
 use parking_lot::Mutex;
 
-use crate::api::{Api, now};
+use crate::api::{Api, Key, PodFeed, now};
 use crate::node::host::NodeHost;
 use crate::node::registry::DriverDirectory;
 use crate::node::token_manager::TokenManager;
@@ -75,8 +75,13 @@ pub struct AttachDetach {
     ops: Mutex<Operations>,
     /// Every attachment seen, for the report.
     seen: Mutex<BTreeMap<String, AttachmentReport>>,
-    /// Pods known to have no attachable volume (skipped on later passes).
-    no_attach: Mutex<std::collections::HashSet<String>>,
+    /// The pods that changed since the last pass.
+    pod_feed: Arc<PodFeed>,
+    /// Pods to look at on every pass: they want an attachment, or are not resolved yet.
+    pending: Mutex<HashSet<Key>>,
+    /// Pods known to have no attachable volume, with their UID (a pod recreated under the same name is
+    /// looked at again).
+    no_attach: Mutex<HashMap<Key, String>>,
 }
 
 impl AttachDetach {
@@ -100,12 +105,17 @@ impl AttachDetach {
             selinux: false,
             tokens: Arc::new(TokenManager::new(Arc::clone(&api))),
         };
+        // Subscribed before the pods there are now are read: none is missed between the two.
+        let pod_feed = api.pod_feed();
+        let pending = Mutex::new(api.pod_keys().into_iter().collect());
         Arc::new(Self {
             plugin: CsiPlugin::new(Arc::new(host)),
             drivers,
             api,
             ops: Mutex::new(Operations::new(backoff)),
             seen: Mutex::default(),
+            pod_feed,
+            pending,
             no_attach: Mutex::default(),
         })
     }
@@ -130,8 +140,8 @@ impl AttachDetach {
                 _ = &mut stop => return,
             }
             // At most one pass per reconciler period (upstream's `reconcilerLoopPeriod`, 100 ms,
-            // attach_detach_controller.go), since changes come by the thousand; and, as a pass looks at
-            // every pod, never more than a third of a CPU in a large cluster.
+            // attach_detach_controller.go), since changes come by the thousand; and, as a pass may look at
+            // many pods (all that wait for attachments), never more than a third of a CPU.
             let period = RECONCILER_PERIOD.max(2 * (passed - started));
             tokio::select! {
                 _ = tokio::time::sleep_until((passed + period).into()) => {}
@@ -153,9 +163,42 @@ impl AttachDetach {
         }
     }
 
+    /// The pods a pass looks at: those added, changed or removed since the last pass, and those that
+    /// still want an attachment or could not be resolved yet. A pod found to attach nothing is left until
+    /// it changes: a pod's volumes never change, nor does a CSIDriver's attachRequired (upstream's
+    /// controller likewise acts on its pod informer's events, `podAdd`/`podUpdate`/`podDelete`).
+    fn pods_to_visit(&self) -> Vec<Key> {
+        let changed = self.pod_feed.drain();
+        let mut pending = self.pending.lock();
+        let mut no_attach = self.no_attach.lock();
+        for key in changed {
+            let pod = self.api.peek::<Pod>(&key.0, &key.1);
+            let uid = pod.as_ref().and_then(|p| p.metadata.uid.as_deref());
+            match (uid, no_attach.get(&key)) {
+                (None, _) => {
+                    no_attach.remove(&key);
+                    pending.remove(&key);
+                }
+                (Some(uid), Some(known)) if known == uid => {}
+                (Some(_), _) => {
+                    no_attach.remove(&key);
+                    pending.insert(key);
+                }
+            }
+        }
+        // In the order of their keys, as a list would give them.
+        let mut keys: Vec<Key> = pending.iter().cloned().collect();
+        keys.sort_unstable();
+        keys
+    }
+
     /// Writes the attachments pods want; returns, per attachment, the pods waiting for it (for events).
     async fn attach_desired(&self) -> HashMap<String, Vec<(Arc<Pod>, String)>> {
         let mut waiting: HashMap<String, Vec<(Arc<Pod>, String)>> = HashMap::new();
+        let keys = self.pods_to_visit();
+        if keys.is_empty() {
+            return waiting;
+        }
         // Only nodes that exist are managed (upstream's desired state of world adds a node from its
         // Node object); read once a pass, not once a pod.
         let nodes: std::collections::HashSet<String> = self
@@ -164,19 +207,20 @@ impl AttachDetach {
             .iter()
             .filter_map(|n| n.metadata.name.clone())
             .collect();
-        for pod in self.api.list::<Pod>() {
+        for key in keys {
+            let Some(pod) = self.api.peek::<Pod>(&key.0, &key.1) else {
+                self.pending.lock().remove(&key);
+                continue;
+            };
             let Some(node) = pod
                 .spec
                 .as_ref()
-                .and_then(|s| s.node_name.clone())
-                .filter(|n| nodes.contains(n))
+                .and_then(|s| s.node_name.as_deref())
+                .filter(|n| nodes.contains(*n))
+                .map(str::to_string)
             else {
                 continue;
             };
-            let uid = pod.metadata.uid.as_deref().unwrap_or_default();
-            if self.no_attach.lock().contains(uid) {
-                continue;
-            }
             let info = PodInfo::from_pod(&pod);
             let (mut resolved, mut attaches) = (true, false);
             for volume in pod
@@ -205,17 +249,15 @@ impl AttachDetach {
                         continue;
                     }
                 }
-                let key = OpKey::Attach {
+                let op = OpKey::Attach {
                     pod: info.uid.clone(),
                     volume: outer.clone(),
                 };
-                if !self.ops.lock().try_start(&key, "volume_attach") {
+                if !self.ops.lock().try_start(&op, "volume_attach") {
                     continue;
                 }
                 let result = attachable.new_attacher().attach(&spec, &info, &node).await;
-                self.ops
-                    .lock()
-                    .finish(&key, "volume_attach", result.is_ok());
+                self.ops.lock().finish(&op, "volume_attach", result.is_ok());
                 match result {
                     Ok(name) => waiting.entry(name).or_default().push((pod.clone(), outer)),
                     Err(e) => {
@@ -228,23 +270,11 @@ impl AttachDetach {
                     }
                 }
             }
-            // A pod's volumes never change, nor does a CSIDriver's attachRequired: a pod found to have no
-            // attachable volume is not looked at again.
             if resolved && !attaches {
-                self.no_attach.lock().insert(info.uid.clone());
+                self.pending.lock().remove(&key);
+                self.no_attach.lock().insert(key, info.uid.clone());
             }
         }
-        // Forget pods that are gone, once the cache outgrows the pods there are.
-        let pods = self.api.list::<Pod>();
-        let mut cache = self.no_attach.lock();
-        if cache.len() > pods.len() {
-            let live: std::collections::HashSet<&str> = pods
-                .iter()
-                .filter_map(|p| p.metadata.uid.as_deref())
-                .collect();
-            cache.retain(|uid| live.contains(uid.as_str()));
-        }
-        drop(cache);
         waiting
     }
 

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use inlet_proto::csi::v1::{self as csi, volume_capability::access_mode::Mode};
 use k8s_openapi::api::core::v1::{
-    ObjectReference, PersistentVolume, PersistentVolumeClaim, PersistentVolumeSpec, Pod,
+    ObjectReference, PersistentVolume, PersistentVolumeClaim, PersistentVolumeSpec, Pod, Volume,
 };
 use k8s_openapi::api::storage::v1::{StorageClass, VolumeAttachment};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -32,7 +32,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 use parking_lot::Mutex;
 
 use super::pv_binder::bind_claims;
-use crate::api::Api;
+use crate::api::{Api, PodFeed};
 use crate::node::registry::DriverDirectory;
 use crate::operations::{BackoffPolicy, OpKey, Operations};
 
@@ -64,6 +64,10 @@ pub struct Claims {
     pub(super) nodes: Vec<String>,
     /// Back-off of failed provisioning, resizing and deletion, by claim or PV.
     pub(super) ops: Mutex<Operations>,
+    /// The pods that changed since the last pass.
+    pod_feed: Arc<PodFeed>,
+    /// Changes to objects of no node (claims, PVs, classes): a pass then looks at every pod.
+    cluster: Mutex<tokio::sync::watch::Receiver<u64>>,
 }
 
 impl Claims {
@@ -74,16 +78,21 @@ impl Claims {
         nodes: Vec<String>,
         backoff: BackoffPolicy,
     ) -> Arc<Self> {
+        let (pod_feed, mut cluster) = (api.pod_feed(), api.watch_cluster());
+        // The first pass looks at every pod.
+        cluster.mark_changed();
         Arc::new(Self {
             api,
             drivers,
             nodes,
             ops: Mutex::new(Operations::new(backoff)),
+            pod_feed,
+            cluster: Mutex::new(cluster),
         })
     }
 
     /// Runs a pass on every API change until `stop` resolves: at most one per [`PERIOD`], and, as a pass
-    /// visits every pod, at most one per twice its own length (as the attach/detach controller paces its
+    /// may visit every pod, at most one per twice its own length (as the attach/detach controller paces its
     /// passes), so a large cluster costs it a bounded share of a CPU.
     pub async fn run(self: Arc<Self>, stop: impl std::future::Future<Output = ()>) {
         tokio::pin!(stop);
@@ -110,12 +119,36 @@ impl Claims {
     }
 
     async fn sync(&self) {
-        let pods = self.api.list::<Pod>();
+        // The pods that changed since the last pass (upstream's ephemeral volume controller handles its
+        // pod informer's adds and updates), or every pod after a change to another kind: a claim deleted
+        // under a pod that still needs it is created again (its `onPVCDelete` enqueues the pod).
+        let changed = self.pod_feed.drain();
+        let cluster_changed = {
+            let mut cluster = self.cluster.lock();
+            let changed = cluster.has_changed().unwrap_or(false);
+            if changed {
+                cluster.borrow_and_update();
+            }
+            changed
+        };
+        let pods: Vec<Arc<Pod>> = match cluster_changed {
+            true => self.api.list::<Pod>(),
+            false => changed
+                .iter()
+                .filter_map(|(namespace, name)| self.api.peek::<Pod>(namespace, name))
+                .collect(),
+        };
         for pod in &pods {
             self.create_ephemeral_claims(pod);
         }
         self.collect_garbage();
-        for claim in self.api.list::<PersistentVolumeClaim>() {
+        let claims = self.api.list::<PersistentVolumeClaim>();
+        // A claim waiting for its first consumer looks for it among every pod.
+        let pods = match claims.is_empty() {
+            true => Vec::new(),
+            false => self.api.list::<Pod>(),
+        };
+        for claim in claims {
             self.provision(&claim, &pods).await;
         }
         bind_claims(&self.api);
@@ -129,15 +162,18 @@ impl Claims {
 
     /// `handleVolume`: the claim of each generic ephemeral volume of a pod not being deleted.
     fn create_ephemeral_claims(&self, pod: &Pod) {
-        if pod.metadata.deletion_timestamp.is_some() {
+        let ephemeral = |v: &Volume| v.persistent_volume_claim.is_none() && v.ephemeral.is_some();
+        let volumes = pod.spec.iter().flat_map(|s| s.volumes.iter().flatten());
+        // Every pass visits every pod of the cluster: most have no generic ephemeral volume, and cost
+        // no more than that look.
+        if pod.metadata.deletion_timestamp.is_some() || !volumes.clone().any(ephemeral) {
             return;
         }
         let (namespace, name) = (
             pod.metadata.namespace.clone().unwrap_or_default(),
             pod.metadata.name.clone().unwrap_or_default(),
         );
-        let volumes = pod.spec.iter().flat_map(|s| s.volumes.iter().flatten());
-        for volume in volumes.filter(|v| v.persistent_volume_claim.is_none()) {
+        for volume in volumes.filter(|v| ephemeral(v)) {
             let Some(template) = volume
                 .ephemeral
                 .as_ref()

@@ -38,7 +38,7 @@ impl Kubelet {
     /// for the volume.
     async fn calc_and_store_stats(&self) {
         // Boxed: a stream of unboxed async blocks over `dyn VolumePlugin` is not provably Send.
-        type Asked = (PodInfo, String, Result<Option<Metrics>, VolumeError>);
+        type Asked = (Arc<PodInfo>, String, Result<Option<Metrics>, VolumeError>);
         let asks: Vec<BoxFuture<'static, Asked>> = self
             .volumes
             .mounted_volumes()
@@ -72,7 +72,10 @@ impl Kubelet {
                 self.api
                     .record_event(&object, "Warning", "VolumeConditionAbnormal", &text);
             }
-            stats.entry(pod.uid).or_default().insert(outer, metrics);
+            stats
+                .entry(pod.uid.clone())
+                .or_default()
+                .insert(outer, metrics);
         }
         *self.volume_stats.lock() = stats;
     }

@@ -116,6 +116,8 @@ fn open_files_short(config: &SimConfig) -> Option<(u64, u64)> {
 #[derive(Default)]
 pub struct ReportedCalls {
     returned: Mutex<Vec<Box<str>>>,
+    /// The returned calls counted by method, then by code.
+    counts: Mutex<BTreeMap<String, BTreeMap<String, usize>>>,
     in_flight: Mutex<BTreeMap<u64, (CsiCall, std::time::Instant)>>,
     next: std::sync::atomic::AtomicU64,
 }
@@ -129,6 +131,9 @@ impl CsiObserver for ReportedCalls {
         // A CsiCall is plain strings and maps: it always serializes.
         let line = serde_json::to_string(&call).unwrap_or_default();
         self.returned.lock().push(line.into_boxed_str());
+        let mut counts = self.counts.lock();
+        let by_code = counts.entry(call.method).or_default();
+        *by_code.entry(call.code).or_default() += 1;
     }
 
     fn started(&self, call: CsiCall) -> u64 {
@@ -157,6 +162,11 @@ impl ReportedCalls {
     /// How many calls returned so far.
     pub fn returned(&self) -> usize {
         self.returned.lock().len()
+    }
+
+    /// The calls that returned so far, counted by method, then by code (`OK`, `NotFound`, ...).
+    pub fn counts(&self) -> BTreeMap<String, BTreeMap<String, usize>> {
+        self.counts.lock().clone()
     }
 
     /// The calls sent and not answered yet, in the order they were sent: code [`IN_FLIGHT`], and how long
@@ -204,6 +214,8 @@ pub struct Simulation {
     scheduler: RoundRobin,
     /// In a cluster, the pods this run's manifests created (namespace, name).
     created: BTreeSet<(String, String)>,
+    /// The pods not yet as their manifests expect (see [`Simulation::pods_as_expected`]).
+    unsettled: Mutex<report::Unsettled>,
 }
 
 impl Simulation {
@@ -268,6 +280,7 @@ impl Simulation {
             &config.gates,
             config.backoff,
         );
+        let unsettled_feed = api.pod_feed();
         let mut sim = Self {
             admission: Admission {
                 allowed_inline_drivers: config.allowed_inline_drivers.clone(),
@@ -288,6 +301,7 @@ impl Simulation {
             rejected: Vec::new(),
             scheduler: RoundRobin::default(),
             created: BTreeSet::new(),
+            unsettled: Mutex::new(report::Unsettled::new(unsettled_feed)),
             config,
         };
         for driver in sim.config.drivers.clone() {

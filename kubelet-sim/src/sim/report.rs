@@ -1,48 +1,91 @@
 //! What a simulation reports: the JSON report now, each pod's part of it, and whether every pod of the
 //! run is where its manifest expects it.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod;
 
 use super::Simulation;
 use crate::api::manifest::EXPECTED_PHASE_ANNOTATION;
+use crate::api::{Key, PodFeed};
 use crate::report::{PodReport, Report};
 
+/// What [`Simulation::pods_as_expected`] keeps from one call to the next.
+pub(super) struct Unsettled {
+    /// The pods changed since the last call.
+    feed: Arc<PodFeed>,
+    /// The pods not known to be as expected, by key; none before the first call, which takes every pod.
+    waiting: Option<BTreeSet<Key>>,
+}
+
+impl Unsettled {
+    pub(super) fn new(feed: Arc<PodFeed>) -> Self {
+        Self {
+            feed,
+            waiting: None,
+        }
+    }
+}
+
 impl Simulation {
-    /// True when every pod is where its manifest expects it.
+    /// True when every pod of the run is where its manifest expects it. A wait calls it often, so it
+    /// costs what changed since the last call: the pods not as expected are kept in the order of their
+    /// keys and looked at from the first until one still is not, and a pod that changes is looked at again.
     pub fn pods_as_expected(&self) -> bool {
-        self.run_pods().iter().all(|p| {
-            let expected = p
-                .metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(EXPECTED_PHASE_ANNOTATION));
-            match expected.map(String::as_str) {
-                // The common case, checked without building the pod's report (its events).
-                None | Some("Running") => {
-                    p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
-                }
-                Some(_) => self.pod_report(p).as_expected(),
+        let mut unsettled = self.unsettled.lock();
+        let changed = unsettled.feed.drain();
+        let waiting = unsettled
+            .waiting
+            .get_or_insert_with(|| self.api.pod_keys().into_iter().collect());
+        waiting.extend(changed);
+        while let Some((namespace, name)) = waiting.first() {
+            let settled = self
+                .api
+                .peek::<Pod>(namespace, name)
+                .is_none_or(|p| !self.is_run_pod(&p) || self.as_expected(&p));
+            if !settled {
+                return false;
             }
-        })
+            waiting.pop_first();
+        }
+        true
+    }
+
+    /// True when one pod is where its manifest expects it.
+    fn as_expected(&self, pod: &Pod) -> bool {
+        let expected = pod
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(EXPECTED_PHASE_ANNOTATION));
+        match expected.map(String::as_str) {
+            // The common case, checked without building the pod's report (its events).
+            None | Some("Running") => {
+                pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+            }
+            Some(_) => self.pod_report(pod).as_expected(),
+        }
+    }
+
+    /// True for a pod this run is about (see [`Simulation::run_pods`]).
+    fn is_run_pod(&self, pod: &Pod) -> bool {
+        if self.config.cluster.is_none() || self.created.is_empty() {
+            return true;
+        }
+        let meta = &pod.metadata;
+        self.created.contains(&(
+            meta.namespace.clone().unwrap_or_default(),
+            meta.name.clone().unwrap_or_default(),
+        ))
     }
 
     /// The pods this run is about: in a cluster, those its manifests created (other pods may run on its
     /// nodes: DaemonSets tolerate any taint); alone, every pod.
     pub(super) fn run_pods(&self) -> Vec<Arc<Pod>> {
-        let pods = self.api.list::<Pod>();
-        if self.config.cluster.is_none() || self.created.is_empty() {
-            return pods;
-        }
-        let created = |p: &Arc<Pod>| {
-            let meta = &p.metadata;
-            self.created.contains(&(
-                meta.namespace.clone().unwrap_or_default(),
-                meta.name.clone().unwrap_or_default(),
-            ))
-        };
-        pods.into_iter().filter(created).collect()
+        let mut pods = self.api.list::<Pod>();
+        pods.retain(|p| self.is_run_pod(p));
+        pods
     }
 
     /// The report now.

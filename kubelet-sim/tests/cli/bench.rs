@@ -70,6 +70,22 @@ fn bench_writes_its_figures_as_json_and_svg() {
     assert_eq!(figures["teardown_clean"], true, "{stdout}");
     assert_eq!(figures["pod_start"]["samples"], 20);
     assert!(figures["peak_rss_mib"].as_u64().unwrap() > 0);
+    // Each of the 40 volumes published and unpublished once, every call counted by method and code.
+    let by_method = &figures["csi_calls_by_method"];
+    assert_eq!(by_method["NodePublishVolume"]["OK"], 40, "{by_method}");
+    assert_eq!(by_method["NodeUnpublishVolume"]["OK"], 40, "{by_method}");
+    let counted: u64 = by_method
+        .as_object()
+        .unwrap()
+        .values()
+        .flat_map(|codes| codes.as_object().unwrap().values())
+        .map(|n| n.as_u64().unwrap())
+        .sum();
+    assert_eq!(
+        counted,
+        figures["csi_calls"].as_u64().unwrap(),
+        "{by_method}"
+    );
 }
 
 #[test]

@@ -7,7 +7,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use k8s_openapi::api::core::v1::{ConfigMap, ConfigMapVolumeSource, Volume};
+use k8s_openapi::api::core::v1::{ConfigMap, ConfigMapVolumeSource};
+
+use crate::{InlineVolume, VolumeSource};
 
 use super::empty_dir::{DirPlugin, DirVolume};
 use super::secret::{make_payload, set_up_projected};
@@ -24,28 +26,27 @@ impl DirVolume for ConfigMapVolume {
     /// ConfigMaps change: the files are written again on every pass.
     const REQUIRES_REMOUNT: bool = true;
 
-    fn is(volume: &Volume) -> bool {
-        volume.config_map.is_some()
+    fn is(volume: &InlineVolume) -> bool {
+        volume.config_map().is_some()
     }
 
-    fn reconstructed(name: &str) -> Volume {
-        Volume {
-            name: name.to_string(),
-            config_map: Some(ConfigMapVolumeSource::default()),
-            ..Default::default()
-        }
+    fn reconstructed(name: &str) -> InlineVolume {
+        InlineVolume::new(
+            name,
+            VolumeSource::ConfigMap(ConfigMapVolumeSource::default()),
+        )
     }
 
     fn mounter(
         host: Arc<dyn VolumeHost>,
         path: PathBuf,
-        volume: &Volume,
+        volume: &InlineVolume,
         pod: &PodInfo,
     ) -> Box<dyn Mounter> {
         Box::new(ConfigMapMounter {
             host,
             path,
-            source: volume.config_map.clone().unwrap_or_default(),
+            source: volume.config_map().cloned().unwrap_or_default(),
             namespace: pod.namespace.clone(),
         })
     }

@@ -8,7 +8,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use k8s_openapi::api::core::v1::{DownwardAPIVolumeFile, DownwardAPIVolumeSource, Volume};
+use k8s_openapi::api::core::v1::{DownwardAPIVolumeFile, DownwardAPIVolumeSource};
+
+use crate::{InlineVolume, VolumeSource};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::atomic_writer::FileProjection;
@@ -28,28 +30,27 @@ impl DirVolume for DownwardApiVolume {
     /// Labels and annotations change: the files are written again on every pass.
     const REQUIRES_REMOUNT: bool = true;
 
-    fn is(volume: &Volume) -> bool {
-        volume.downward_api.is_some()
+    fn is(volume: &InlineVolume) -> bool {
+        volume.downward_api().is_some()
     }
 
-    fn reconstructed(name: &str) -> Volume {
-        Volume {
-            name: name.to_string(),
-            downward_api: Some(DownwardAPIVolumeSource::default()),
-            ..Default::default()
-        }
+    fn reconstructed(name: &str) -> InlineVolume {
+        InlineVolume::new(
+            name,
+            VolumeSource::DownwardApi(DownwardAPIVolumeSource::default()),
+        )
     }
 
     fn mounter(
         host: Arc<dyn VolumeHost>,
         path: PathBuf,
-        volume: &Volume,
+        volume: &InlineVolume,
         pod: &PodInfo,
     ) -> Box<dyn Mounter> {
         Box::new(DownwardApiMounter {
             host,
             path,
-            source: volume.downward_api.clone().unwrap_or_default(),
+            source: volume.downward_api().cloned().unwrap_or_default(),
             pod: pod.clone(),
         })
     }

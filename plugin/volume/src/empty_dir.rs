@@ -8,7 +8,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use k8s_openapi::api::core::v1::{EmptyDirVolumeSource, Volume};
+use k8s_openapi::api::core::v1::EmptyDirVolumeSource;
+
+use crate::{InlineVolume, VolumeSource};
 
 use super::{
     AttachableVolumePlugin, DeviceMountableVolumePlugin, Mounter, MounterArgs, PodInfo, Spec,
@@ -22,14 +24,14 @@ pub trait DirVolume: Send + Sync + 'static {
     /// Whether the content must be written again on every pass (upstream's `RequiresRemount`).
     const REQUIRES_REMOUNT: bool;
     /// Whether the pod's volume is of this kind.
-    fn is(volume: &Volume) -> bool;
+    fn is(volume: &InlineVolume) -> bool;
     /// A volume of this kind named `name`, as reconstruction rebuilds it from the directory alone.
-    fn reconstructed(name: &str) -> Volume;
+    fn reconstructed(name: &str) -> InlineVolume;
     /// The mounter of `volume` at `path`.
     fn mounter(
         host: Arc<dyn VolumeHost>,
         path: PathBuf,
-        volume: &Volume,
+        volume: &InlineVolume,
         pod: &PodInfo,
     ) -> Box<dyn Mounter>;
 }
@@ -50,7 +52,7 @@ impl<K: DirVolume> DirPlugin<K> {
     }
 }
 
-fn inline(spec: &Spec) -> Option<&Volume> {
+fn inline(spec: &Spec) -> Option<&InlineVolume> {
     match spec {
         Spec::Inline { volume, .. } => Some(volume),
         Spec::Persistent { .. } => None,
@@ -92,7 +94,7 @@ impl<K: DirVolume> VolumePlugin for DirPlugin<K> {
 
     fn construct_volume_spec(&self, spec_name: &str, _pod_uid: &str) -> Result<Spec, VolumeError> {
         Ok(Spec::Inline {
-            volume: Arc::new(K::reconstructed(spec_name)),
+            volume: K::reconstructed(spec_name),
             csi: None,
         })
     }
@@ -120,25 +122,24 @@ impl DirVolume for EmptyDir {
     const NAME: &'static str = "kubernetes.io/empty-dir";
     const REQUIRES_REMOUNT: bool = false;
 
-    fn is(volume: &Volume) -> bool {
-        volume.empty_dir.is_some()
+    fn is(volume: &InlineVolume) -> bool {
+        volume.empty_dir().is_some()
     }
 
-    fn reconstructed(name: &str) -> Volume {
-        Volume {
-            name: name.to_string(),
-            empty_dir: Some(EmptyDirVolumeSource::default()),
-            ..Default::default()
-        }
+    fn reconstructed(name: &str) -> InlineVolume {
+        InlineVolume::new(
+            name,
+            VolumeSource::EmptyDir(EmptyDirVolumeSource::default()),
+        )
     }
 
     fn mounter(
         host: Arc<dyn VolumeHost>,
         path: PathBuf,
-        volume: &Volume,
+        volume: &InlineVolume,
         pod: &PodInfo,
     ) -> Box<dyn Mounter> {
-        let source = volume.empty_dir.as_ref();
+        let source = volume.empty_dir();
         let memory = source.and_then(|s| s.medium.as_deref()) == Some("Memory");
         let size_limit = source
             .and_then(|s| s.size_limit.as_ref())

@@ -15,7 +15,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use k8s_openapi::api::core::v1::{ImageVolumeSource, Volume};
+use k8s_openapi::api::core::v1::ImageVolumeSource;
+
+use crate::{InlineVolume, VolumeSource};
 
 use super::{
     AttachableVolumePlugin, DeviceMountableVolumePlugin, Mounter, MounterArgs, PodInfo, Spec,
@@ -52,7 +54,7 @@ impl ImagePlugin {
 
 fn source(spec: &Spec) -> Option<&ImageVolumeSource> {
     match spec {
-        Spec::Inline { volume, .. } => volume.image.as_ref(),
+        Spec::Inline { volume, .. } => volume.image(),
         Spec::Persistent { .. } => None,
     }
 }
@@ -114,14 +116,13 @@ impl VolumePlugin for ImagePlugin {
                 VolumeError::final_(format!("no record of image volume {spec_name:?}"))
             })?;
         Ok(Spec::Inline {
-            volume: Arc::new(Volume {
-                name: spec_name.to_string(),
-                image: Some(ImageVolumeSource {
+            volume: InlineVolume::new(
+                spec_name,
+                VolumeSource::Image(ImageVolumeSource {
                     reference: Some(record.image),
                     pull_policy: None,
                 }),
-                ..Default::default()
-            }),
+            ),
             csi: None,
         })
     }

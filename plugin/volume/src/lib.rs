@@ -6,7 +6,8 @@
 //!
 //! # Layout
 //! - `error.rs`: [`VolumeError`] and its three classes (transient, uncertain, final).
-//! - `spec.rs`: [`Spec`] (an inline volume or a PV), [`PodInfo`], [`SecretRef`].
+//! - `spec.rs`: [`Spec`] (an inline volume or a PV), [`PodInfo`], [`SecretRef`]; `inline_volume.rs`:
+//!   [`InlineVolume`], a pod volume's name and its one source, as a spec keeps it.
 //! - `host.rs`: [`VolumeHost`], what the kubelet gives plugins (secrets, CSIDriver objects, CSI clients,
 //!   tokens, VolumeAttachments, paths, the mount layer).
 //! - [`csi`]: the `kubernetes.io/csi` plugin, carrying the KEP-596 inline contract.
@@ -27,6 +28,7 @@ mod error;
 pub mod fieldpath;
 mod host;
 pub mod image;
+mod inline_volume;
 mod ownership;
 pub mod projected;
 pub mod secret;
@@ -38,6 +40,7 @@ use async_trait::async_trait;
 
 pub use error::{ErrorClass, VolumeError, aggregate};
 pub use host::{TokenRequestArgs, VolumeHost};
+pub use inline_volume::{InlineVolume, VolumeSource};
 pub use spec::{InlineCsi, PodInfo, SecretRef, Spec, container_resources};
 
 /// A kind of volume. One instance serves every volume of its kind on a node.

@@ -8,7 +8,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use k8s_openapi::api::core::v1::{ProjectedVolumeSource, Volume, VolumeProjection};
+use k8s_openapi::api::core::v1::{ProjectedVolumeSource, VolumeProjection};
+
+use crate::{InlineVolume, VolumeSource};
 
 use super::atomic_writer::FileProjection;
 use super::config_map::config_map_data;
@@ -28,28 +30,27 @@ impl DirVolume for ProjectedVolume {
     /// Its sources change and its tokens rotate: the files are written again on every pass.
     const REQUIRES_REMOUNT: bool = true;
 
-    fn is(volume: &Volume) -> bool {
-        volume.projected.is_some()
+    fn is(volume: &InlineVolume) -> bool {
+        volume.projected().is_some()
     }
 
-    fn reconstructed(name: &str) -> Volume {
-        Volume {
-            name: name.to_string(),
-            projected: Some(ProjectedVolumeSource::default()),
-            ..Default::default()
-        }
+    fn reconstructed(name: &str) -> InlineVolume {
+        InlineVolume::new(
+            name,
+            VolumeSource::Projected(ProjectedVolumeSource::default()),
+        )
     }
 
     fn mounter(
         host: Arc<dyn VolumeHost>,
         path: PathBuf,
-        volume: &Volume,
+        volume: &InlineVolume,
         pod: &PodInfo,
     ) -> Box<dyn Mounter> {
         Box::new(ProjectedMounter {
             host,
             path,
-            source: volume.projected.clone().unwrap_or_default(),
+            source: volume.projected().cloned().unwrap_or_default(),
             pod: pod.clone(),
         })
     }

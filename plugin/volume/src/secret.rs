@@ -9,7 +9,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use k8s_openapi::api::core::v1::{KeyToPath, Secret, SecretVolumeSource, Volume};
+use k8s_openapi::api::core::v1::{KeyToPath, Secret, SecretVolumeSource};
+
+use crate::{InlineVolume, VolumeSource};
 
 use super::atomic_writer::{self, FileProjection};
 use super::empty_dir::{DirPlugin, DirVolume, set_up_dir, tear_down_dir};
@@ -31,28 +33,24 @@ impl DirVolume for SecretVolume {
     /// Secrets change: the files are written again on every pass.
     const REQUIRES_REMOUNT: bool = true;
 
-    fn is(volume: &Volume) -> bool {
-        volume.secret.is_some()
+    fn is(volume: &InlineVolume) -> bool {
+        volume.secret().is_some()
     }
 
-    fn reconstructed(name: &str) -> Volume {
-        Volume {
-            name: name.to_string(),
-            secret: Some(SecretVolumeSource::default()),
-            ..Default::default()
-        }
+    fn reconstructed(name: &str) -> InlineVolume {
+        InlineVolume::new(name, VolumeSource::Secret(SecretVolumeSource::default()))
     }
 
     fn mounter(
         host: Arc<dyn VolumeHost>,
         path: PathBuf,
-        volume: &Volume,
+        volume: &InlineVolume,
         pod: &PodInfo,
     ) -> Box<dyn Mounter> {
         Box::new(SecretMounter {
             host,
             path,
-            source: volume.secret.clone().unwrap_or_default(),
+            source: volume.secret().cloned().unwrap_or_default(),
             namespace: pod.namespace.clone(),
         })
     }

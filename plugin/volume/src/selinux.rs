@@ -202,7 +202,7 @@ mod tests {
             json!({"name": "v", "csi": {"driver": "d"}}),
         )
         .map(|volume| Spec::Inline {
-            volume: std::sync::Arc::new(volume),
+            volume: volume.into(),
             csi: None,
         })
         .unwrap()

@@ -6,8 +6,9 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{
     CSIVolumeSource, Container, PersistentVolume, Pod, ResourceRequirements, SecretReference,
-    Volume,
 };
+
+use crate::InlineVolume;
 
 /// The inline CSI source as the early KEP-596 draft had it: the shipped `CSIVolumeSource` plus the draft's
 /// `volumeHandle` and controller-publish / node-stage secret references (upstream never shipped these; they
@@ -31,7 +32,7 @@ pub enum Spec {
     /// A volume written in the pod: `spec.volumes[i]`.
     Inline {
         /// The pod's volume (name and source).
-        volume: Arc<Volume>,
+        volume: InlineVolume,
         /// The inline CSI source with the draft fields, when the volume is `csi`.
         csi: Option<InlineCsi>,
     },
@@ -48,7 +49,7 @@ impl Spec {
     /// The spec's name: the pod's volume name, or the PV's name (upstream `Spec.Name()`).
     pub fn name(&self) -> &str {
         match self {
-            Spec::Inline { volume, .. } => &volume.name,
+            Spec::Inline { volume, .. } => volume.name(),
             Spec::Persistent { pv, .. } => pv.metadata.name.as_deref().unwrap_or_default(),
         }
     }

@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Instant;
 
 use inlet_volume::{PodInfo, Spec};
@@ -20,7 +21,7 @@ pub enum MountState {
 #[derive(Debug, Clone)]
 pub struct MountedPod {
     /// The pod.
-    pub pod: PodInfo,
+    pub pod: Arc<PodInfo>,
     /// The pod's name for the volume.
     pub outer_name: String,
     /// The spec's name (the pod's volume name, or the PV's), which names the mount dir.
@@ -47,6 +48,16 @@ pub struct ActualVolume {
     /// The pods it is mounted for: mostly one, so each is boxed (a map's node holds eleven entries,
     /// and a `MountedPod` inline would make that 3.8 KB per volume).
     pub pods: BTreeMap<String, Box<MountedPod>>,
+}
+
+impl ActualVolume {
+    /// The pod's mount of this volume, if surely mounted.
+    pub fn mounted(&self, uid: &str) -> Option<&MountedPod> {
+        self.pods
+            .get(uid)
+            .map(Box::as_ref)
+            .filter(|m| m.state == MountState::Mounted)
+    }
 }
 
 /// What is on this node.
@@ -141,12 +152,7 @@ impl ActualState {
 
     /// The pod's mount of a volume, if surely mounted.
     pub fn mounted(&self, unique: &str, uid: &str) -> Option<&MountedPod> {
-        self.volumes
-            .get(unique)?
-            .pods
-            .get(uid)
-            .map(Box::as_ref)
-            .filter(|m| m.state == MountState::Mounted)
+        self.volumes.get(unique)?.mounted(uid)
     }
 
     /// Every pod's mount that succeeded, with its volume.

@@ -11,7 +11,7 @@ use inlet_volume::{PodInfo, Spec};
 #[derive(Debug, Clone)]
 pub struct PodVolume {
     /// The pod.
-    pub pod: PodInfo,
+    pub pod: Arc<PodInfo>,
     /// The pod's name for the volume (`spec.volumes[i].name`): what events and volumeMounts use.
     pub outer_name: String,
     /// The volume as the plugin sees it (for a PVC: the bound PV).
@@ -95,6 +95,11 @@ impl DesiredState {
                 }
             }
         }
+    }
+
+    /// The UIDs of the pods with volumes added.
+    pub fn pods(&self) -> impl Iterator<Item = &String> {
+        self.by_pod.keys()
     }
 
     /// True when the pod's volumes have been added.

@@ -52,8 +52,8 @@ impl VolumeManager {
             // One expansion of a volume at a time on the node, whatever the pods
             // (`pendingOperations.Run(volumeName, "", ...)`).
             let key = OpKey::device(&resize.unique);
-            let named = self.named(&resize.volume.spec, "volume_fs_resize", "volume_fs_resize");
-            if self.start(&key, named.1) {
+            if self.start(&key, "volume_fs_resize") {
+                let named = (self.metric_plugin(&resize.volume.spec), "volume_fs_resize");
                 self.spawn_op(key, Recorded::Always(named), move |me| me.expand(resize));
             }
         }

@@ -64,6 +64,9 @@ pub struct VolumesNotReady {
     pub unattached: Vec<String>,
 }
 
+/// A volume mounted for a pod, for its stats: the pod, its name for the volume, the spec's name, the plugin.
+pub type VolumeInUse = (Arc<PodInfo>, String, String, Arc<dyn VolumePlugin>);
+
 /// What the volume manager is set up with.
 pub struct VolumeManagerConfig {
     /// The node's name.
@@ -281,7 +284,7 @@ impl VolumeManager {
 
     /// Every volume mounted (not uncertain) for a pod: the pod, its name for the volume, the spec's name
     /// and the plugin (`GetMountedVolumesForPod`, for the stats calculator).
-    pub fn mounted_volumes(&self) -> Vec<(PodInfo, String, String, Arc<dyn VolumePlugin>)> {
+    pub fn mounted_volumes(&self) -> Vec<VolumeInUse> {
         let asw = self.asw.lock();
         asw.mounted_pods()
             .map(|(volume, m)| {

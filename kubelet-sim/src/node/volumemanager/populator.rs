@@ -27,9 +27,7 @@ impl VolumeManager {
             .collect();
         let gone: Vec<String> = {
             let dsw = self.dsw.lock();
-            dsw.volumes()
-                .values()
-                .flat_map(|v| v.pods.keys())
+            dsw.pods()
                 .filter(|uid| !known.contains(uid.as_str()) || terminated(uid))
                 .cloned()
                 .collect()
@@ -38,11 +36,12 @@ impl VolumeManager {
             self.dsw.lock().remove_pod(&uid);
         }
         for pod in pods {
-            let uid = pod.metadata.uid.clone().unwrap_or_default();
+            let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+            if pod.metadata.deletion_timestamp.is_some() {
+                continue;
+            }
             let fingerprint = metadata_fingerprint(pod);
-            if pod.metadata.deletion_timestamp.is_some()
-                || self.processed.lock().get(&uid) == Some(&fingerprint)
-            {
+            if self.processed.lock().get(uid) == Some(&fingerprint) {
                 continue;
             }
             let added = self.pod_volumes(pod).await.and_then(|volumes| {
@@ -55,7 +54,7 @@ impl VolumeManager {
             });
             match added {
                 Ok(()) => {
-                    self.processed.lock().insert(uid, fingerprint);
+                    self.processed.lock().insert(uid.to_string(), fingerprint);
                 }
                 Err(message) => self
                     .api
@@ -70,7 +69,7 @@ impl VolumeManager {
 
     /// Every volume of a pod with its plugin's answers; the first error names the volume.
     async fn pod_volumes(&self, pod: &Pod) -> Result<Vec<(String, bool, bool, PodVolume)>, String> {
-        let info = PodInfo::from_pod(pod);
+        let info = Arc::new(PodInfo::from_pod(pod));
         let selinux_contexts = selinux::container_contexts(pod);
         let change_policy = pod
             .spec

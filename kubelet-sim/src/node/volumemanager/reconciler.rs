@@ -2,6 +2,7 @@
 //! UnmountDevice once no pod uses the volume), then makes wanted volumes real (attach check, MountDevice,
 //! SetUp). Work is planned under the state locks and run as operations, one per volume at a time.
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -15,6 +16,28 @@ use super::actual_state::{MountState, MountedPod};
 use super::desired_state::PodVolume;
 use crate::node::subpath;
 use crate::operations::OpKey;
+
+/// Upstream's name of an operation on `spec` (a metric label): the block one for a raw block volume.
+fn operation_name(spec: &Spec, fs: &'static str, block: &'static str) -> &'static str {
+    match inlet_volume::csi::source::is_block(spec) {
+        true => block,
+        false => fs,
+    }
+}
+
+/// Each entry of `a` with the entry of `b` under the same key, in one ordered walk of both: a pass pairs
+/// its node's desired and actual volumes without looking each up by its (long) unique name.
+fn paired<'a, A, B>(
+    a: &'a BTreeMap<String, A>,
+    b: &'a BTreeMap<String, B>,
+) -> impl Iterator<Item = (&'a String, &'a A, Option<&'a B>)> {
+    let mut others = b.iter().peekable();
+    a.iter().map(move |(key, value)| {
+        while others.next_if(|(other, _)| *other < key).is_some() {}
+        let other = others.next_if(|(other, _)| *other == key).map(|(_, v)| v);
+        (key, value, other)
+    })
+}
 
 /// One piece of work a pass decided on.
 enum Action {
@@ -103,17 +126,17 @@ impl VolumeManager {
                     spec,
                 } => {
                     let key = OpKey::volume(&unique, &mount.pod.uid);
-                    let named = self.named(&spec, "volume_unmount", "unmap_volume");
-                    if self.start(&key, named.1) {
-                        let named = Recorded::Always(named);
+                    let operation = operation_name(&spec, "volume_unmount", "unmap_volume");
+                    if self.start(&key, operation) {
+                        let named = Recorded::Always((self.metric_plugin(&spec), operation));
                         self.spawn_op(key, named, move |me| me.tear_down(unique, *mount, spec));
                     }
                 }
                 Action::UnmountDevice { unique, spec, path } => {
                     let key = OpKey::device(&unique);
-                    let named = self.named(&spec, "unmount_device", "unmap_device");
-                    if self.start(&key, named.1) {
-                        let named = Recorded::Always(named);
+                    let operation = operation_name(&spec, "unmount_device", "unmap_device");
+                    if self.start(&key, operation) {
+                        let named = Recorded::Always((self.metric_plugin(&spec), operation));
                         self.spawn_op(key, named, move |me| me.unmount_device(unique, spec, path));
                     }
                 }
@@ -125,9 +148,10 @@ impl VolumeManager {
                     // Upstream stages inside its mount operation: a staging that fails ends that
                     // `volume_mount` (`map_volume`); one that succeeds is counted with the SetUp after it.
                     let key = OpKey::device(&unique);
-                    let named = self.named(&volume.spec, "volume_mount", "map_volume");
-                    if self.start(&key, named.1) {
-                        let named = Recorded::Failure(named);
+                    let operation = operation_name(&volume.spec, "volume_mount", "map_volume");
+                    if self.start(&key, operation) {
+                        let plugin = self.metric_plugin(&volume.spec);
+                        let named = Recorded::Failure((plugin, operation));
                         self.spawn_op(key, named, move |me| {
                             me.mount_device(unique, volume, waiting)
                         });
@@ -142,9 +166,12 @@ impl VolumeManager {
                         true => OpKey::device(&unique),
                         false => OpKey::volume(&unique, &volume.pod.uid),
                     };
-                    let named = self.named(&volume.spec, "volume_mount", "map_volume");
-                    if self.start(&key, named.1) {
-                        let named = Recorded::Always(named);
+                    let operation = operation_name(&volume.spec, "volume_mount", "map_volume");
+                    // An operation in flight is planned again on every pass: nothing is built for it
+                    // before it is known to start.
+                    if self.start(&key, operation) {
+                        let plugin = self.metric_plugin(&volume.spec);
+                        let named = Recorded::Always((plugin, operation));
                         self.spawn_op(key, named, move |me| me.set_up(unique, volume));
                     }
                 }
@@ -161,8 +188,10 @@ impl VolumeManager {
         // belong to a pod not loaded yet, and tearing it down would delete an ephemeral volume's data
         // (upstream's `readyToUnmount`, reconstruct.go).
         let ready_to_unmount = self.populator_has_added_pods();
-        for (unique, actual) in asw.volumes().iter().filter(|_| ready_to_unmount) {
-            let wanted = dsw.volume(unique);
+        for (unique, actual, wanted) in paired(asw.volumes(), dsw.volumes()) {
+            if !ready_to_unmount {
+                break;
+            }
             for (uid, mount) in &actual.pods {
                 if wanted.is_none_or(|w| !w.pods.contains_key(uid)) {
                     actions.push(Action::TearDown {
@@ -186,11 +215,11 @@ impl VolumeManager {
             }
         }
         // Then mount what is wanted.
-        for (unique, desired) in dsw.volumes() {
+        for (unique, desired, actual) in paired(dsw.volumes(), asw.volumes()) {
             let Some(first) = desired.pods.values().next() else {
                 continue;
             };
-            let Some(actual) = asw.volume(unique) else {
+            let Some(actual) = actual else {
                 actions.push(match desired.attachable {
                     true => Action::CheckAttach {
                         unique: unique.clone(),
@@ -215,10 +244,11 @@ impl VolumeManager {
                 continue;
             }
             for (uid, volume) in &desired.pods {
-                let republish_due = asw.mounted(unique, uid).is_some_and(|m| {
+                let mounted = actual.mounted(uid);
+                let republish_due = mounted.is_some_and(|m| {
                     volume.requires_republish && m.published_at.elapsed() >= self.republish_period
                 });
-                if asw.mounted(unique, uid).is_none() || republish_due {
+                if mounted.is_none() || republish_due {
                     actions.push(Action::SetUp {
                         unique: unique.clone(),
                         volume: volume.clone(),
@@ -264,19 +294,6 @@ impl VolumeManager {
             me.ops.lock().finish(&key, operation, ok);
             me.kick.notify_one();
         });
-    }
-
-    /// An operation's metric labels: the plugin (`kubernetes.io/csi:<driver>`) and upstream's operation
-    /// name, the block one for a raw block volume.
-    pub(super) fn named(
-        &self,
-        spec: &Spec,
-        fs: &'static str,
-        block: &'static str,
-    ) -> (String, &'static str) {
-        let plugin = self.metric_plugin(spec);
-        let block_volume = inlet_volume::csi::source::is_block(spec);
-        (plugin, if block_volume { block } else { fs })
     }
 
     fn pod_object(&self, pod: &PodInfo) -> Option<Arc<Pod>> {
@@ -505,5 +522,29 @@ fn mounted(volume: &PodVolume, path: PathBuf, state: MountState) -> MountedPod {
         state,
         published_at: Instant::now(),
         reconstructed: false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paired_gives_each_entry_its_match_or_none() {
+        let map = |keys: &[&str]| -> BTreeMap<String, usize> {
+            keys.iter()
+                .enumerate()
+                .map(|(i, k)| (k.to_string(), i))
+                .collect()
+        };
+        let (a, b) = (map(&["b", "c", "e", "f"]), map(&["a", "c", "d", "f", "g"]));
+        let pairs: Vec<(&str, Option<usize>)> = paired(&a, &b)
+            .map(|(k, _, other)| (k.as_str(), other.copied()))
+            .collect();
+        assert_eq!(
+            pairs,
+            [("b", None), ("c", Some(1)), ("e", None), ("f", Some(3))]
+        );
+        assert_eq!(paired(&a, &BTreeMap::<String, ()>::new()).count(), 4);
     }
 }

@@ -89,7 +89,7 @@ impl VolumeManager {
         asw.set_pod(
             unique,
             MountedPod {
-                pod,
+                pod: Arc::new(pod),
                 outer_name: spec_name.clone(),
                 spec_name,
                 path,

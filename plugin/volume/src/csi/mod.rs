@@ -28,9 +28,11 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::{
-    CSIPersistentVolumeSource, CSIVolumeSource, PersistentVolume, PersistentVolumeSpec, Volume,
+    CSIPersistentVolumeSource, CSIVolumeSource, PersistentVolume, PersistentVolumeSpec,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use crate::{InlineVolume, VolumeSource};
 
 pub use client::{CSI_TIMEOUT, CsiClient, CsiObserver};
 pub use mounter::{CsiMounter, CsiUnmounter};
@@ -277,11 +279,7 @@ pub fn spec_from_vol_data(data: &VolData) -> Spec {
     };
     match data.lifecycle_mode.as_str() {
         "Ephemeral" => Spec::Inline {
-            volume: Arc::new(Volume {
-                name,
-                csi: Some(source.clone()),
-                ..Default::default()
-            }),
+            volume: InlineVolume::new(name, VolumeSource::Csi(source.clone())),
             csi: Some(InlineCsi {
                 source,
                 ..Default::default()

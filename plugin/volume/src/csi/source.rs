@@ -121,17 +121,17 @@ pub async fn resolve(
     match spec {
         Spec::Inline { volume, csi } => {
             let inline = csi.as_ref().ok_or_else(|| {
-                VolumeError::final_(format!("volume {:?} is not a CSI volume", volume.name))
+                VolumeError::final_(format!("volume {:?} is not a CSI volume", volume.name()))
             })?;
             let source = &inline.source;
             let mode = inline_mode(host, inline).await?;
             let handle = match mode {
-                LifecycleMode::Ephemeral => Some(ephemeral_volume_handle(&pod.uid, &volume.name)),
+                LifecycleMode::Ephemeral => Some(ephemeral_volume_handle(&pod.uid, volume.name())),
                 LifecycleMode::Persistent => inline.volume_handle.clone(),
             };
             let (controller_publish_secret, node_stage_secret) = match (mode, &handle) {
                 (LifecycleMode::Persistent, Some(handle)) => {
-                    granted_secrets(host, inline, handle, &volume.name, pod).await?
+                    granted_secrets(host, inline, handle, volume.name(), pod).await?
                 }
                 _ => (None, None),
             };

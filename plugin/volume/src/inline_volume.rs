@@ -1,0 +1,180 @@
+//! A pod's volume as a [`Spec`](crate::Spec) keeps it: its name and the one source it sets.
+//!
+//! A k8s-openapi `Volume` carries each of its thirty sources inline, set or not: 3.2 KB a volume. A node
+//! keeps a spec for every volume of every pod it runs, in its desired and actual state, so a copy of the
+//! pod's `Volume` there cost more than the rest of the volume's state together (issue #28, heap profile
+//! in bench/RESULTS.md). Upstream's `volume.Spec` points at the pod's `v1.Volume` instead; the API
+//! objects here are immutable and shared, but a pod's volumes sit inside its `PodSpec`, so the spec keeps
+//! this compact copy.
+
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{
+    CSIVolumeSource, ConfigMapVolumeSource, DownwardAPIVolumeSource, EmptyDirVolumeSource,
+    ImageVolumeSource, ProjectedVolumeSource, SecretVolumeSource, Volume,
+};
+
+/// The source a pod volume sets, for the kinds the plugins here mount; any other is kept whole.
+#[derive(Debug, Clone, PartialEq)]
+pub enum VolumeSource {
+    /// `csi`.
+    Csi(CSIVolumeSource),
+    /// `image`.
+    Image(ImageVolumeSource),
+    /// `emptyDir`.
+    EmptyDir(EmptyDirVolumeSource),
+    /// `secret`.
+    Secret(SecretVolumeSource),
+    /// `configMap`.
+    ConfigMap(ConfigMapVolumeSource),
+    /// `downwardAPI`.
+    DownwardApi(DownwardAPIVolumeSource),
+    /// `projected`.
+    Projected(ProjectedVolumeSource),
+    /// Any other source (hostPath, nfs, ...), which no plugin here supports.
+    Other(Box<Volume>),
+}
+
+/// A pod's volume: its name and its source. Cheap to clone.
+#[derive(Debug, Clone, PartialEq)]
+pub struct InlineVolume(Arc<(String, VolumeSource)>);
+
+impl InlineVolume {
+    /// The volume `name` with `source`.
+    pub fn new(name: impl Into<String>, source: VolumeSource) -> Self {
+        Self(Arc::new((name.into(), source)))
+    }
+
+    /// `name`.
+    pub fn name(&self) -> &str {
+        &self.0.0
+    }
+
+    /// The source it sets.
+    pub fn source(&self) -> &VolumeSource {
+        &self.0.1
+    }
+
+    /// `csi`, when that is its source.
+    pub fn csi(&self) -> Option<&CSIVolumeSource> {
+        match self.source() {
+            VolumeSource::Csi(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// `image`, when that is its source.
+    pub fn image(&self) -> Option<&ImageVolumeSource> {
+        match self.source() {
+            VolumeSource::Image(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// `emptyDir`, when that is its source.
+    pub fn empty_dir(&self) -> Option<&EmptyDirVolumeSource> {
+        match self.source() {
+            VolumeSource::EmptyDir(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// `secret`, when that is its source.
+    pub fn secret(&self) -> Option<&SecretVolumeSource> {
+        match self.source() {
+            VolumeSource::Secret(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// `configMap`, when that is its source.
+    pub fn config_map(&self) -> Option<&ConfigMapVolumeSource> {
+        match self.source() {
+            VolumeSource::ConfigMap(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// `downwardAPI`, when that is its source.
+    pub fn downward_api(&self) -> Option<&DownwardAPIVolumeSource> {
+        match self.source() {
+            VolumeSource::DownwardApi(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// `projected`, when that is its source.
+    pub fn projected(&self) -> Option<&ProjectedVolumeSource> {
+        match self.source() {
+            VolumeSource::Projected(s) => Some(s),
+            _ => None,
+        }
+    }
+}
+
+impl From<Volume> for InlineVolume {
+    /// Keeps the volume's name and its source. A volume sets exactly one source: the API server refuses
+    /// any other (`validateVolumeSource`, "may not specify more than 1 volume type"), as the embedded
+    /// API's admission does.
+    fn from(mut volume: Volume) -> Self {
+        let source = if let Some(s) = volume.csi.take() {
+            VolumeSource::Csi(s)
+        } else if let Some(s) = volume.image.take() {
+            VolumeSource::Image(s)
+        } else if let Some(s) = volume.empty_dir.take() {
+            VolumeSource::EmptyDir(s)
+        } else if let Some(s) = volume.secret.take() {
+            VolumeSource::Secret(s)
+        } else if let Some(s) = volume.config_map.take() {
+            VolumeSource::ConfigMap(s)
+        } else if let Some(s) = volume.downward_api.take() {
+            VolumeSource::DownwardApi(s)
+        } else if let Some(s) = volume.projected.take() {
+            VolumeSource::Projected(s)
+        } else {
+            let name = volume.name.clone();
+            return Self::new(name, VolumeSource::Other(Box::new(volume)));
+        };
+        Self::new(volume.name, source)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::HostPathVolumeSource;
+
+    #[test]
+    fn keeps_the_name_and_the_one_source() {
+        let volume = Volume {
+            name: "data".into(),
+            csi: Some(CSIVolumeSource {
+                driver: "local.inlet.dev".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let inline = InlineVolume::from(volume);
+        assert_eq!(inline.name(), "data");
+        assert_eq!(
+            inline.csi().map(|s| s.driver.as_str()),
+            Some("local.inlet.dev")
+        );
+        assert!(inline.image().is_none() && inline.empty_dir().is_none());
+    }
+
+    #[test]
+    fn keeps_a_source_no_plugin_mounts_whole() {
+        let volume = Volume {
+            name: "host".into(),
+            host_path: Some(HostPathVolumeSource {
+                path: "/var/log".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let inline = InlineVolume::from(volume.clone());
+        assert_eq!(inline.name(), "host");
+        assert_eq!(inline.source(), &VolumeSource::Other(Box::new(volume)));
+    }
+}
