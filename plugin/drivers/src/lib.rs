@@ -10,6 +10,8 @@
 //!   calls a driver receives (`--call-log`), in the kubelet-side report's form (`inlet_proto::csi_call`).
 //! - [`metrics`]: `--metrics-address`: `csi_operations_seconds` timed around the services, the published
 //!   volumes by mode.
+//! - [`health`]: the liveness check (`/healthz` beside `/metrics`, and `inlet-plugin probe`): a Probe
+//!   through the driver's own socket, as the livenessprobe sidecar makes it.
 //! - [`registration`]: the kubelet plugin-watcher registration (`--registration-dir`), no sidecar needed.
 //!
 //! Host effects (mounts, confined paths, records, crash points) come from `inlet-host`; nothing here
@@ -17,6 +19,7 @@
 //! [`server::serve_csi`]; its flags are in this crate's README.
 
 pub mod call_log;
+pub mod health;
 pub mod image;
 pub mod keys;
 pub mod local;

@@ -19,8 +19,7 @@ use inlet_plugin::metrics::{CsiMetrics, PublishedVolumes, register_published};
 use inlet_plugin::registration::Registrar;
 use inlet_plugin::server::{ServeOptions, serve_csi_with};
 use inlet_proto::csi::v1::{
-    ProbeRequest, controller_server::Controller, identity_client::IdentityClient,
-    identity_server::Identity, node_server::Node,
+    controller_server::Controller, identity_server::Identity, node_server::Node,
 };
 use prometheus_client::registry::Registry;
 
@@ -148,9 +147,15 @@ struct ServeArgs {
     #[arg(long = "artifact-insecure-registry")]
     artifact_insecure_registries: Vec<String>,
     /// Serve Prometheus metrics at http://HOST:PORT/metrics (`:PORT` for every interface):
-    /// `csi_operations_seconds`, the published volumes by mode, the image driver's pulls, `process_*`.
+    /// `csi_operations_seconds`, the published volumes by mode, the image driver's pulls, `process_*`;
+    /// and the liveness check at /healthz: 200 `ok` when the driver answers Probe on its own socket
+    /// ready, 500 with the reason otherwise (the livenessprobe sidecar's endpoint, without a sidecar).
     #[arg(long, value_name = "HOST:PORT")]
     metrics_address: Option<String>,
+    /// How long /healthz may take to connect to the driver's socket and call Probe, both together (the
+    /// livenessprobe sidecar's flag and default). Keep it under the liveness probe's timeoutSeconds.
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    probe_timeout: std::time::Duration,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -247,26 +252,7 @@ fn check_paths(args: &ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
 
 async fn probe(args: ProbeArgs) -> Result<(), Box<dyn std::error::Error>> {
     let socket = inlet_proto::uds::socket_path(&args.endpoint)?;
-    let channel = tokio::time::timeout(args.timeout, inlet_proto::uds::connect(&socket))
-        .await
-        .map_err(|_| {
-            format!(
-                "{}: no connection within {:?}",
-                socket.display(),
-                args.timeout
-            )
-        })??;
-    let mut request = tonic::Request::new(ProbeRequest {});
-    request.set_timeout(args.timeout);
-    let response = IdentityClient::new(channel)
-        .probe(request)
-        .await
-        .map_err(|e| format!("Probe: {}", inlet_proto::csi_call::rpc_error(&e)))?;
-    // An unset `ready` means ready (CSI spec, Probe).
-    match response.into_inner().ready {
-        Some(false) => Err("Probe: the driver is not ready".into()),
-        _ => Ok(()),
-    }
+    Ok(inlet_plugin::health::check(&socket, args.timeout).await?)
 }
 
 async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
@@ -306,6 +292,7 @@ async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
         stopping,
         call_log,
         metrics,
+        probe_timeout: args.probe_timeout,
         driver_name: args.name.clone(),
     };
     if let DriverKind::Image = args.driver {
@@ -371,19 +358,20 @@ async fn serve_image(
 }
 
 /// How a driver is served: its registration with the kubelet (if asked), the stop signal, the call log,
-/// the metrics endpoint (bound, not yet serving).
+/// the metrics endpoint (bound, not yet serving) and its /healthz deadline.
 struct Serving {
     registration: Option<(PathBuf, Registrar)>,
     stopping: tokio::sync::watch::Receiver<bool>,
     call_log: Option<Arc<CallLog>>,
     metrics: Option<inlet_host::metrics::MetricsListener>,
+    probe_timeout: std::time::Duration,
     driver_name: String,
 }
 
 impl Serving {
     /// Listens on the CSI socket, registers once it accepts (the kubelet calls NodeGetInfo at once), and
     /// serves until stopped; then both sockets are removed. The metrics endpoint serves the driver's
-    /// families, the process's, and those `more` registers.
+    /// families, the process's, and those `more` registers, and /healthz.
     async fn serve<S>(
         self,
         socket: &std::path::Path,
@@ -403,7 +391,9 @@ impl Serving {
             csi_metrics.register(&mut registry);
             register_published(&mut registry, &self.driver_name, service.clone());
             more(&mut registry);
-            listener.serve(Arc::new(registry))
+            let health =
+                inlet_plugin::health::health_check(socket.to_path_buf(), self.probe_timeout);
+            listener.serve_with_health(Arc::new(registry), Some(health))
         });
         let incoming = inlet_proto::uds::listen(socket).await?;
         let registration = self.registration.map(|(dir, registrar)| {

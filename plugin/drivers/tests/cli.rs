@@ -348,9 +348,9 @@ fn registers_with_the_kubelets_plugin_watcher() {
     );
 }
 
-/// `inlet-plugin probe`, the DaemonSets' liveness command: 1 with the reason when nothing answers at the
+/// `inlet-plugin probe`, the exec form of the liveness check: 1 with the reason when nothing answers at the
 /// endpoint, or when something that is not a CSI driver does (a probe that cannot fail would hide a dead
-/// driver). Its success is checked on the DaemonSets' drivers in `deploy.rs`.
+/// driver). Its success, and the DaemonSets' /healthz, are checked on their drivers in `deploy.rs`.
 #[test]
 fn probe_fails_without_a_driver_answering() {
     let dir = tempfile::tempdir().unwrap();

@@ -3,7 +3,8 @@
 //!   field of another release) is an error, not silently dropped;
 //! - each DaemonSet's `inlet-plugin` container really runs: its args (with the runtime overlay's
 //!   `--runtime-endpoint`) are given to the binary, with every absolute path moved under a temp dir; the
-//!   driver must serve its endpoint and its registration socket, answer the liveness probe's own command,
+//!   driver must serve its endpoint and its registration socket, answer its liveness probe (`/healthz` on
+//!   the port the probe names) and the probe's exec form,
 //!   and every path it is given must lie inside a volume the container mounts (the kubelet dir at its host
 //!   path, with Bidirectional propagation);
 //! - each CSIDriver object agrees with its driver (name, attach) and the examples' copies with deploy's;
@@ -23,6 +24,7 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use k8s_openapi::api::storage::v1::CSIDriver;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde_json::Value;
 
 use inlet_testkit::kit;
@@ -352,10 +354,36 @@ async fn run_daemonset(dir: &str, extra: Option<String>) {
         moved.retain(|a| !a.starts_with("--mounter="));
         moved.push("--mounter=recording".into());
     }
-    // The node's port may be taken on a test machine: any free one.
-    assert!(flag(&moved, "metrics-address").is_some(), "{moved:?}");
+    // The liveness probe asks /healthz on the port `--metrics-address` serves, within its timeoutSeconds.
+    let probe = container.liveness_probe.as_ref().unwrap();
+    let get = probe.http_get.as_ref().expect("an httpGet liveness probe");
+    assert_eq!(get.path.as_deref(), Some("/healthz"));
+    let IntOrString::String(port_name) = &get.port else {
+        panic!("the probe names its port: {:?}", get.port)
+    };
+    let port = container
+        .ports
+        .iter()
+        .flatten()
+        .find(|p| p.name.as_ref() == Some(port_name))
+        .unwrap_or_else(|| panic!("no container port {port_name}"));
+    let metrics_address = flag(&moved, "metrics-address").unwrap();
+    assert!(
+        metrics_address.ends_with(&format!(":{}", port.container_port)),
+        "{metrics_address} is not the probe's port {}",
+        port.container_port
+    );
+    let probe_timeout = humantime::parse_duration(flag(&moved, "probe-timeout").unwrap()).unwrap();
+    let timeout = Duration::from_secs(probe.timeout_seconds.unwrap_or(1) as u64);
+    assert!(probe_timeout < timeout, "--probe-timeout {probe_timeout:?}");
+    // The node's port may be taken on a test machine: a free one.
+    let metrics_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     moved.retain(|a| !a.starts_with("--metrics-address="));
-    moved.push("--metrics-address=127.0.0.1:0".into());
+    moved.push(format!("--metrics-address=127.0.0.1:{metrics_port}"));
     for dir in ["kubelet-dir", "registration-dir"] {
         std::fs::create_dir_all(flag(&moved, dir).unwrap()).unwrap();
     }
@@ -390,23 +418,21 @@ async fn run_daemonset(dir: &str, extra: Option<String>) {
     wait_for(&endpoint).await;
     wait_for(&registration).await;
 
-    // The liveness probe's own command, as the kubelet would run it in the container.
-    let probe = container
-        .liveness_probe
-        .as_ref()
-        .unwrap()
-        .exec
-        .as_ref()
-        .unwrap();
-    let command = moved_args(probe.command.as_ref().unwrap(), root.path());
-    // The image's binary (deploy/Containerfile) is the one the probe runs.
+    // The liveness probe as the kubelet sends it, within its timeoutSeconds.
+    let started = Instant::now();
+    let (status, body) = http_get(&format!("127.0.0.1:{metrics_port}"), "/healthz").await;
+    assert!(status.contains(" 200 "), "/healthz: {status}: {body}");
+    assert_eq!(body, "ok");
+    assert!(started.elapsed() < timeout, "{:?}", started.elapsed());
+    // Its exec form, run by the image's binary (deploy/Containerfile).
     let containerfile = std::fs::read_to_string(deploy().join("Containerfile")).unwrap();
-    assert!(
-        containerfile.contains(&format!("ENTRYPOINT [\"{}\"]", command[0])),
-        "{command:?}"
-    );
-    let status = Command::new(BIN).args(&command[1..]).status().unwrap();
-    assert!(status.success(), "the liveness probe fails: {status}");
+    assert!(containerfile.contains("ENTRYPOINT [\"/inlet-plugin\"]"));
+    let endpoint_flag = format!("--endpoint=unix://{}", endpoint.display());
+    let status = Command::new(BIN)
+        .args(["probe", &endpoint_flag])
+        .status()
+        .unwrap();
+    assert!(status.success(), "inlet-plugin probe fails: {status}");
 
     // The CSIDriver object agrees with the driver.
     let object = &csidrivers(dir)[&name];
@@ -440,6 +466,19 @@ async fn run_daemonset(dir: &str, extra: Option<String>) {
         !registration.exists() && !endpoint.exists(),
         "sockets left behind"
     );
+}
+
+/// `GET path` over HTTP/1.0: the status line and the body.
+async fn http_get(address: &str, path: &str) -> (String, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
+    let request = format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply).await.unwrap();
+    let (head, body) = reply.split_once("\r\n\r\n").unwrap_or((&reply, ""));
+    let status = head.lines().next().unwrap_or_default().to_string();
+    (status, body.to_string())
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -1,5 +1,5 @@
-//! `inlet-plugin serve --metrics-address`: the families a scrape returns after known calls, and the
-//! start-up errors an operator reads in `kubectl logs` (a port in use, a host path that is not there).
+//! `inlet-plugin serve --metrics-address`: the families a scrape returns after known calls, `/healthz`,
+//! and the start-up errors an operator reads in `kubectl logs` (a port in use, a host path that is not there).
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -61,9 +61,14 @@ fn local_driver(dir: &Path, metrics: &str, set: &[(&str, String)]) -> Command {
 
 /// `GET /metrics`, over a plain socket: status line and body.
 fn scrape(address: &str) -> (String, String) {
+    get(address, "/metrics")
+}
+
+/// `GET path`, over a plain socket: head and body.
+fn get(address: &str, path: &str) -> (String, String) {
     let mut stream = std::net::TcpStream::connect(address).unwrap();
     stream
-        .write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
+        .write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes())
         .unwrap();
     let mut reply = String::new();
     stream.read_to_string(&mut reply).unwrap();
@@ -192,6 +197,40 @@ fn a_scrape_counts_the_calls_made_and_the_volumes_published() {
     let mut reply = String::new();
     stream.read_to_string(&mut reply).unwrap();
     assert!(reply.contains(" 404 "), "{reply}");
+}
+
+/// `/healthz`, the DaemonSets' liveness probe: `ok` while the driver answers Probe through its socket; 500
+/// naming the socket when that socket is gone (a driver the kubelet cannot reach is not alive), within
+/// `--probe-timeout`; `ok` again once it is back. Other paths are 404.
+#[test]
+fn healthz_answers_for_the_driver_behind_its_socket() {
+    let dir = tempfile::tempdir().unwrap();
+    let address = format!("127.0.0.1:{}", free_port());
+    let set = [("--probe-timeout", "500ms".to_string())];
+    let _driver = Driver(local_driver(dir.path(), &address, &set).spawn().unwrap());
+    let socket = dir.path().join("csi.sock");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !socket.exists() {
+        assert!(Instant::now() < deadline, "the driver never listened");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (head, body) = get(&address, "/healthz");
+    assert!(head.starts_with("HTTP/1.0 200"), "{head}: {body}");
+    assert_eq!(body, "ok");
+
+    let moved = dir.path().join("moved.sock");
+    std::fs::rename(&socket, &moved).unwrap();
+    let started = Instant::now();
+    let (head, body) = get(&address, "/healthz");
+    assert!(head.starts_with("HTTP/1.0 500"), "{head}: {body}");
+    assert!(body.contains(&socket.display().to_string()), "{body}");
+    assert!(started.elapsed() < Duration::from_secs(5));
+
+    std::fs::rename(&moved, &socket).unwrap();
+    let (head, body) = get(&address, "/healthz");
+    assert!(head.starts_with("HTTP/1.0 200"), "{head}: {body}");
+    let (head, _) = get(&address, "/readyz");
+    assert!(head.starts_with("HTTP/1.0 404"), "{head}");
 }
 
 #[test]

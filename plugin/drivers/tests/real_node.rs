@@ -10,8 +10,9 @@
 //!    (image driver); the pods write and read their volumes;
 //! 3. a scrape of each driver's `/metrics` (the node's port: the DaemonSets use hostNetwork) counts the
 //!    calls made: two NodePublishVolume for the local driver, one for the image driver, one pull;
-//! 4. containerd only: the image driver's process is stopped (SIGSTOP, a hang); its liveness probe fails
-//!    and the kubelet restarts the container, which registers again;
+//! 4. no liveness probe (`GET /healthz`) has failed, and no driver restarted; then, containerd only, the
+//!    image driver's process is stopped (SIGSTOP, a hang); its liveness probe fails and the kubelet
+//!    restarts the container, which registers again;
 //! 5. upgrade: `kubectl rollout restart` of the local driver and a new image tag for the image driver
 //!    while volumes are published: the volumes keep serving, the new pods take over the records, and the
 //!    pods' deletion tears down through them (the new local driver's scrape counts both unpublishes);
@@ -430,6 +431,21 @@ fn on_runtime(
         assert!(sample(scrape, "process_resident_memory_bytes") > 0.0);
     }
     println!("{name}: a scrape of the local driver:\n{}", summary(&local));
+
+    // The liveness probes have run a few times by now (every 10 s) and passed: no failure and no restart
+    // on any runtime. An exec probe failed every time on CRI-O ("unable to apply caps").
+    let events = kit.kubectl(&["-n", "kube-system", "get", "events"]);
+    assert!(
+        !events.contains("Liveness probe failed"),
+        "{name}: {events}"
+    );
+    for set in ["inlet-local-driver", "inlet-image-driver"] {
+        assert_eq!(
+            driver_pod(&kit, set).1,
+            "0",
+            "{name}: {set} restarted: {events}"
+        );
+    }
 
     // 4. A hung driver is restarted by its liveness probe.
     if name == "containerd" {

@@ -6,7 +6,7 @@
 //! image engine, a driver served in-process by kubelet-sim) holds its families unconditionally and the
 //! binary decides whether they are exposed.
 //!
-//! - [`server`]: the HTTP endpoint, bound before the program reports itself started, so a port in use is
+//! - [`server`]: the HTTP endpoint (and a program's `/healthz`), bound before the program reports itself started, so a port in use is
 //!   a start-up error.
 //! - [`process`]: `process_*`, the figures every Go component (the kubelet, the CSI sidecars) exposes
 //!   through client_golang's process collector, read from `/proc/self`.
@@ -15,7 +15,7 @@
 pub mod process;
 pub mod server;
 
-pub use server::{MetricsEndpoint, MetricsError, MetricsListener, bind, serve};
+pub use server::{HealthCheck, MetricsEndpoint, MetricsError, MetricsListener, bind, serve};
 
 /// The buckets of the kubelet's `storage_operation_duration_seconds` and `csi_operations_seconds`, and of
 /// the CSI sidecars' operation histograms (`pkg/volume/util/metrics.go`, csi-lib-utils

@@ -1,5 +1,6 @@
 //! `GET /metrics` over HTTP/1 on a TCP address: the registry in OpenMetrics text, which Prometheus
-//! scrapes. Nothing else is served (404), and nothing is read from the request but its method and path.
+//! scrapes; and `GET /healthz` where the program gives a [`HealthCheck`] (the drivers, for their liveness
+//! probe). Nothing else is served (404), and nothing is read from the request but its method and path.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -11,6 +12,12 @@ use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
+
+/// What `/healthz` answers: `Ok` is 200 `ok`, an error is 500 with its text (the livenessprobe sidecar's
+/// answers, kubernetes-csi/livenessprobe `cmd/livenessprobe/main.go`).
+pub type HealthCheck = Arc<
+    dyn Fn() -> std::pin::Pin<Box<dyn Future<Output = Result<(), String>> + Send>> + Send + Sync,
+>;
 
 /// The content type of OpenMetrics text, which `prometheus_client` writes.
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -108,12 +115,23 @@ pub async fn bind(address: &str) -> Result<MetricsListener, MetricsError> {
 impl MetricsListener {
     /// Serves `registry` at `/metrics` until the returned endpoint is dropped.
     pub fn serve(self, registry: Arc<Registry>) -> MetricsEndpoint {
+        self.serve_with_health(registry, None)
+    }
+
+    /// Serves `registry` at `/metrics`, and `health` at `/healthz` when given, until the returned
+    /// endpoint is dropped.
+    pub fn serve_with_health(
+        self,
+        registry: Arc<Registry>,
+        health: Option<HealthCheck>,
+    ) -> MetricsEndpoint {
         let listener = self.0;
         let address = listener
             .local_addr()
             .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
-        tracing::info!(%address, "serving metrics at /metrics");
-        let task = tokio::spawn(accept(listener, registry));
+        tracing::info!(%address, healthz = health.is_some(), "serving metrics at /metrics");
+        let routes = Arc::new(Routes { registry, health });
+        let task = tokio::spawn(accept(listener, routes));
         MetricsEndpoint { address, task }
     }
 }
@@ -125,7 +143,13 @@ const MAX_CONNECTIONS: usize = 16;
 /// How long a client may take to send its request's head.
 const HEADER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
-async fn accept(listener: TcpListener, registry: Arc<Registry>) {
+/// What the endpoint serves.
+struct Routes {
+    registry: Arc<Registry>,
+    health: Option<HealthCheck>,
+}
+
+async fn accept(listener: TcpListener, routes: Arc<Routes>) {
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {
         let stream = match listener.accept().await {
@@ -141,11 +165,11 @@ async fn accept(listener: TcpListener, registry: Arc<Registry>) {
             drop(stream);
             continue;
         };
-        let registry = Arc::clone(&registry);
+        let routes = Arc::clone(&routes);
         tokio::spawn(async move {
             let _slot = slot;
             let service =
-                hyper::service::service_fn(move |request| respond(request, Arc::clone(&registry)));
+                hyper::service::service_fn(move |request| respond(request, Arc::clone(&routes)));
             let connection = hyper::server::conn::http1::Builder::new()
                 .timer(hyper_util::rt::TokioTimer::new())
                 .header_read_timeout(HEADER_TIMEOUT)
@@ -159,7 +183,7 @@ async fn accept(listener: TcpListener, registry: Arc<Registry>) {
 
 async fn respond(
     request: Request<Incoming>,
-    registry: Arc<Registry>,
+    routes: Arc<Routes>,
 ) -> Result<Response<Full<Bytes>>, std::convert::Infallible> {
     let reply = |status: StatusCode, content_type: &'static str, body: String| {
         let mut response = Response::new(Full::new(Bytes::from(body)));
@@ -170,20 +194,32 @@ async fn respond(
         );
         Ok(response)
     };
-    if request.uri().path() != "/metrics" {
-        return reply(
-            StatusCode::NOT_FOUND,
-            "text/plain",
-            "404 page not found\n".into(),
-        );
-    }
+    let path = request.uri().path();
+    let health = match (path, &routes.health) {
+        ("/metrics", _) => None,
+        ("/healthz", Some(health)) => Some(health),
+        _ => {
+            return reply(
+                StatusCode::NOT_FOUND,
+                "text/plain",
+                "404 page not found\n".into(),
+            );
+        }
+    };
     if request.method() != Method::GET && request.method() != Method::HEAD {
         return reply(
             StatusCode::METHOD_NOT_ALLOWED,
             "text/plain",
-            "only GET /metrics\n".into(),
+            format!("only GET {path}\n"),
         );
     }
+    if let Some(health) = health {
+        return match health().await {
+            Ok(()) => reply(StatusCode::OK, "text/plain", "ok".into()),
+            Err(error) => reply(StatusCode::INTERNAL_SERVER_ERROR, "text/plain", error),
+        };
+    }
+    let registry = Arc::clone(&routes.registry);
     // Collectors read /proc and the drivers' state: off the async workers.
     let text = tokio::task::spawn_blocking(move || {
         let mut text = String::new();
