@@ -17,6 +17,7 @@
 //!   cri-fake; [`specs`]: pod volume -> spec.
 //! - [`metrics`]: `--metrics-address`: the kubelet's storage metrics (upstream's names and labels).
 //! - [`sim`]: a whole simulated cluster; [`report`]: the JSON report and the summary table;
+//!   [`deflated`]: the report's logs of calls and reads, kept deflated;
 //!   [`signals`]: SIGINT/SIGTERM for a run (tear down, then exit 128+N; a second signal exits at once).
 //! - `main.rs`: the `kubelet-sim run` CLI.
 
@@ -26,6 +27,7 @@ pub mod cluster;
 pub mod conform;
 pub mod controllers;
 pub mod cri;
+pub mod deflated;
 pub mod drivers;
 pub mod images;
 pub mod metrics;

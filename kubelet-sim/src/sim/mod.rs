@@ -4,6 +4,7 @@
 //!
 //! # Layout
 //! - `mod.rs`: [`Simulation`]: starting and stopping the runtime, nodes and drivers; waiting.
+//! - `calls.rs`: [`ReportedCalls`], every CSI call the nodes make, kept deflated for the report.
 //! - `apply.rs`: manifests applied as an API server and scheduler would (or created in a real cluster).
 //! - `report.rs`: the report now, and whether every pod is where its manifest expects it.
 //! - `teardown.rs`: every pod deleted, and the scan for anything left under the root.
@@ -11,10 +12,13 @@
 //! - `error.rs`: [`SimError`], why a simulation (or one of its steps) could not run.
 
 mod apply;
+mod calls;
 mod error;
 mod report;
 mod runtimes;
 mod teardown;
+
+pub use calls::{IN_FLIGHT, ReportedCalls};
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -23,8 +27,6 @@ use std::time::{Duration, Instant};
 
 use cri_fake::FakeRuntime;
 use inlet_host::mount::MountLayer;
-use inlet_proto::csi_call::CsiCall;
-use inlet_volume::csi::CsiObserver;
 use k8s_openapi::api::core::v1::Pod;
 use parking_lot::Mutex;
 
@@ -108,80 +110,6 @@ fn open_files_short(config: &SimConfig) -> Option<(u64, u64)> {
     let per_node = OPEN_FILES_PER_NODE + 2 * config.drivers.len() as u64;
     let needed = 256 + config.nodes as u64 * per_node;
     (needed > limit).then_some((needed, limit))
-}
-
-/// Collects every CSI call the nodes make, for the report: those that returned, and those still in flight.
-/// A returned call is kept as its report's JSON (about half the memory of a [`CsiCall`], whose maps and
-/// strings are each an allocation): a run of 100,000 pods makes 600,000 calls.
-#[derive(Default)]
-pub struct ReportedCalls {
-    returned: Mutex<Vec<Box<str>>>,
-    /// The returned calls counted by method, then by code.
-    counts: Mutex<BTreeMap<String, BTreeMap<String, usize>>>,
-    in_flight: Mutex<BTreeMap<u64, (CsiCall, std::time::Instant)>>,
-    next: std::sync::atomic::AtomicU64,
-}
-
-/// The `code` of a call reported while it has no answer yet.
-pub const IN_FLIGHT: &str = "InFlight";
-
-impl CsiObserver for ReportedCalls {
-    fn observe(&self, call: CsiCall, elapsed: std::time::Duration) {
-        crate::metrics::METRICS.csi_call(&call, elapsed);
-        // A CsiCall is plain strings and maps: it always serializes.
-        let line = serde_json::to_string(&call).unwrap_or_default();
-        self.returned.lock().push(line.into_boxed_str());
-        let mut counts = self.counts.lock();
-        let by_code = counts.entry(call.method).or_default();
-        *by_code.entry(call.code).or_default() += 1;
-    }
-
-    fn started(&self, call: CsiCall) -> u64 {
-        let token = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        self.in_flight
-            .lock()
-            .insert(token, (call, std::time::Instant::now()));
-        token
-    }
-
-    fn finished(&self, token: u64) {
-        self.in_flight.lock().remove(&token);
-    }
-}
-
-impl ReportedCalls {
-    /// Every call that returned so far.
-    pub fn calls(&self) -> Vec<CsiCall> {
-        let lines = self.returned.lock().clone();
-        lines
-            .iter()
-            .filter_map(|line| serde_json::from_str(line).ok())
-            .collect()
-    }
-
-    /// How many calls returned so far.
-    pub fn returned(&self) -> usize {
-        self.returned.lock().len()
-    }
-
-    /// The calls that returned so far, counted by method, then by code (`OK`, `NotFound`, ...).
-    pub fn counts(&self) -> BTreeMap<String, BTreeMap<String, usize>> {
-        self.counts.lock().clone()
-    }
-
-    /// The calls sent and not answered yet, in the order they were sent: code [`IN_FLIGHT`], and how long
-    /// each has waited.
-    pub fn in_flight(&self) -> Vec<CsiCall> {
-        self.in_flight
-            .lock()
-            .values()
-            .map(|(call, since)| CsiCall {
-                code: IN_FLIGHT.into(),
-                message: format!("no answer after {:.1}s", since.elapsed().as_secs_f64()),
-                ..call.clone()
-            })
-            .collect()
-    }
 }
 
 /// A running simulation.
