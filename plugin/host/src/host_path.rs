@@ -60,6 +60,9 @@ pub fn check(root: &Path, relative: &Path) -> Result<(), Refused> {
 pub fn open_below(root: &Path, relative: &Path) -> Result<Option<OwnedFd>, Refused> {
     let mut dir = open_dir(root).map_err(Refused::Io)?;
     let components = normal_components(relative)?;
+    if let Some(opened) = open_beneath(&dir, relative, &components)? {
+        return Ok(opened);
+    }
     for (i, name) in components.iter().enumerate() {
         let shown = || root.join(components[..=i].iter().collect::<PathBuf>());
         let child = match openat(
@@ -91,7 +94,16 @@ pub fn open_below(root: &Path, relative: &Path) -> Result<Option<OwnedFd>, Refus
 pub fn create_dirs(root: &Path, relative: &Path, mode: u32) -> io::Result<()> {
     let mode = Mode::from_bits_truncate(mode);
     let mut dir = open_dir(root)?;
-    let components = normal_components(relative).map_err(|e| io::Error::other(e.to_string()))?;
+    let mut components =
+        normal_components(relative).map_err(|e| io::Error::other(e.to_string()))?;
+    // Usually only the last directory is missing (a target path below the pod's volume dir): its parent
+    // is opened in one call, as `open_beneath` does, and the walk below makes the last alone.
+    if let (Some(parent), [.., _]) = (relative.parent(), components.as_slice())
+        && let Some(opened) = open_dir_beneath(&dir, parent)
+    {
+        dir = opened;
+        components.drain(..components.len() - 1);
+    }
     for name in components {
         let made = match mkdirat(dir.as_fd(), name, mode) {
             Ok(()) => true,
@@ -142,6 +154,53 @@ pub fn open_no_follow(path: &Path) -> io::Result<OwnedFd> {
     Ok(fd)
 }
 
+/// The walk of [`open_below`] in one `openat2` (Linux 5.6): the kernel refuses any symlink on the way
+/// (`RESOLVE_NO_SYMLINKS`) and anything outside `dir` (`RESOLVE_BENEATH`), where the walk takes three calls
+/// a component (a kubelet's target path has seven; the reconciler checks one after every publish). With
+/// `O_PATH | O_NOFOLLOW` a last component that is a symlink is opened itself, so its type is checked as the
+/// walk checks it. Some(None) when a component is missing. None when the kernel refused the path or has no
+/// `openat2`: its error does not say which component, so the walk runs to name it.
+fn open_beneath(
+    dir: &OwnedFd,
+    relative: &Path,
+    components: &[&std::ffi::OsStr],
+) -> Result<Option<Option<OwnedFd>>, Refused> {
+    use rustix::fs::{OFlags, ResolveFlags};
+    if components.is_empty() {
+        return Ok(None);
+    }
+    let opened = rustix::fs::openat2(
+        dir,
+        relative,
+        OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+        ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS,
+    );
+    match opened {
+        Ok(fd) if file_type(&fd).map_err(Refused::Io)? == SFlag::S_IFLNK => Ok(None),
+        Ok(fd) => Ok(Some(Some(fd))),
+        Err(rustix::io::Errno::NOENT) => Ok(Some(None)),
+        Err(_) => Ok(None),
+    }
+}
+
+/// `relative`, a directory below `dir`, opened in one `openat2` refusing any symlink and anything outside
+/// `dir`; None when that fails for any reason (missing, refused, no `openat2`), for the caller's walk.
+fn open_dir_beneath(dir: &OwnedFd, relative: &Path) -> Option<OwnedFd> {
+    use rustix::fs::{OFlags, ResolveFlags};
+    if relative.as_os_str().is_empty() {
+        return None;
+    }
+    rustix::fs::openat2(
+        dir,
+        relative,
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+        ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS,
+    )
+    .ok()
+}
+
 fn open_dir(root: &Path) -> io::Result<OwnedFd> {
     Ok(open(
         root,
@@ -171,6 +230,7 @@ fn normal_components(relative: &Path) -> Result<Vec<&std::ffi::OsStr>, Refused> 
 mod tests {
     use super::*;
     use std::fs;
+    use std::os::fd::AsRawFd;
     use std::os::unix::fs::symlink;
 
     #[test]
@@ -196,9 +256,28 @@ mod tests {
             Err(Refused::NotADirectory(_))
         ));
         check(&root, Path::new("file")).unwrap();
+        // What is opened is the path asked for, and a missing one is None, by either walk.
+        let opened = open_below(&root, Path::new("pods/uid")).unwrap().unwrap();
+        let link = fs::read_link(format!("/proc/self/fd/{}", opened.as_raw_fd())).unwrap();
+        assert_eq!(link, root.join("pods/uid"));
+        assert!(
+            open_below(&root, Path::new("pods/uid/missing/mount"))
+                .unwrap()
+                .is_none()
+        );
+        assert!(open_below(&root, Path::new("pods/uid/volumes/missing")).is_err());
 
         create_dirs(&root, Path::new("pods/uid/new/mount"), 0o750).unwrap();
         assert!(root.join("pods/uid/new/mount").is_dir());
+        // The parent there, the last made alone, with its mode; a symlink as the last is refused.
+        create_dirs(&root, Path::new("pods/uid/new/other"), 0o705).unwrap();
+        let made = fs::metadata(root.join("pods/uid/new/other")).unwrap();
+        assert_eq!(
+            std::os::unix::fs::PermissionsExt::mode(&made.permissions()) & 0o777,
+            0o705
+        );
+        symlink(outside.path(), root.join("pods/uid/new/link")).unwrap();
+        assert!(create_dirs(&root, Path::new("pods/uid/new/link"), 0o750).is_err());
         assert!(create_dirs(&root, Path::new("pods/uid/volumes/x/mount"), 0o750).is_err());
         assert_eq!(
             fs::read_dir(outside.path()).unwrap().count(),
