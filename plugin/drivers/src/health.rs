@@ -24,7 +24,10 @@ pub const NOT_READY: &str = "driver responded but is not ready";
 /// whole check, as the sidecar's `--probe-timeout`). The error says what failed, in the sidecar's words
 /// where it has them.
 pub async fn check(socket: &Path, timeout: Duration) -> Result<(), String> {
-    let deadline = Instant::now() + timeout;
+    // A timeout past what the clock can add is no deadline at all, not a panic.
+    let deadline = Instant::now()
+        .checked_add(timeout)
+        .unwrap_or_else(|| Instant::now() + Duration::from_secs(86_400 * 365));
     let channel = tokio::time::timeout_at(deadline, inlet_proto::uds::connect(socket))
         .await
         .map_err(|_| format!("{}: no connection within {timeout:?}", socket.display()))?

@@ -384,6 +384,9 @@ impl Serving {
         let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
             let _ = rx.wait_for(|stop| *stop).await;
         };
+        // The socket exists before /healthz is served, so a liveness probe at the container's start does
+        // not find it missing; its connections wait in the backlog until the CSI server below serves.
+        let incoming = inlet_proto::uds::listen(socket).await?;
         let csi_metrics = CsiMetrics::new(&self.driver_name);
         let endpoint = self.metrics.map(|listener| {
             let mut registry = Registry::default();
@@ -395,7 +398,6 @@ impl Serving {
                 inlet_plugin::health::health_check(socket.to_path_buf(), self.probe_timeout);
             listener.serve_with_health(Arc::new(registry), Some(health))
         });
-        let incoming = inlet_proto::uds::listen(socket).await?;
         let registration = self.registration.map(|(dir, registrar)| {
             let stop = stopped(self.stopping.clone());
             tokio::spawn(async move { registrar.serve(&dir, stop).await })
