@@ -12,4 +12,5 @@ mod identity;
 mod node;
 mod restart;
 mod secrets;
+mod snapshots;
 mod symlinks;
