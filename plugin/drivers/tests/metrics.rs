@@ -233,6 +233,33 @@ fn healthz_answers_for_the_driver_behind_its_socket() {
     assert!(head.starts_with("HTTP/1.0 404"), "{head}");
 }
 
+/// Clients holding every connection slot (16, idle) do not fail the liveness probe: `/healthz` is answered
+/// on a slot kept for it, where anything else is 503; once they are gone, scrapes work again.
+#[test]
+fn healthz_answers_while_idle_clients_hold_every_slot() {
+    let dir = tempfile::tempdir().unwrap();
+    let address = format!("127.0.0.1:{}", free_port());
+    let _driver = Driver(local_driver(dir.path(), &address, &[]).spawn().unwrap());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !dir.path().join("csi.sock").exists() {
+        assert!(Instant::now() < deadline, "the driver never listened");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let idle: Vec<_> = (0..16)
+        .map(|_| std::net::TcpStream::connect(&address).unwrap())
+        .collect();
+    // The server takes each connection in turn: let it reach the 16th.
+    std::thread::sleep(Duration::from_millis(200));
+    let (head, body) = get(&address, "/healthz");
+    assert!(head.starts_with("HTTP/1.0 200"), "{head}: {body}");
+    let (head, _) = get(&address, "/metrics");
+    assert!(head.starts_with("HTTP/1.0 503"), "{head}");
+    drop(idle);
+    std::thread::sleep(Duration::from_millis(200));
+    let (head, _) = scrape(&address);
+    assert!(head.starts_with("HTTP/1.0 200"), "{head}");
+}
+
 #[test]
 fn a_metrics_port_in_use_stops_the_start_with_one_line() {
     let dir = tempfile::tempdir().unwrap();

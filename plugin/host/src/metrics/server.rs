@@ -143,6 +143,15 @@ const MAX_CONNECTIONS: usize = 16;
 /// How long a client may take to send its request's head.
 const HEADER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// Connections kept for `/healthz` when the others are all taken, so that clients holding every slot (a
+/// scraper stuck, or slow clients on a node's port) do not fail the kubelet's liveness probe and get a
+/// healthy driver restarted. A connection in one is answered only for `/healthz` and must send its head
+/// within [`RESERVED_HEADER_TIMEOUT`]; the kubelet's probe sends it at once.
+const RESERVED_FOR_HEALTH: usize = 2;
+
+/// How long a client in a reserved slot may take to send its request's head.
+const RESERVED_HEADER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// What the endpoint serves.
 struct Routes {
     registry: Arc<Registry>,
@@ -151,6 +160,10 @@ struct Routes {
 
 async fn accept(listener: TcpListener, routes: Arc<Routes>) {
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let reserved = Arc::new(tokio::sync::Semaphore::new(match routes.health {
+        Some(_) => RESERVED_FOR_HEALTH,
+        None => 0,
+    }));
     loop {
         let stream = match listener.accept().await {
             Ok((stream, _)) => stream,
@@ -161,18 +174,29 @@ async fn accept(listener: TcpListener, routes: Arc<Routes>) {
                 continue;
             }
         };
-        let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
-            drop(stream);
-            continue;
+        let (slot, health_only) = match Arc::clone(&slots).try_acquire_owned() {
+            Ok(slot) => (slot, false),
+            Err(_) => match Arc::clone(&reserved).try_acquire_owned() {
+                Ok(slot) => (slot, true),
+                Err(_) => {
+                    drop(stream);
+                    continue;
+                }
+            },
         };
         let routes = Arc::clone(&routes);
         tokio::spawn(async move {
             let _slot = slot;
-            let service =
-                hyper::service::service_fn(move |request| respond(request, Arc::clone(&routes)));
+            let service = hyper::service::service_fn(move |request| {
+                respond(request, Arc::clone(&routes), health_only)
+            });
+            let header_timeout = match health_only {
+                true => RESERVED_HEADER_TIMEOUT,
+                false => HEADER_TIMEOUT,
+            };
             let connection = hyper::server::conn::http1::Builder::new()
                 .timer(hyper_util::rt::TokioTimer::new())
-                .header_read_timeout(HEADER_TIMEOUT)
+                .header_read_timeout(header_timeout)
                 .serve_connection(TokioIo::new(stream), service);
             if let Err(e) = connection.await {
                 tracing::debug!("metrics: connection: {e}");
@@ -181,9 +205,11 @@ async fn accept(listener: TcpListener, routes: Arc<Routes>) {
     }
 }
 
+/// Answers a request; on a connection in a reserved slot (`health_only`), only `/healthz`.
 async fn respond(
     request: Request<Incoming>,
     routes: Arc<Routes>,
+    health_only: bool,
 ) -> Result<Response<Full<Bytes>>, std::convert::Infallible> {
     let reply = |status: StatusCode, content_type: &'static str, body: String| {
         let mut response = Response::new(Full::new(Bytes::from(body)));
@@ -195,6 +221,13 @@ async fn respond(
         Ok(response)
     };
     let path = request.uri().path();
+    if health_only && path != "/healthz" {
+        return reply(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "text/plain",
+            "too many connections\n".into(),
+        );
+    }
     let health = match (path, &routes.health) {
         ("/metrics", _) => None,
         ("/healthz", Some(health)) => Some(health),
