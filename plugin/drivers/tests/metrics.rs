@@ -76,6 +76,15 @@ fn get(address: &str, path: &str) -> (String, String) {
     (head.to_string(), body.to_string())
 }
 
+/// Waits (10 s at most) for the driver's socket to appear.
+fn wait_for_socket(socket: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !socket.exists() {
+        assert!(Instant::now() < deadline, "the driver never listened");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Each sample of a scrape, by its name and labels as written.
 fn samples(body: &str) -> HashMap<String, f64> {
     body.lines()
@@ -209,11 +218,7 @@ fn healthz_answers_for_the_driver_behind_its_socket() {
     let set = [("--probe-timeout", "500ms".to_string())];
     let _driver = Driver(local_driver(dir.path(), &address, &set).spawn().unwrap());
     let socket = dir.path().join("csi.sock");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !socket.exists() {
-        assert!(Instant::now() < deadline, "the driver never listened");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_for_socket(&socket);
     let (head, body) = get(&address, "/healthz");
     assert!(head.starts_with("HTTP/1.0 200"), "{head}: {body}");
     assert_eq!(body, "ok");
@@ -240,11 +245,7 @@ fn healthz_answers_while_idle_clients_hold_every_slot() {
     let dir = tempfile::tempdir().unwrap();
     let address = format!("127.0.0.1:{}", free_port());
     let _driver = Driver(local_driver(dir.path(), &address, &[]).spawn().unwrap());
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !dir.path().join("csi.sock").exists() {
-        assert!(Instant::now() < deadline, "the driver never listened");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_for_socket(&dir.path().join("csi.sock"));
     let idle: Vec<_> = (0..16)
         .map(|_| std::net::TcpStream::connect(&address).unwrap())
         .collect();

@@ -5,6 +5,8 @@
 //! unpublish would later unmount whatever is there. So every component below the kubelet dir is opened with
 //! O_NOFOLLOW, one at a time, and must be a real directory; missing ones are made with `mkdirat` inside the
 //! directory just opened, as the kubelet's own subpath code does (`pkg/volume/util/subpath/subpath_linux.go`).
+//! Where the kernel has `openat2`, it does that walk in one call first, and the walk here runs only to name
+//! what it refused.
 
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
@@ -60,8 +62,17 @@ pub fn check(root: &Path, relative: &Path) -> Result<(), Refused> {
 pub fn open_below(root: &Path, relative: &Path) -> Result<Option<OwnedFd>, Refused> {
     let mut dir = open_dir(root).map_err(Refused::Io)?;
     let components = normal_components(relative)?;
-    if let Some(opened) = open_beneath(&dir, relative, &components)? {
-        return Ok(opened);
+    // The kernel's walk first (`beneath`); a refusal, or a kernel without `openat2`, walks again below
+    // to name the component at fault. A last component that is a symlink is opened itself (O_PATH |
+    // O_NOFOLLOW), so its type is checked as the walk checks it.
+    if !components.is_empty() {
+        match beneath(&dir, relative, rustix::fs::OFlags::empty()) {
+            Ok(fd) if file_type(&fd).map_err(Refused::Io)? != SFlag::S_IFLNK => {
+                return Ok(Some(fd));
+            }
+            Err(rustix::io::Errno::NOENT) => return Ok(None),
+            _ => {}
+        }
     }
     for (i, name) in components.iter().enumerate() {
         let shown = || root.join(components[..=i].iter().collect::<PathBuf>());
@@ -97,9 +108,9 @@ pub fn create_dirs(root: &Path, relative: &Path, mode: u32) -> io::Result<()> {
     let mut components =
         normal_components(relative).map_err(|e| io::Error::other(e.to_string()))?;
     // Usually only the last directory is missing (a target path below the pod's volume dir): its parent
-    // is opened in one call, as `open_beneath` does, and the walk below makes the last alone.
+    // is opened in one call (`beneath`), and the walk below makes the last alone.
     if let (Some(parent), [.., _]) = (relative.parent(), components.as_slice())
-        && let Some(opened) = open_dir_beneath(&dir, parent)
+        && let Ok(opened) = beneath(&dir, parent, rustix::fs::OFlags::DIRECTORY)
     {
         dir = opened;
         components.drain(..components.len() - 1);
@@ -154,51 +165,23 @@ pub fn open_no_follow(path: &Path) -> io::Result<OwnedFd> {
     Ok(fd)
 }
 
-/// The walk of [`open_below`] in one `openat2` (Linux 5.6): the kernel refuses any symlink on the way
-/// (`RESOLVE_NO_SYMLINKS`) and anything outside `dir` (`RESOLVE_BENEATH`), where the walk takes three calls
-/// a component (a kubelet's target path has seven; the reconciler checks one after every publish). With
-/// `O_PATH | O_NOFOLLOW` a last component that is a symlink is opened itself, so its type is checked as the
-/// walk checks it. Some(None) when a component is missing. None when the kernel refused the path or has no
-/// `openat2`: its error does not say which component, so the walk runs to name it.
-fn open_beneath(
+/// `relative` below `dir` opened (O_PATH, plus `flags`) in one `openat2` (Linux 5.6), the walk done by the
+/// kernel: it refuses any symlink on the way (`RESOLVE_NO_SYMLINKS`) and anything outside `dir`
+/// (`RESOLVE_BENEATH`), where the walk here takes three calls a component (a kubelet's target path has
+/// seven, and the reconciler checks one after every publish). Its error does not say which component.
+fn beneath(
     dir: &OwnedFd,
     relative: &Path,
-    components: &[&std::ffi::OsStr],
-) -> Result<Option<Option<OwnedFd>>, Refused> {
+    flags: rustix::fs::OFlags,
+) -> rustix::io::Result<OwnedFd> {
     use rustix::fs::{OFlags, ResolveFlags};
-    if components.is_empty() {
-        return Ok(None);
-    }
-    let opened = rustix::fs::openat2(
-        dir,
-        relative,
-        OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        rustix::fs::Mode::empty(),
-        ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS,
-    );
-    match opened {
-        Ok(fd) if file_type(&fd).map_err(Refused::Io)? == SFlag::S_IFLNK => Ok(None),
-        Ok(fd) => Ok(Some(Some(fd))),
-        Err(rustix::io::Errno::NOENT) => Ok(Some(None)),
-        Err(_) => Ok(None),
-    }
-}
-
-/// `relative`, a directory below `dir`, opened in one `openat2` refusing any symlink and anything outside
-/// `dir`; None when that fails for any reason (missing, refused, no `openat2`), for the caller's walk.
-fn open_dir_beneath(dir: &OwnedFd, relative: &Path) -> Option<OwnedFd> {
-    use rustix::fs::{OFlags, ResolveFlags};
-    if relative.as_os_str().is_empty() {
-        return None;
-    }
     rustix::fs::openat2(
         dir,
         relative,
-        OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC | flags,
         rustix::fs::Mode::empty(),
         ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS,
     )
-    .ok()
 }
 
 fn open_dir(root: &Path) -> io::Result<OwnedFd> {
