@@ -8,9 +8,12 @@ use std::time::{Duration, Instant};
 use cri_fake::FakeRuntime;
 use cri_fake::pull::Registries;
 
+use inlet_proto::codec::unary_boxed;
 use inlet_proto::runtime::v1::{
+    CreateContainerRequest, CreateContainerResponse, RunPodSandboxRequest, RunPodSandboxResponse,
     image_service_client::ImageServiceClient, runtime_service_client::RuntimeServiceClient,
 };
+use tonic::Status;
 use tonic::transport::Channel;
 
 use crate::images::SimImages;
@@ -30,6 +33,8 @@ pub struct Cri {
     pub runtime_name: String,
     /// The runtime's version as CRI Version reports it (`v2.1.5`, `1.32.4`); empty when it does not answer.
     pub runtime_version: String,
+    /// The channel `runtime` calls on, for the calls made with their request on the heap.
+    runtime_channel: Channel,
 }
 
 impl Cri {
@@ -43,6 +48,7 @@ impl Cri {
     ) -> Result<Self, inlet_proto::uds::EndpointError> {
         let runtime = inlet_proto::uds::connect_with_timeout(socket, Some(runtime_timeout)).await?;
         let image = inlet_proto::uds::connect(socket).await?;
+        let runtime_channel = runtime.clone();
         let mut runtime = RuntimeServiceClient::new(runtime);
         let request = inlet_proto::runtime::v1::VersionRequest {
             version: "v1".into(),
@@ -60,7 +66,27 @@ impl Cri {
             image: ImageServiceClient::new(image),
             runtime_name,
             runtime_version,
+            runtime_channel,
         })
+    }
+
+    /// RunPodSandbox, its request on the heap while in flight ([`unary_boxed`]): a node starts all its
+    /// pods at once.
+    pub async fn run_pod_sandbox(
+        &self,
+        request: RunPodSandboxRequest,
+    ) -> Result<RunPodSandboxResponse, Status> {
+        let path = "/runtime.v1.RuntimeService/RunPodSandbox";
+        unary_boxed(self.runtime_channel.clone(), path, Box::new(request)).await
+    }
+
+    /// CreateContainer, its request on the heap while in flight ([`unary_boxed`]).
+    pub async fn create_container(
+        &self,
+        request: CreateContainerRequest,
+    ) -> Result<CreateContainerResponse, Status> {
+        let path = "/runtime.v1.RuntimeService/CreateContainer";
+        unary_boxed(self.runtime_channel.clone(), path, Box::new(request)).await
     }
 }
 

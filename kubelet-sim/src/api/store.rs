@@ -53,6 +53,10 @@ fn node_of<T: Kind>(object: Option<&T>) -> Option<String> {
         .map(|attachment| attachment.spec.node_name.clone())
 }
 
+fn is_pod<T: Kind>() -> bool {
+    TypeId::of::<T>() == TypeId::of::<Pod>()
+}
+
 /// `namespace/name`, or `name` for cluster-scoped objects (namespace empty).
 pub type Key = (String, String);
 
@@ -123,6 +127,11 @@ pub struct Api {
     reads: crate::deflated::DeflatedLines,
     /// The pods by node name (`spec.nodeName`), maintained on every Pod change.
     pods_by_node: RwLock<HashMap<String, BTreeMap<Key, Arc<Pod>>>>,
+    /// Pods that left the API (removed, or replaced by one of another UID), by the node they were on, as
+    /// a watch's DELETE carries the object's last state: a node stops what it ran of them (see
+    /// [`Api::take_removed_pods`]) without keeping a reference to every pod it runs, which would make
+    /// every change of a pod a copy of it.
+    removed_pods: Mutex<HashMap<String, Vec<Arc<Pod>>>>,
     /// Events by pod UID (see `Api::record_event`).
     pub(crate) events: Mutex<super::EventLogs>,
     revision: Arc<tokio::sync::watch::Sender<u64>>,
@@ -320,7 +329,7 @@ impl Api {
         let key = key_of(object.metadata());
         self.with_map_mut::<T, _>(|m| {
             let old = m.insert(key.clone(), Arc::new(object));
-            self.after_change(&key, old.as_deref(), m.get(&key));
+            self.replaced(&key, old, m.get(&key));
         });
     }
 
@@ -331,18 +340,24 @@ impl Api {
         self.with_map_mut::<T, _>(|m| {
             let merged = merge(m.get(&key).map(Arc::as_ref), object);
             let old = m.insert(key.clone(), Arc::new(merged));
-            self.after_change(&key, old.as_deref(), m.get(&key));
+            self.replaced(&key, old, m.get(&key));
         });
     }
 
-    /// Changes an object in place; false when it does not exist.
+    /// Changes an object in place; false when it does not exist. The object is copied only if someone
+    /// still holds the version read before (a pod is 16 KB or more in k8s-openapi's layout): the index's
+    /// own reference is let go first.
     pub fn update<T: Kind>(&self, namespace: &str, name: &str, f: impl FnOnce(&mut T)) -> bool {
         let key = (namespace.to_string(), name.to_string());
         self.with_map_mut::<T, _>(|m| match m.get_mut(&key) {
             Some(object) => {
-                let old = Arc::clone(object);
+                let before = node_of(Some(object.as_ref()));
+                if let Some(node) = before.as_ref().filter(|_| is_pod::<T>()) {
+                    let mut index = self.pods_by_node.write();
+                    index.get_mut(node).map(|pods| pods.remove(&key));
+                }
                 f(Arc::make_mut(object));
-                self.after_change(&key, Some(old.as_ref()), Some(&*object));
+                self.after_change(&key, before, Some(&*object));
                 true
             }
             None => false,
@@ -354,9 +369,19 @@ impl Api {
         let key = (namespace.to_string(), name.to_string());
         self.with_map_mut::<T, _>(|m| {
             let old = m.remove(&key);
-            self.after_change::<T>(&key, old.as_deref(), None);
+            self.replaced::<T>(&key, old.clone(), None);
             old
         })
+    }
+
+    /// Removes a pod its node has finished with (kept for no one: see [`Api::take_removed_pods`]).
+    fn remove_finished(&self, key: &Key, uid: &str) {
+        self.with_map_mut::<Pod, _>(|m| {
+            if m.get(key).and_then(|p| p.metadata.uid.as_deref()) == Some(uid) {
+                let old = m.remove(key);
+                self.after_change::<Pod>(key, node_of(old.as_deref()), None);
+            }
+        });
     }
 
     /// The pods bound to a node (`spec.nodeName`), from the index (which holds them): a node's work does
@@ -369,10 +394,39 @@ impl Api {
             .unwrap_or_default()
     }
 
-    /// After a change: wakes the watchers of the nodes the object belongs to (before and after), or the
-    /// cluster's, and keeps the pods-by-node index in step with a change of a Pod.
-    fn after_change<T: Kind>(&self, key: &Key, old: Option<&T>, new: Option<&Arc<T>>) {
-        let (before, after) = (node_of(old), node_of(new.map(Arc::as_ref)));
+    /// After `old` was replaced by `new` (or removed): [`Self::after_change`], and a pod that left the API
+    /// (removed, or replaced by one of another UID) is kept for its node as [`Api::take_removed_pods`]
+    /// gives it.
+    fn replaced<T: Kind>(&self, key: &Key, old: Option<Arc<T>>, new: Option<&Arc<T>>) {
+        let before = node_of(old.as_deref());
+        self.after_change(key, before.clone(), new);
+        let (Some(node), Some(old)) = (before, old) else {
+            return;
+        };
+        let Ok(pod) = (old as Arc<dyn Any + Send + Sync>).downcast::<Pod>() else {
+            return;
+        };
+        let uid_of = |p: &Arc<T>| {
+            (p.as_ref() as &dyn Any)
+                .downcast_ref::<Pod>()
+                .and_then(|p| p.metadata.uid.clone())
+        };
+        // Only for the nodes simulated here (they watch their objects): no one takes the others'.
+        let simulated = self.node_revisions.read().contains_key(&node);
+        if simulated && new.is_none_or(|new| uid_of(new) != pod.metadata.uid) {
+            self.removed_pods.lock().entry(node).or_default().push(pod);
+        }
+    }
+
+    /// The pods that left the API since the last call, of those that were bound to `node`.
+    pub fn take_removed_pods(&self, node: &str) -> Vec<Arc<Pod>> {
+        self.removed_pods.lock().remove(node).unwrap_or_default()
+    }
+
+    /// After a change: wakes the watchers of the nodes the object belongs to (`before` the change, and
+    /// after), or the cluster's, and keeps the pods-by-node index in step with a change of a Pod.
+    fn after_change<T: Kind>(&self, key: &Key, before: Option<String>, new: Option<&Arc<T>>) {
+        let after = node_of(new.map(Arc::as_ref));
         match (&before, &after) {
             (None, None) if !is_node_scoped::<T>() => {
                 self.cluster_revision.send_modify(|r| *r += 1);
@@ -389,7 +443,7 @@ impl Api {
                 }
             }
         }
-        if TypeId::of::<T>() != TypeId::of::<Pod>() {
+        if !is_pod::<T>() {
             return;
         }
         self.pod_feeds.feed(key);
@@ -417,12 +471,7 @@ impl Api {
     /// removed) if the API still holds that pod (not another of the same name), and notes it when
     /// finished pods are tracked.
     pub fn remove_finished_pod(&self, namespace: &str, name: &str, uid: &str) {
-        let same = self
-            .peek::<Pod>(namespace, name)
-            .is_some_and(|p| p.metadata.uid.as_deref() == Some(uid));
-        if same {
-            self.remove::<Pod>(namespace, name);
-        }
+        self.remove_finished(&(namespace.to_string(), name.to_string()), uid);
         if let Some(finished) = self.finished.lock().as_mut() {
             finished.push((namespace.to_string(), name.to_string(), uid.to_string()));
         }
@@ -522,6 +571,57 @@ mod tests {
             .collect();
         assert_eq!(names, ["c"]);
         assert_eq!(api.pods_on("n2").len(), 1);
+    }
+
+    #[test]
+    fn a_pod_changes_in_place_and_its_node_gets_it_when_it_leaves() {
+        let api = Api::new();
+        let _watch = api.watch_node("n1");
+        let pod = |name: &str, uid: &str, node: &str| Pod {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("ns".into()),
+                uid: Some(uid.into()),
+                ..Default::default()
+            },
+            spec: Some(PodSpec {
+                node_name: Some(node.into()),
+                ..Default::default()
+            }),
+            status: None,
+        };
+        api.put(pod("a", "1", "n1"));
+        let stored = Arc::as_ptr(&api.peek::<Pod>("ns", "a").unwrap());
+        api.update::<Pod>("ns", "a", |p| p.status = Some(Default::default()));
+        let held = api.peek::<Pod>("ns", "a").unwrap();
+        assert_eq!(Arc::as_ptr(&held), stored, "no reader held it: not copied");
+        api.update::<Pod>("ns", "a", |p| p.status = None);
+        assert!(held.status.is_some(), "a reader's version stays as read");
+        assert!(
+            api.take_removed_pods("n1").is_empty(),
+            "changes are no removal"
+        );
+
+        api.put(pod("a", "2", "n1"));
+        api.remove::<Pod>("ns", "a");
+        let uids: Vec<_> = api
+            .take_removed_pods("n1")
+            .iter()
+            .map(|p| p.metadata.uid.clone().unwrap())
+            .collect();
+        assert_eq!(uids, ["1", "2"], "replaced by another UID, then removed");
+        api.put(pod("b", "3", "n1"));
+        api.remove_finished_pod("ns", "b", "3");
+        assert!(
+            api.take_removed_pods("n1").is_empty(),
+            "the node's own delete"
+        );
+        api.put(pod("c", "4", "elsewhere"));
+        api.remove::<Pod>("ns", "c");
+        assert!(
+            api.removed_pods.lock().is_empty(),
+            "no node here to take it"
+        );
     }
 
     #[test]

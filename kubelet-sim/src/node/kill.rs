@@ -66,7 +66,7 @@ impl Kubelet {
         // The pod's last status, terminal (`podIsTerminal`): an ended pod keeps it, now without a sandbox
         // (PodReadyToStartContainers False); a deleted one shows Succeeded or Failed from its containers'
         // exits until its volumes are torn down and it leaves the API (since 1.27).
-        self.set_status(&pod, &containers, true);
+        self.set_status_releasing(pod, &containers, true);
         true
     }
 

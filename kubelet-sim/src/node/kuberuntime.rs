@@ -187,8 +187,8 @@ impl Kubelet {
             config: Some(sandbox_config.clone()),
             runtime_handler: String::new(),
         };
-        let sandbox_id = match Box::pin(self.cri.runtime.clone().run_pod_sandbox(request)).await {
-            Ok(reply) => reply.into_inner().pod_sandbox_id,
+        let sandbox_id = match Box::pin(self.cri.run_pod_sandbox(request)).await {
+            Ok(reply) => reply.pod_sandbox_id,
             Err(s) => {
                 let message = format!("Failed to create pod sandbox: {}", rpc_error(&s));
                 self.api
@@ -215,7 +215,7 @@ impl Kubelet {
             rt.sandbox_id = Some(sandbox_id);
             rt.containers = reports.clone();
         }
-        self.set_status(&pod, &reports, false);
+        self.set_status_releasing(pod, &reports, false);
         true
     }
 
@@ -361,12 +361,9 @@ impl Kubelet {
         };
         let id = self
             .cri
-            .runtime
-            .clone()
             .create_container(request)
             .await
             .map_err(rpc("CreateContainerError"))?
-            .into_inner()
             .container_id;
         self.api.record_container_event(
             pod,

@@ -43,7 +43,8 @@ pub struct PodRuntime {
     pub pod_ip: Option<String>,
     /// Its containers, once created.
     pub containers: Vec<ContainerReport>,
-    /// The pod object as last seen, to stop it if it leaves the API without a graceful deletion.
+    /// The pod object as it left the API without a graceful deletion, to stop it (only then: a reference
+    /// held all along would make each change of the pod in the API a copy of it).
     pub pod: Option<Arc<Pod>>,
 }
 
@@ -63,7 +64,6 @@ impl Kubelet {
             let (state, seen_at, warned) = {
                 let mut pods = self.pods.lock();
                 let rt = pods.entry(uid.clone()).or_default();
-                rt.pod = Some(Arc::clone(&pod));
                 let seen = *rt.seen_at.get_or_insert_with(Instant::now);
                 (rt.state, seen, rt.warned)
             };
@@ -111,6 +111,13 @@ impl Kubelet {
     fn stop_removed_pods(self: &Arc<Self>, present: &[Arc<Pod>]) {
         if !self.api.sources_ready() {
             return;
+        }
+        // Their last state, as a watch's DELETE carries it, for the pods this node knows.
+        for pod in self.api.take_removed_pods(&self.config.name) {
+            let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+            if let Some(rt) = self.pods.lock().get_mut(uid) {
+                rt.pod = Some(pod);
+            }
         }
         let present: std::collections::HashSet<&str> = present
             .iter()
@@ -198,7 +205,9 @@ impl Kubelet {
         }
         let me = Arc::clone(self);
         let uid = uid.to_string();
-        let run = op(Arc::clone(self));
+        // Boxed: a future awaited from inside the spawned block is kept twice in the task (once as
+        // captured, once as awaited), and thousands of pods start at once.
+        let run = Box::pin(op(Arc::clone(self)));
         tokio::spawn(async move {
             let ok = run.await;
             if !ok {

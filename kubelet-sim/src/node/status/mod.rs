@@ -8,6 +8,8 @@
 //! - `conditions.rs`: the conditions of `status/generate.go`, and transition times.
 //! - `terminate.rs`: TerminatePod's last word on a pod that will run nothing again.
 
+use std::sync::Arc;
+
 use k8s_openapi::api::core::v1::{
     Container, ContainerState as ApiContainerState, ContainerStateRunning,
     ContainerStateTerminated, ContainerStateWaiting, ContainerStatus, HostIP, Pod, PodCondition,
@@ -51,8 +53,22 @@ impl Kubelet {
     ) -> &'static str {
         let status = self.generate_status(pod, containers, terminal);
         let phase = status.phase;
-        self.write_status(pod, status);
+        self.write_status(&PodName::of(pod), status);
         phase
+    }
+
+    /// [`Self::set_status`] by the last holder of `pod` besides the API (a start or a stop that ends):
+    /// the pod is let go before the write, so the API changes its own in place instead of copying it.
+    pub(super) fn set_status_releasing(
+        &self,
+        pod: Arc<Pod>,
+        containers: &[ContainerReport],
+        terminal: bool,
+    ) {
+        let status = self.generate_status(&pod, containers, terminal);
+        let name = PodName::of(&pod);
+        drop(pod);
+        self.write_status(&name, status);
     }
 
     /// For a pod with readiness gates: writes its status again when a condition someone else owns changed
@@ -67,7 +83,7 @@ impl Kubelet {
             .find(|c| c.type_ == "Ready")
             .map(shown);
         if ready_now != Some(shown(&status.ready)) {
-            self.write_status(pod, status);
+            self.write_status(&PodName::of(pod), status);
         }
     }
 
@@ -120,14 +136,14 @@ impl Kubelet {
         generated
     }
 
-    fn write_status(&self, pod: &Pod, status: Generated) {
-        let (namespace, name) = (
-            pod.metadata.namespace.clone().unwrap_or_default(),
-            pod.metadata.name.clone().unwrap_or_default(),
-        );
-        let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+    fn write_status(&self, pod: &PodName, status: Generated) {
+        let PodName {
+            namespace,
+            name,
+            uid,
+        } = pod;
         let pod_ip = self.pods.lock().get(uid).and_then(|rt| rt.pod_ip.clone());
-        self.api.update::<Pod>(&namespace, &name, |p| {
+        self.api.update::<Pod>(namespace, name, |p| {
             let old = p.status.clone().unwrap_or_default();
             // The kubelet's conditions after the others', in `generateAPIPodStatus`' order.
             let mut conditions: Vec<PodCondition> = old
@@ -164,6 +180,24 @@ impl Kubelet {
                 ..Default::default()
             });
         });
+    }
+}
+
+/// Which pod a status is written to.
+struct PodName {
+    namespace: String,
+    name: String,
+    uid: String,
+}
+
+impl PodName {
+    fn of(pod: &Pod) -> Self {
+        let meta = &pod.metadata;
+        Self {
+            namespace: meta.namespace.clone().unwrap_or_default(),
+            name: meta.name.clone().unwrap_or_default(),
+            uid: meta.uid.clone().unwrap_or_default(),
+        }
     }
 }
 

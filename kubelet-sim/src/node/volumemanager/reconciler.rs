@@ -274,7 +274,9 @@ impl VolumeManager {
         Fut: Future<Output = bool> + Send + 'static,
     {
         let me = Arc::clone(self);
-        let run = op(Arc::clone(self));
+        // Boxed: a future awaited from inside the spawned block is kept twice in the task (once as
+        // captured, once as awaited), and a node mounts all its pods' volumes at once.
+        let run = Box::pin(op(Arc::clone(self)));
         tokio::spawn(async move {
             let started = std::time::Instant::now();
             let ok = run.await;
