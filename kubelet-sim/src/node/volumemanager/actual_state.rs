@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use inlet_volume::{PodInfo, Spec};
+use litemap::LiteMap;
 
 /// Whether a mount surely exists.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,9 +46,9 @@ pub struct ActualVolume {
     pub attached: bool,
     /// The staging path and its state, once staged (or possibly staged).
     pub device: Option<(PathBuf, MountState)>,
-    /// The pods it is mounted for: mostly one, so each is boxed (a map's node holds eleven entries,
-    /// and a `MountedPod` inline would make that 3.8 KB per volume).
-    pub pods: BTreeMap<String, Box<MountedPod>>,
+    /// The pods it is mounted for: mostly one, so a sorted vector sized for one (a `BTreeMap` allocates
+    /// a node of eleven entries for the first), each boxed so that the vector stays small.
+    pub pods: LiteMap<String, Box<MountedPod>>,
 }
 
 impl ActualVolume {
@@ -78,7 +79,7 @@ impl ActualState {
                 spec: spec.clone(),
                 attached: true,
                 device: None,
-                pods: BTreeMap::new(),
+                pods: LiteMap::with_capacity(1),
             })
             .attached = true;
     }

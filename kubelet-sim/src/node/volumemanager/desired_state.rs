@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use inlet_volume::selinux::Labels;
 use inlet_volume::{PodInfo, Spec};
+use litemap::LiteMap;
 
 /// One pod's use of a volume.
 #[derive(Debug, Clone)]
@@ -33,9 +34,10 @@ pub struct DesiredVolume {
     pub attachable: bool,
     /// Must be staged (NodeStage) before use.
     pub device_mountable: bool,
-    /// The pods that want it, by UID.
-    /// Shared: the reconciler's actions and operations hold them too.
-    pub pods: BTreeMap<String, Arc<PodVolume>>,
+    /// The pods that want it, by UID: mostly one (an inline volume is its pod's own), so a sorted vector
+    /// sized for one (a `BTreeMap` allocates a node of eleven entries for the first). Shared: the
+    /// reconciler's actions and operations hold them too.
+    pub pods: LiteMap<String, Arc<PodVolume>>,
     /// The SELinux labels of the first pod that added it.
     pub selinux: Labels,
 }
@@ -64,7 +66,7 @@ impl DesiredState {
             .or_insert_with(|| DesiredVolume {
                 attachable,
                 device_mountable,
-                pods: BTreeMap::new(),
+                pods: LiteMap::with_capacity(1),
                 selinux: volume.selinux.clone(),
             });
         let theirs = &entry.selinux.original;
