@@ -353,8 +353,9 @@ impl Api {
             Some(object) => {
                 let before = node_of(Some(object.as_ref()));
                 if let Some(node) = before.as_ref().filter(|_| is_pod::<T>()) {
-                    let mut index = self.pods_by_node.write();
-                    index.get_mut(node).map(|pods| pods.remove(&key));
+                    if let Some(pods) = self.pods_by_node.write().get_mut(node) {
+                        pods.remove(&key);
+                    }
                 }
                 f(Arc::make_mut(object));
                 self.after_change(&key, before, Some(&*object));
