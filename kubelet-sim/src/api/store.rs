@@ -57,6 +57,13 @@ fn is_pod<T: Kind>() -> bool {
     TypeId::of::<T>() == TypeId::of::<Pod>()
 }
 
+/// The object as a Pod, if it is one.
+fn as_pod<T: Kind>(object: &Arc<T>) -> Option<Arc<Pod>> {
+    (Arc::clone(object) as Arc<dyn Any + Send + Sync>)
+        .downcast::<Pod>()
+        .ok()
+}
+
 /// `namespace/name`, or `name` for cluster-scoped objects (namespace empty).
 pub type Key = (String, String);
 
@@ -352,12 +359,18 @@ impl Api {
         self.with_map_mut::<T, _>(|m| match m.get_mut(&key) {
             Some(object) => {
                 let before = node_of(Some(object.as_ref()));
-                if let Some(node) = before.as_ref().filter(|_| is_pod::<T>()) {
-                    if let Some(pods) = self.pods_by_node.write().get_mut(node) {
+                match before.as_ref().filter(|_| is_pod::<T>()) {
+                    // The index lets its reference go while the pod changes, and takes the new version
+                    // back under the same lock, so no reader of `pods_on` misses the pod meanwhile.
+                    Some(node) => {
+                        let mut index = self.pods_by_node.write();
+                        let pods = index.entry(node.clone()).or_default();
                         pods.remove(&key);
+                        f(Arc::make_mut(object));
+                        pods.extend(as_pod(object).map(|pod| (key.clone(), pod)));
                     }
+                    None => f(Arc::make_mut(object)),
                 }
-                f(Arc::make_mut(object));
                 self.after_change(&key, before, Some(&*object));
                 true
             }
@@ -400,23 +413,17 @@ impl Api {
     /// gives it.
     fn replaced<T: Kind>(&self, key: &Key, old: Option<Arc<T>>, new: Option<&Arc<T>>) {
         let before = node_of(old.as_deref());
-        self.after_change(key, before.clone(), new);
-        let (Some(node), Some(old)) = (before, old) else {
-            return;
-        };
-        let Ok(pod) = (old as Arc<dyn Any + Send + Sync>).downcast::<Pod>() else {
-            return;
-        };
-        let uid_of = |p: &Arc<T>| {
-            (p.as_ref() as &dyn Any)
-                .downcast_ref::<Pod>()
-                .and_then(|p| p.metadata.uid.clone())
-        };
-        // Only for the nodes simulated here (they watch their objects): no one takes the others'.
-        let simulated = self.node_revisions.read().contains_key(&node);
-        if simulated && new.is_none_or(|new| uid_of(new) != pod.metadata.uid) {
-            self.removed_pods.lock().entry(node).or_default().push(pod);
+        // Kept before the node is woken, so the pass it wakes for finds it.
+        if let (Some(node), Some(pod)) = (&before, old.as_ref().and_then(as_pod)) {
+            let uid_of = |p: &Arc<T>| as_pod(p).and_then(|p| p.metadata.uid.clone());
+            // Only for the nodes simulated here (they watch their objects): no one takes the others'.
+            let simulated = self.node_revisions.read().contains_key(node);
+            if simulated && new.is_none_or(|new| uid_of(new) != pod.metadata.uid) {
+                let mut removed = self.removed_pods.lock();
+                removed.entry(node.clone()).or_default().push(pod);
+            }
         }
+        self.after_change(key, before, new);
     }
 
     /// The pods that left the API since the last call, of those that were bound to `node`.
@@ -454,10 +461,7 @@ impl Api {
                 pods.remove(key);
             }
         }
-        if let (Some(node), Some(new)) = (after, new) {
-            let pod = (Arc::clone(new) as Arc<dyn Any + Send + Sync>)
-                .downcast::<Pod>()
-                .expect("T is Pod");
+        if let (Some(node), Some(pod)) = (after, new.and_then(as_pod)) {
             index.entry(node).or_default().insert(key.clone(), pod);
         }
     }

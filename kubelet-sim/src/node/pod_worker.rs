@@ -57,6 +57,9 @@ impl PodRuntime {
 
 impl Kubelet {
     pub(super) async fn sync_pods(self: &Arc<Self>) {
+        // The pods that left the API, taken before the list: one that leaves after it is taken on the
+        // next pass, by when this pass has made its runtime entry.
+        self.note_removed_pods();
         let pods = self.my_pods();
         self.stop_removed_pods(&pods);
         for pod in pods {
@@ -112,13 +115,6 @@ impl Kubelet {
         if !self.api.sources_ready() {
             return;
         }
-        // Their last state, as a watch's DELETE carries it, for the pods this node knows.
-        for pod in self.api.take_removed_pods(&self.config.name) {
-            let uid = pod.metadata.uid.as_deref().unwrap_or_default();
-            if let Some(rt) = self.pods.lock().get_mut(uid) {
-                rt.pod = Some(pod);
-            }
-        }
         let present: std::collections::HashSet<&str> = present
             .iter()
             .filter_map(|p| p.metadata.uid.as_deref())
@@ -135,6 +131,17 @@ impl Kubelet {
                 PodState::Waiting | PodState::Running => self.spawn_kill(&uid, state, pod),
                 PodState::Terminated => self.finish_termination(&pod, &uid),
                 PodState::Starting | PodState::Killing => {}
+            }
+        }
+    }
+
+    /// The last state of the pods that left the API, as a watch's DELETE carries it, kept for those this
+    /// node knows (the others never ran here).
+    fn note_removed_pods(&self) {
+        for pod in self.api.take_removed_pods(&self.config.name) {
+            let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+            if let Some(rt) = self.pods.lock().get_mut(uid) {
+                rt.pod = Some(pod);
             }
         }
     }

@@ -144,6 +144,10 @@ impl Kubelet {
         } = pod;
         let pod_ip = self.pods.lock().get(uid).and_then(|rt| rt.pod_ip.clone());
         self.api.update::<Pod>(namespace, name, |p| {
+            // Not onto another pod of the same name (one made after a force delete of this one).
+            if p.metadata.uid.as_deref().unwrap_or_default() != uid {
+                return;
+            }
             let old = p.status.clone().unwrap_or_default();
             // The kubelet's conditions after the others', in `generateAPIPodStatus`' order.
             let mut conditions: Vec<PodCondition> = old
