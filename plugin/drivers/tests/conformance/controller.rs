@@ -274,15 +274,7 @@ async fn delete_volume_is_idempotent_and_removes_the_content() {
 #[tokio::test]
 async fn delete_volume_in_use_fails_the_precondition() {
     let mut f = Fixture::start().await;
-    let id = f
-        .controller
-        .create_volume(create("busy", MI))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap()
-        .volume_id;
+    let id = f.create_volume_id(create("busy", MI)).await;
     let staging = f.kubelet_path("plugins/kubernetes.io/csi/local.inlet.dev/x/globalmount");
     f.node
         .node_stage_volume(stage(&id, &staging, rwo()))
@@ -378,15 +370,7 @@ async fn list_volumes_paginates_over_every_volume_once() {
 #[tokio::test]
 async fn validate_volume_capabilities_confirms_only_what_the_volume_supports() {
     let mut f = Fixture::start().await;
-    let id = f
-        .controller
-        .create_volume(create("v", MI))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap()
-        .volume_id;
+    let id = f.create_volume_id(create("v", MI)).await;
     let validate = |caps: Vec<csi::VolumeCapability>| csi::ValidateVolumeCapabilitiesRequest {
         volume_id: id.clone(),
         volume_capabilities: caps,
@@ -439,15 +423,7 @@ async fn validate_volume_capabilities_confirms_only_what_the_volume_supports() {
 #[tokio::test]
 async fn expand_grows_never_shrinks_and_respects_the_maximum() {
     let mut f = Fixture::start().await;
-    let id = f
-        .controller
-        .create_volume(create("grow", 4 * MI))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap()
-        .volume_id;
+    let id = f.create_volume_id(create("grow", 4 * MI)).await;
     let expand = |bytes: i64| csi::ControllerExpandVolumeRequest {
         volume_id: id.clone(),
         capacity_range: Some(csi::CapacityRange {
@@ -514,15 +490,7 @@ async fn expand_grows_never_shrinks_and_respects_the_maximum() {
 #[tokio::test]
 async fn controller_publish_is_unimplemented_without_attach() {
     let mut f = Fixture::start().await;
-    let id = f
-        .controller
-        .create_volume(create("v", MI))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap()
-        .volume_id;
+    let id = f.create_volume_id(create("v", MI)).await;
     let req = csi::ControllerPublishVolumeRequest {
         volume_id: id,
         node_id: "node-1".into(),
@@ -543,15 +511,7 @@ async fn controller_publish_attaches_to_this_node_idempotently() {
         ..Default::default()
     })
     .await;
-    let id = f
-        .controller
-        .create_volume(create("v", MI))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap()
-        .volume_id;
+    let id = f.create_volume_id(create("v", MI)).await;
     let attach = |node: &str, readonly: bool| csi::ControllerPublishVolumeRequest {
         volume_id: id.clone(),
         node_id: node.into(),

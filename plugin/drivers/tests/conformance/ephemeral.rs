@@ -228,15 +228,7 @@ async fn two_targets_share_one_ephemeral_volume_until_the_last_unpublish() {
 #[tokio::test]
 async fn an_ephemeral_id_cannot_take_over_a_persistent_volume() {
     let mut f = Fixture::start().await;
-    let id = f
-        .controller
-        .create_volume(create("pv", MI))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap()
-        .volume_id;
+    let id = f.create_volume_id(create("pv", MI)).await;
     let target = f.kubelet_path("pods/uid-1/volumes/x/mount");
     assert_status(
         f.node

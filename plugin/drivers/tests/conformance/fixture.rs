@@ -70,6 +70,12 @@ impl Fixture {
         Self::serve(dir, Arc::new(LinuxMounter), Options::default()).await
     }
 
+    /// CreateVolume that must succeed; the new volume's id.
+    pub async fn create_volume_id(&mut self, request: csi::CreateVolumeRequest) -> String {
+        let reply = self.controller.create_volume(request).await.unwrap();
+        reply.into_inner().volume.unwrap().volume_id
+    }
+
     pub async fn with(options: Options) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
         let mounter: Arc<dyn MountLayer> = match can_mount() {

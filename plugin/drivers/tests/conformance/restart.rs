@@ -13,15 +13,7 @@ async fn state_survives_a_restart() {
         ..Default::default()
     })
     .await;
-    let id = f
-        .controller
-        .create_volume(create("durable", 4 * MI))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap()
-        .volume_id;
+    let id = f.create_volume_id(create("durable", 4 * MI)).await;
     let snap = csi::CreateSnapshotRequest {
         source_volume_id: id.clone(),
         name: "snap".into(),
@@ -146,15 +138,7 @@ async fn state_survives_a_restart() {
 #[tokio::test]
 async fn a_stale_socket_from_a_crash_is_replaced() {
     let mut f = Fixture::start().await;
-    let id = f
-        .controller
-        .create_volume(create("before-crash", MI))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap()
-        .volume_id;
+    let id = f.create_volume_id(create("before-crash", MI)).await;
     let mut f = f.crash_and_restart().await;
     let listed = f
         .controller

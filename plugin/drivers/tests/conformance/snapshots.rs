@@ -10,15 +10,7 @@ use crate::fixture::*;
 #[tokio::test]
 async fn clones_copy_the_source_content() {
     let mut f = Fixture::start().await;
-    let src = f
-        .controller
-        .create_volume(create("src", MI))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap()
-        .volume_id;
+    let src = f.create_volume_id(create("src", MI)).await;
     std::fs::write(
         f.state_path(&format!("volumes/{src}/hello")),
         "from the source",
@@ -66,15 +58,7 @@ async fn clones_copy_the_source_content() {
 #[tokio::test]
 async fn snapshots_capture_content_and_restore_it() {
     let mut f = Fixture::start().await;
-    let src = f
-        .controller
-        .create_volume(create("src", 2 * MI))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap()
-        .volume_id;
+    let src = f.create_volume_id(create("src", 2 * MI)).await;
     let file = f.state_path(&format!("volumes/{src}/data"));
     std::fs::write(&file, "version 1").unwrap();
     let snap_req = csi::CreateSnapshotRequest {
@@ -109,15 +93,7 @@ async fn snapshots_capture_content_and_restore_it() {
         again.snapshot_id, snap.snapshot_id,
         "same name, same source: the same snapshot"
     );
-    let other = f
-        .controller
-        .create_volume(create("other", MI))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap()
-        .volume_id;
+    let other = f.create_volume_id(create("other", MI)).await;
     let clash = csi::CreateSnapshotRequest {
         source_volume_id: other,
         name: "snap".into(),
@@ -193,24 +169,8 @@ async fn snapshots_capture_content_and_restore_it() {
 #[tokio::test]
 async fn list_snapshots_filters_and_paginates() {
     let mut f = Fixture::start().await;
-    let a = f
-        .controller
-        .create_volume(create("a", MI))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap()
-        .volume_id;
-    let b = f
-        .controller
-        .create_volume(create("b", MI))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap()
-        .volume_id;
+    let a = f.create_volume_id(create("a", MI)).await;
+    let b = f.create_volume_id(create("b", MI)).await;
     let mut ids = Vec::new();
     for (i, src) in [&a, &a, &b].into_iter().enumerate() {
         let req = csi::CreateSnapshotRequest {
