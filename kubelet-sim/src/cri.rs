@@ -13,8 +13,8 @@ use inlet_proto::runtime::v1::{
     CreateContainerRequest, CreateContainerResponse, RunPodSandboxRequest, RunPodSandboxResponse,
     image_service_client::ImageServiceClient, runtime_service_client::RuntimeServiceClient,
 };
-use tonic::Status;
 use tonic::transport::Channel;
+use tonic::{Request, Status};
 
 use crate::images::SimImages;
 
@@ -77,7 +77,12 @@ impl Cri {
         request: RunPodSandboxRequest,
     ) -> Result<RunPodSandboxResponse, Status> {
         let path = "/runtime.v1.RuntimeService/RunPodSandbox";
-        unary_boxed(self.runtime_channel.clone(), path, Box::new(request)).await
+        unary_boxed(
+            self.runtime_channel.clone(),
+            path,
+            Request::new(Box::new(request)),
+        )
+        .await
     }
 
     /// CreateContainer, its request on the heap while in flight ([`unary_boxed`]).
@@ -86,7 +91,12 @@ impl Cri {
         request: CreateContainerRequest,
     ) -> Result<CreateContainerResponse, Status> {
         let path = "/runtime.v1.RuntimeService/CreateContainer";
-        unary_boxed(self.runtime_channel.clone(), path, Box::new(request)).await
+        unary_boxed(
+            self.runtime_channel.clone(),
+            path,
+            Request::new(Box::new(request)),
+        )
+        .await
     }
 }
 

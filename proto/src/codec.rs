@@ -50,11 +50,11 @@ where
 /// inline in the call's future several times over (a CreateContainerRequest is 2.4 KB, the future of
 /// `create_container` 13 KB), and a simulated node keeps a call like it in flight for each pod it starts
 /// (issue #28). Sent on `channel` to `path` (`/package.Service/Method`), the same bytes the generated
-/// client sends.
+/// client sends; the request's metadata (a `grpc-timeout`) goes with it.
 pub async fn unary_boxed<M, R>(
     channel: tonic::transport::Channel,
     path: &'static str,
-    message: Box<M>,
+    request: tonic::Request<Box<M>>,
 ) -> Result<R, tonic::Status>
 where
     M: prost::Message + Send + 'static,
@@ -67,8 +67,6 @@ where
         .map_err(|e| tonic::Status::unknown(format!("Service was not ready: {e}")))?;
     let path = http::uri::PathAndQuery::from_static(path);
     let codec = SmallBufferCodec::<Box<M>, R>::default();
-    let response = grpc
-        .unary(tonic::Request::new(message), path, codec)
-        .await?;
+    let response = grpc.unary(request, path, codec).await?;
     Ok(response.into_inner())
 }

@@ -258,10 +258,7 @@ impl CsiCall {
             volume_context: map(info.volume_context),
             secret_keys,
             publish_context: map(info.publish_context),
-            code: match failure {
-                None => "OK".into(),
-                Some(status) => format!("{:?}", status.code()),
-            },
+            code: code(failure),
             message: failure.map(|s| s.message().to_string()).unwrap_or_default(),
             access_mode: info
                 .capability
@@ -285,6 +282,33 @@ impl CsiCall {
                 _ => Vec::new(),
             },
         }
+    }
+}
+
+impl CsiCall {
+    /// The record of a call sent with no answer yet (see [`CsiCall::of`]) completed with its answer:
+    /// `failure` (None: OK), and the publish context a ControllerPublishVolume returned.
+    pub fn answered(
+        &mut self,
+        failure: Option<&Status>,
+        publish_context: Option<&HashMap<String, String>>,
+    ) {
+        self.code = code(failure);
+        self.message = failure.map(|s| s.message().to_string()).unwrap_or_default();
+        if let Some(context) = publish_context {
+            self.publish_context = context
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+        }
+    }
+}
+
+/// A record's `code`: `OK`, or the failure's gRPC code (`NotFound`).
+fn code(failure: Option<&Status>) -> String {
+    match failure {
+        None => "OK".into(),
+        Some(status) => format!("{:?}", status.code()),
     }
 }
 

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use inlet_proto::csi_call::CsiCall;
-use inlet_volume::csi::CsiObserver;
+use inlet_volume::csi::{Answer, CsiObserver};
 use parking_lot::Mutex;
 
 use crate::deflated::DeflatedLines;
@@ -24,16 +24,6 @@ pub struct ReportedCalls {
 pub const IN_FLIGHT: &str = "InFlight";
 
 impl CsiObserver for ReportedCalls {
-    fn observe(&self, call: CsiCall, elapsed: std::time::Duration) {
-        crate::metrics::METRICS.csi_call(&call, elapsed);
-        // A CsiCall is plain strings and maps: it always serializes.
-        self.returned
-            .push(serde_json::to_string(&call).unwrap_or_default());
-        let mut counts = self.counts.lock();
-        let by_code = counts.entry(call.method).or_default();
-        *by_code.entry(call.code).or_default() += 1;
-    }
-
     fn started(&self, call: CsiCall) -> u64 {
         let token = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.in_flight
@@ -42,7 +32,21 @@ impl CsiObserver for ReportedCalls {
         token
     }
 
-    fn finished(&self, token: u64) {
+    fn answered(&self, token: u64, answer: Answer<'_>) {
+        let Some((mut call, _)) = self.in_flight.lock().remove(&token) else {
+            return;
+        };
+        call.answered(answer.failure, answer.publish_context);
+        crate::metrics::METRICS.csi_call(&call, answer.elapsed);
+        // A CsiCall is plain strings and maps: it always serializes.
+        self.returned
+            .push(serde_json::to_string(&call).unwrap_or_default());
+        let mut counts = self.counts.lock();
+        let by_code = counts.entry(call.method).or_default();
+        *by_code.entry(call.code).or_default() += 1;
+    }
+
+    fn given_up(&self, token: u64) {
         self.in_flight.lock().remove(&token);
     }
 }

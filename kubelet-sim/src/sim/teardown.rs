@@ -22,12 +22,22 @@ impl Simulation {
             .cluster
             .clone()
             .map(crate::cluster::Cluster::new);
-        let mut deleted = Vec::new();
-        for pod in self.run_pods() {
-            let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
-            let name = pod.metadata.name.as_deref().unwrap_or_default();
-            let uid = pod.metadata.uid.clone().unwrap_or_default();
-            deleted.push((namespace.to_string(), name.to_string(), uid));
+        // The keys only: a pod this loop still held would be copied by its own delete (the store changes
+        // a pod in place only when no one else holds it), 10,000 copies at once.
+        let deleted: Vec<(String, String, String)> = self
+            .run_pods()
+            .iter()
+            .map(|pod| {
+                let meta = &pod.metadata;
+                (
+                    meta.namespace.clone().unwrap_or_default(),
+                    meta.name.clone().unwrap_or_default(),
+                    meta.uid.clone().unwrap_or_default(),
+                )
+            })
+            .collect();
+        for (namespace, name, _) in &deleted {
+            let (namespace, name) = (namespace.as_str(), name.as_str());
             match &cluster {
                 // Through the API server: the deletion comes back by the watch, as any other would.
                 Some(cluster) => {

@@ -6,49 +6,79 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use inlet_proto::csi::v1::{
-    self as csi, controller_client::ControllerClient, node_client::NodeClient,
-};
+use inlet_proto::codec::unary_boxed;
+use inlet_proto::csi::v1 as csi;
 use inlet_proto::csi_call::{CallRequest, CsiCall};
 use tonic::transport::Channel;
 use tonic::{Request, Status};
 
 /// The kubelet's timeout for one CSI call (`csiTimeout`).
 pub const CSI_TIMEOUT: Duration = Duration::from_secs(120);
-/// Receives every CSI call made.
+
+/// Receives every CSI call made: its record when it is sent, and its answer.
 pub trait CsiObserver: Send + Sync {
-    /// One call, after it returned, and how long it took (from its sending to its answer).
-    fn observe(&self, call: CsiCall, elapsed: Duration);
-    /// A call was sent and has no answer yet: a token [`CsiObserver::finished`] gets once it has one (or
-    /// is given up). A report can then show the call that hung, not only those that returned.
-    fn started(&self, _call: CsiCall) -> u64 {
-        0
-    }
-    /// The call of `token` returned or was given up.
-    fn finished(&self, _token: u64) {}
+    /// A call was sent and has no answer yet (its record's code is `OK` until answered): the token names
+    /// it to [`CsiObserver::answered`] or [`CsiObserver::given_up`]. A report can then show the call that
+    /// hung, not only those that returned.
+    fn started(&self, call: CsiCall) -> u64;
+    /// The call of `token` was answered: its record is completed with [`CsiCall::answered`].
+    fn answered(&self, token: u64, answer: Answer<'_>);
+    /// The call of `token` has no answer and never will: the task that made it was dropped.
+    fn given_up(&self, token: u64);
 }
 
-/// A call sent: when, and, with an observer, its token, given back when dropped: before the call's record
-/// is reported (so no report shows it twice), or when the task that made it is dropped.
+/// A call's answer, as its record takes it.
+pub struct Answer<'a> {
+    /// From the call's sending to its answer.
+    pub elapsed: Duration,
+    /// None when the call succeeded.
+    pub failure: Option<&'a Status>,
+    /// What a ControllerPublishVolume returned.
+    pub publish_context: Option<&'a HashMap<String, String>>,
+}
+
+/// A call sent: when, and, with an observer, its token, given back with the answer or, if the task that
+/// made the call is dropped first, when dropped.
 struct InFlight {
     started: Instant,
     observer: Option<(Arc<dyn CsiObserver>, u64)>,
 }
 
+impl InFlight {
+    fn answered(
+        mut self,
+        failure: Option<&Status>,
+        publish_context: Option<&HashMap<String, String>>,
+    ) {
+        if let Some((observer, token)) = self.observer.take() {
+            let answer = Answer {
+                elapsed: self.started.elapsed(),
+                failure,
+                publish_context,
+            };
+            observer.answered(token, answer);
+        }
+    }
+}
+
 impl Drop for InFlight {
     fn drop(&mut self) {
-        if let Some((observer, token)) = &self.observer {
-            observer.finished(*token);
+        if let Some((observer, token)) = self.observer.take() {
+            observer.given_up(token);
         }
     }
 }
 
 /// The client for one driver. Cheap to clone.
+///
+/// Each call is sent with its message on the heap and kept nowhere else ([`unary_boxed`]): the record
+/// is made when the call is sent, so a call in flight holds no copy of its request. A node publishes
+/// all its pods' volumes at once, and a generated client's call keeps its message inline several times
+/// over (3.4 KB for a NodePublishVolume; issue #28).
 #[derive(Clone)]
 pub struct CsiClient {
     driver: String,
-    node: NodeClient<Channel>,
-    controller: ControllerClient<Channel>,
+    channel: Channel,
     observer: Option<Arc<dyn CsiObserver>>,
     timeout: Duration,
 }
@@ -66,8 +96,7 @@ impl CsiClient {
     pub fn new(driver: &str, channel: Channel, observer: Option<Arc<dyn CsiObserver>>) -> Self {
         Self {
             driver: driver.to_string(),
-            node: NodeClient::new(channel.clone()),
-            controller: ControllerClient::new(channel),
+            channel,
             observer,
             timeout: CSI_TIMEOUT,
         }
@@ -78,31 +107,6 @@ impl CsiClient {
         &self.driver
     }
 
-    fn in_flight<R: CallRequest>(&self, request: &R) -> InFlight {
-        let observer = self.observer.as_ref().map(|observer| {
-            let token = observer.started(CsiCall::of(&self.driver, request, None));
-            (Arc::clone(observer), token)
-        });
-        InFlight {
-            started: Instant::now(),
-            observer,
-        }
-    }
-
-    fn report<R: CallRequest>(&self, in_flight: InFlight, request: &R, failure: Option<&Status>) {
-        let elapsed = in_flight.started.elapsed();
-        drop(in_flight);
-        if let Some(observer) = &self.observer {
-            observer.observe(CsiCall::of(&self.driver, request, failure), elapsed);
-        }
-    }
-
-    fn timed<T>(&self, message: T) -> Request<T> {
-        let mut request = Request::new(message);
-        request.set_timeout(self.timeout);
-        request
-    }
-
     /// The same client with another deadline per call than the kubelet's [`CSI_TIMEOUT`] (conform gives a
     /// call no more than a check can wait). The channel's own timeout, which enforces it, must match.
     pub fn with_timeout(mut self, timeout: Duration) -> Self {
@@ -110,16 +114,43 @@ impl CsiClient {
         self
     }
 
+    /// Sends `req` to `path` (`/csi.v1.Service/Method`) with the client's deadline; the answer, and the
+    /// call to report it to.
+    async fn send<M, R>(&self, path: &'static str, req: M) -> (InFlight, Result<R, Status>)
+    where
+        M: CallRequest + prost::Message + Send + 'static,
+        R: prost::Message + Default + Send + 'static,
+    {
+        let observer = self.observer.as_ref().map(|observer| {
+            let token = observer.started(CsiCall::of(&self.driver, &req, None));
+            (Arc::clone(observer), token)
+        });
+        let in_flight = InFlight {
+            started: Instant::now(),
+            observer,
+        };
+        let mut request = Request::new(Box::new(req));
+        request.set_timeout(self.timeout);
+        let result = unary_boxed(self.channel.clone(), path, request).await;
+        (in_flight, result)
+    }
+
+    /// [`CsiClient::send`], the answer reported.
+    async fn call<M, R>(&self, path: &'static str, req: M) -> Result<R, Status>
+    where
+        M: CallRequest + prost::Message + Send + 'static,
+        R: prost::Message + Default + Send + 'static,
+    {
+        let (in_flight, result) = self.send(path, req).await;
+        in_flight.answered(result.as_ref().err(), None);
+        result
+    }
+
     /// NodePublishVolume.
     pub async fn node_publish(&self, req: csi::NodePublishVolumeRequest) -> Result<(), Status> {
-        let in_flight = self.in_flight(&req);
-        let result = self
-            .node
-            .clone()
-            .node_publish_volume(self.timed(req.clone()))
-            .await;
-        self.report(in_flight, &req, result.as_ref().err());
-        result.map(drop)
+        self.call::<_, csi::NodePublishVolumeResponse>("/csi.v1.Node/NodePublishVolume", req)
+            .await
+            .map(drop)
     }
 
     /// NodeUnpublishVolume (no secrets, no context: the kubelet sends none).
@@ -128,26 +159,16 @@ impl CsiClient {
             volume_id: volume_id.into(),
             target_path: target_path.into(),
         };
-        let in_flight = self.in_flight(&req);
-        let result = self
-            .node
-            .clone()
-            .node_unpublish_volume(self.timed(req.clone()))
-            .await;
-        self.report(in_flight, &req, result.as_ref().err());
-        result.map(drop)
+        self.call::<_, csi::NodeUnpublishVolumeResponse>("/csi.v1.Node/NodeUnpublishVolume", req)
+            .await
+            .map(drop)
     }
 
     /// NodeStageVolume.
     pub async fn node_stage(&self, req: csi::NodeStageVolumeRequest) -> Result<(), Status> {
-        let in_flight = self.in_flight(&req);
-        let result = self
-            .node
-            .clone()
-            .node_stage_volume(self.timed(req.clone()))
-            .await;
-        self.report(in_flight, &req, result.as_ref().err());
-        result.map(drop)
+        self.call::<_, csi::NodeStageVolumeResponse>("/csi.v1.Node/NodeStageVolume", req)
+            .await
+            .map(drop)
     }
 
     /// NodeUnstageVolume.
@@ -156,14 +177,9 @@ impl CsiClient {
             volume_id: volume_id.into(),
             staging_target_path: staging_path.into(),
         };
-        let in_flight = self.in_flight(&req);
-        let result = self
-            .node
-            .clone()
-            .node_unstage_volume(self.timed(req.clone()))
-            .await;
-        self.report(in_flight, &req, result.as_ref().err());
-        result.map(drop)
+        self.call::<_, csi::NodeUnstageVolumeResponse>("/csi.v1.Node/NodeUnstageVolume", req)
+            .await
+            .map(drop)
     }
 
     /// NodeGetCapabilities, as the RPC types the driver advertises.
@@ -171,15 +187,9 @@ impl CsiClient {
         &self,
     ) -> Result<Vec<csi::node_service_capability::rpc::Type>, Status> {
         let req = csi::NodeGetCapabilitiesRequest {};
-        let in_flight = self.in_flight(&req);
-        let result = self
-            .node
-            .clone()
-            .node_get_capabilities(self.timed(req))
-            .await;
-        self.report(in_flight, &req, result.as_ref().err());
-        Ok(result?
-            .into_inner()
+        let response: csi::NodeGetCapabilitiesResponse =
+            self.call("/csi.v1.Node/NodeGetCapabilities", req).await?;
+        Ok(response
             .capabilities
             .into_iter()
             .filter_map(|c| match c.r#type {
@@ -203,14 +213,7 @@ impl CsiClient {
             volume_path: volume_path.into(),
             staging_target_path: String::new(),
         };
-        let in_flight = self.in_flight(&req);
-        let result = self
-            .node
-            .clone()
-            .node_get_volume_stats(self.timed(req.clone()))
-            .await;
-        self.report(in_flight, &req, result.as_ref().err());
-        Ok(result?.into_inner())
+        self.call("/csi.v1.Node/NodeGetVolumeStats", req).await
     }
 
     /// CreateVolume (what the external-provisioner asks for a claim).
@@ -218,15 +221,9 @@ impl CsiClient {
         &self,
         req: csi::CreateVolumeRequest,
     ) -> Result<csi::Volume, Status> {
-        let in_flight = self.in_flight(&req);
-        let result = self
-            .controller
-            .clone()
-            .create_volume(self.timed(req.clone()))
-            .await;
-        self.report(in_flight, &req, result.as_ref().err());
-        result?
-            .into_inner()
+        let response: csi::CreateVolumeResponse =
+            self.call("/csi.v1.Controller/CreateVolume", req).await?;
+        response
             .volume
             .ok_or_else(|| Status::internal("CreateVolume answered no volume"))
     }
@@ -237,26 +234,15 @@ impl CsiClient {
         &self,
         req: csi::ControllerExpandVolumeRequest,
     ) -> Result<csi::ControllerExpandVolumeResponse, Status> {
-        let in_flight = self.in_flight(&req);
-        let result = self
-            .controller
-            .clone()
-            .controller_expand_volume(self.timed(req.clone()))
-            .await;
-        self.report(in_flight, &req, result.as_ref().err());
-        Ok(result?.into_inner())
+        self.call("/csi.v1.Controller/ControllerExpandVolume", req)
+            .await
     }
 
     /// NodeExpandVolume.
     pub async fn node_expand(&self, req: csi::NodeExpandVolumeRequest) -> Result<(), Status> {
-        let in_flight = self.in_flight(&req);
-        let result = self
-            .node
-            .clone()
-            .node_expand_volume(self.timed(req.clone()))
-            .await;
-        self.report(in_flight, &req, result.as_ref().err());
-        result.map(drop)
+        self.call::<_, csi::NodeExpandVolumeResponse>("/csi.v1.Node/NodeExpandVolume", req)
+            .await
+            .map(drop)
     }
 
     /// DeleteVolume.
@@ -265,23 +251,15 @@ impl CsiClient {
             volume_id: volume_id.into(),
             secrets: Default::default(),
         };
-        let in_flight = self.in_flight(&req);
-        let result = self
-            .controller
-            .clone()
-            .delete_volume(self.timed(req.clone()))
-            .await;
-        self.report(in_flight, &req, result.as_ref().err());
-        result.map(drop)
+        self.call::<_, csi::DeleteVolumeResponse>("/csi.v1.Controller/DeleteVolume", req)
+            .await
+            .map(drop)
     }
 
     /// NodeGetInfo.
     pub async fn node_info(&self) -> Result<csi::NodeGetInfoResponse, Status> {
         let req = csi::NodeGetInfoRequest {};
-        let in_flight = self.in_flight(&req);
-        let result = self.node.clone().node_get_info(self.timed(req)).await;
-        self.report(in_flight, &req, result.as_ref().err());
-        Ok(result?.into_inner())
+        self.call("/csi.v1.Node/NodeGetInfo", req).await
     }
 
     /// ControllerGetCapabilities, as the RPC types the driver advertises.
@@ -289,15 +267,10 @@ impl CsiClient {
         &self,
     ) -> Result<Vec<csi::controller_service_capability::rpc::Type>, Status> {
         let req = csi::ControllerGetCapabilitiesRequest {};
-        let in_flight = self.in_flight(&req);
-        let result = self
-            .controller
-            .clone()
-            .controller_get_capabilities(self.timed(req))
-            .await;
-        self.report(in_flight, &req, result.as_ref().err());
-        Ok(result?
-            .into_inner()
+        let response: csi::ControllerGetCapabilitiesResponse = self
+            .call("/csi.v1.Controller/ControllerGetCapabilities", req)
+            .await?;
+        Ok(response
             .capabilities
             .into_iter()
             .filter_map(|c| match c.r#type {
@@ -314,25 +287,11 @@ impl CsiClient {
         &self,
         req: csi::ControllerPublishVolumeRequest,
     ) -> Result<HashMap<String, String>, Status> {
-        let in_flight = self.in_flight(&req);
-        let result = self
-            .controller
-            .clone()
-            .controller_publish_volume(self.timed(req.clone()))
-            .await
-            .map(|r| r.into_inner().publish_context);
-        let elapsed = in_flight.started.elapsed();
-        drop(in_flight);
-        if let Some(observer) = &self.observer {
-            let mut call = CsiCall::of(&self.driver, &req, result.as_ref().err());
-            if let Ok(context) = &result {
-                call.publish_context = context
-                    .iter()
-                    .map(|(k, v)| (k.clone(), v.clone()))
-                    .collect();
-            }
-            observer.observe(call, elapsed);
-        }
+        let (in_flight, result) = self
+            .send("/csi.v1.Controller/ControllerPublishVolume", req)
+            .await;
+        let result = result.map(|r: csi::ControllerPublishVolumeResponse| r.publish_context);
+        in_flight.answered(result.as_ref().err(), result.as_ref().ok());
         result
     }
 
@@ -341,14 +300,10 @@ impl CsiClient {
         &self,
         req: csi::ControllerUnpublishVolumeRequest,
     ) -> Result<(), Status> {
-        let in_flight = self.in_flight(&req);
-        let result = self
-            .controller
-            .clone()
-            .controller_unpublish_volume(self.timed(req.clone()))
-            .await;
-        self.report(in_flight, &req, result.as_ref().err());
-        result.map(drop)
+        let path = "/csi.v1.Controller/ControllerUnpublishVolume";
+        self.call::<_, csi::ControllerUnpublishVolumeResponse>(path, req)
+            .await
+            .map(drop)
     }
 }
 

@@ -34,7 +34,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::{InlineVolume, VolumeSource};
 
-pub use client::{CSI_TIMEOUT, CsiClient, CsiObserver};
+pub use client::{Answer, CSI_TIMEOUT, CsiClient, CsiObserver};
 pub use mounter::{CsiMounter, CsiUnmounter};
 use source::{LifecycleMode, resolve};
 use vol_data::VolData;
