@@ -5,7 +5,7 @@
 //! sandbox and a pulled image, every mount's host path must exist, and a ready sandbox cannot be removed.
 //! Stop and remove of something missing succeed, as the CRI asks.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -18,6 +18,8 @@ use crate::images::Images;
 use crate::program::{self, Outcome};
 use crate::pull::Registries;
 
+/// How many of the latest calls the log keeps ([`FakeRuntime::calls`]).
+pub const CALLS_KEPT: usize = 1_024;
 /// The runtime handlers cri-fake serves: the default (empty) and containerd's default runtime's name.
 const RUNTIME_HANDLERS: [&str; 2] = ["", "runc"];
 /// One call the runtime received.
@@ -93,7 +95,9 @@ struct State {
     containers: BTreeMap<String, Box<Container>>,
     /// Reserved names (sandbox and container) to the id holding them.
     names: HashMap<String, String>,
-    calls: Vec<CriCall>,
+    /// The last [`CALLS_KEPT`] calls: a simulated node's PLEG alone lists the runtime twice a second, for
+    /// as long as the node runs.
+    calls: VecDeque<CriCall>,
     /// Faults and how many calls each has affected.
     faults: HashMap<String, (Fault, u32)>,
 }
@@ -133,9 +137,9 @@ impl FakeRuntime {
         &self.images
     }
 
-    /// Every call so far, in order.
+    /// The calls so far, in order: the last [`CALLS_KEPT`].
     pub fn calls(&self) -> Vec<CriCall> {
-        self.state.lock().calls.clone()
+        self.state.lock().calls.iter().cloned().collect()
     }
 
     /// Injects (or replaces) a fault for one method.
@@ -184,7 +188,10 @@ impl FakeRuntime {
     pub async fn enter(&self, method: &str, subject: &str) -> Result<(), Status> {
         let fault = {
             let mut state = self.state.lock();
-            state.calls.push(CriCall {
+            if state.calls.len() == CALLS_KEPT {
+                state.calls.pop_front();
+            }
+            state.calls.push_back(CriCall {
                 method: method.to_string(),
                 subject: subject.to_string(),
             });
@@ -651,4 +658,22 @@ fn require_state(
     Err(Status::failed_precondition(format!(
         "container {id:?} is in {state} state"
     )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_call_log_keeps_the_latest_calls() {
+        let dir = tempfile::tempdir().unwrap();
+        let runtime = FakeRuntime::new(dir.path().to_path_buf(), Faults::default()).unwrap();
+        runtime.enter("RunPodSandbox", "first").await.unwrap();
+        for _ in 0..CALLS_KEPT {
+            runtime.enter("ListContainers", "").await.unwrap();
+        }
+        let calls = runtime.calls();
+        assert_eq!(calls.len(), CALLS_KEPT);
+        assert!(calls.iter().all(|c| c.method == "ListContainers"));
+    }
 }

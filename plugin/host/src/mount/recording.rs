@@ -1,9 +1,11 @@
 //! A recording fake of the mount layer, for tests and for running without root.
 //!
 //! It changes nothing on the host: calls are appended to a typed log and a table of "mounted" targets is kept,
-//! so `is_mount_point` and `unmount` answer consistently with what was mounted before.
+//! so `is_mount_point` and `unmount` answer consistently with what was mounted before. The log keeps the
+//! last [`CALLS_KEPT`] calls: a simulation or a driver may run on it for days, and the table, not the log,
+//! is what it answers from.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::io;
 use std::path::{Path, PathBuf};
 
@@ -58,14 +60,26 @@ pub enum MountCall {
     DetachLoop(PathBuf),
 }
 
+/// How many of the latest calls the log keeps.
+pub const CALLS_KEPT: usize = 10_000;
+
 #[derive(Debug, Default)]
 struct State {
-    calls: Vec<MountCall>,
+    calls: VecDeque<MountCall>,
     /// target -> what is mounted there (a path, or "tmpfs"/"overlay").
     mounts: BTreeMap<PathBuf, PathBuf>,
     /// backing file -> loop device.
     loops: BTreeMap<PathBuf, PathBuf>,
     next_loop: u32,
+}
+
+impl State {
+    fn record(&mut self, call: MountCall) {
+        if self.calls.len() == CALLS_KEPT {
+            self.calls.pop_front();
+        }
+        self.calls.push_back(call);
+    }
 }
 
 /// The recording fake. Cheap to clone the log out of; safe to share between threads.
@@ -80,9 +94,9 @@ impl RecordingMounter {
         Self::default()
     }
 
-    /// Every call so far, in order.
+    /// The calls so far, in order: the last [`CALLS_KEPT`].
     pub fn calls(&self) -> Vec<MountCall> {
-        self.state.lock().calls.clone()
+        self.state.lock().calls.iter().cloned().collect()
     }
 
     /// The targets currently "mounted", with their sources.
@@ -97,7 +111,7 @@ impl RecordingMounter {
 
     fn mount(&self, call: MountCall, target: &Path, source: PathBuf) -> io::Result<()> {
         let mut state = self.state.lock();
-        state.calls.push(call);
+        state.record(call);
         if !target.exists() {
             return Err(io::Error::new(
                 io::ErrorKind::NotFound,
@@ -140,7 +154,7 @@ impl MountLayer for RecordingMounter {
 
     fn remount_read_only(&self, target: &Path) -> io::Result<()> {
         let mut state = self.state.lock();
-        state.calls.push(MountCall::RemountReadOnly(target.into()));
+        state.record(MountCall::RemountReadOnly(target.into()));
         if !state.mounts.contains_key(target) {
             return Err(io::Error::from_raw_os_error(nix::libc::EINVAL));
         }
@@ -149,7 +163,7 @@ impl MountLayer for RecordingMounter {
 
     fn unmount(&self, target: &Path) -> io::Result<()> {
         let mut state = self.state.lock();
-        state.calls.push(MountCall::Unmount(target.into()));
+        state.record(MountCall::Unmount(target.into()));
         match state.mounts.remove(target) {
             Some(_) => Ok(()),
             None => Err(io::Error::from_raw_os_error(nix::libc::EINVAL)),
@@ -182,7 +196,7 @@ impl MountLayer for RecordingMounter {
     }
 
     fn set_group(&self, path: &Path, gid: u32, mode_bits: u32) -> io::Result<()> {
-        self.state.lock().calls.push(MountCall::SetGroup {
+        self.state.lock().record(MountCall::SetGroup {
             path: path.into(),
             gid,
             mode_bits,
@@ -192,7 +206,7 @@ impl MountLayer for RecordingMounter {
 
     fn attach_loop(&self, file: &Path) -> io::Result<PathBuf> {
         let mut state = self.state.lock();
-        state.calls.push(MountCall::AttachLoop(file.into()));
+        state.record(MountCall::AttachLoop(file.into()));
         let device = PathBuf::from(format!("/dev/fake-loop{}", state.next_loop));
         state.next_loop += 1;
         state.loops.insert(file.into(), device.clone());
@@ -206,14 +220,13 @@ impl MountLayer for RecordingMounter {
     fn refresh_loop(&self, device: &Path) -> io::Result<()> {
         self.state
             .lock()
-            .calls
-            .push(MountCall::RefreshLoop(device.into()));
+            .record(MountCall::RefreshLoop(device.into()));
         Ok(())
     }
 
     fn detach_loop(&self, device: &Path) -> io::Result<()> {
         let mut state = self.state.lock();
-        state.calls.push(MountCall::DetachLoop(device.into()));
+        state.record(MountCall::DetachLoop(device.into()));
         let before = state.loops.len();
         state.loops.retain(|_, d| d != device);
         if state.loops.len() == before {
@@ -248,6 +261,32 @@ mod tests {
             .is_err()
         );
         assert_eq!(m.calls().len(), 4);
+    }
+
+    #[test]
+    fn the_log_keeps_the_latest_calls_and_the_table_all_mounts() {
+        let dir = tempfile::tempdir().unwrap();
+        let m = RecordingMounter::new();
+        m.bind(Path::new("/src"), dir.path(), MountFlags::default())
+            .unwrap();
+        for gid in 0..CALLS_KEPT as u32 {
+            m.set_group(Path::new("/p"), gid, 0o070).unwrap();
+        }
+        let calls = m.calls();
+        assert_eq!(calls.len(), CALLS_KEPT);
+        assert_eq!(
+            calls[0],
+            MountCall::SetGroup {
+                path: "/p".into(),
+                gid: 0,
+                mode_bits: 0o070
+            },
+            "the oldest call went first"
+        );
+        assert!(
+            m.is_mount_point(dir.path()).unwrap(),
+            "a mount whose call left the log is still mounted"
+        );
     }
 
     #[test]
