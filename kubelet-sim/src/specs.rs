@@ -77,7 +77,7 @@ pub fn volume_spec(
         return Ok((
             Spec::Inline {
                 volume: volume.into(),
-                csi: Some(csi),
+                csi: Some(std::sync::Arc::new(csi)),
             },
             read_only,
         ));

@@ -33,8 +33,9 @@ pub enum Spec {
     Inline {
         /// The pod's volume (name and source).
         volume: InlineVolume,
-        /// The inline CSI source with the draft fields, when the volume is `csi`.
-        csi: Option<InlineCsi>,
+        /// The inline CSI source with the draft fields, when the volume is `csi`: shared, as the
+        /// volume is, by every copy of the spec (the desired and the actual state each keep one).
+        csi: Option<Arc<InlineCsi>>,
     },
     /// A PersistentVolume the pod reaches through a bound claim.
     Persistent {

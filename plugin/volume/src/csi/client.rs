@@ -115,28 +115,29 @@ impl CsiClient {
     }
 
     /// Sends `req` to `path` (`/csi.v1.Service/Method`) with the client's deadline; the answer, and the
-    /// call to report it to.
-    async fn send<M, R>(&self, path: &'static str, req: M) -> (InFlight, Result<R, Status>)
+    /// call to report it to. The request comes boxed: an async fn keeps its arguments inline for as long
+    /// as it runs (rust-lang/rust#62958).
+    async fn send<M, R>(&self, path: &'static str, req: Box<M>) -> (InFlight, Result<R, Status>)
     where
         M: CallRequest + prost::Message + Send + 'static,
         R: prost::Message + Default + Send + 'static,
     {
         let observer = self.observer.as_ref().map(|observer| {
-            let token = observer.started(CsiCall::of(&self.driver, &req, None));
+            let token = observer.started(CsiCall::of(&self.driver, req.as_ref(), None));
             (Arc::clone(observer), token)
         });
         let in_flight = InFlight {
             started: Instant::now(),
             observer,
         };
-        let mut request = Request::new(Box::new(req));
+        let mut request = Request::new(req);
         request.set_timeout(self.timeout);
         let result = unary_boxed(self.channel.clone(), path, request).await;
         (in_flight, result)
     }
 
     /// [`CsiClient::send`], the answer reported.
-    async fn call<M, R>(&self, path: &'static str, req: M) -> Result<R, Status>
+    async fn call<M, R>(&self, path: &'static str, req: Box<M>) -> Result<R, Status>
     where
         M: CallRequest + prost::Message + Send + 'static,
         R: prost::Message + Default + Send + 'static,
@@ -148,9 +149,12 @@ impl CsiClient {
 
     /// NodePublishVolume.
     pub async fn node_publish(&self, req: csi::NodePublishVolumeRequest) -> Result<(), Status> {
-        self.call::<_, csi::NodePublishVolumeResponse>("/csi.v1.Node/NodePublishVolume", req)
-            .await
-            .map(drop)
+        self.call::<_, csi::NodePublishVolumeResponse>(
+            "/csi.v1.Node/NodePublishVolume",
+            Box::new(req),
+        )
+        .await
+        .map(drop)
     }
 
     /// NodeUnpublishVolume (no secrets, no context: the kubelet sends none).
@@ -159,14 +163,17 @@ impl CsiClient {
             volume_id: volume_id.into(),
             target_path: target_path.into(),
         };
-        self.call::<_, csi::NodeUnpublishVolumeResponse>("/csi.v1.Node/NodeUnpublishVolume", req)
-            .await
-            .map(drop)
+        self.call::<_, csi::NodeUnpublishVolumeResponse>(
+            "/csi.v1.Node/NodeUnpublishVolume",
+            Box::new(req),
+        )
+        .await
+        .map(drop)
     }
 
     /// NodeStageVolume.
     pub async fn node_stage(&self, req: csi::NodeStageVolumeRequest) -> Result<(), Status> {
-        self.call::<_, csi::NodeStageVolumeResponse>("/csi.v1.Node/NodeStageVolume", req)
+        self.call::<_, csi::NodeStageVolumeResponse>("/csi.v1.Node/NodeStageVolume", Box::new(req))
             .await
             .map(drop)
     }
@@ -177,9 +184,12 @@ impl CsiClient {
             volume_id: volume_id.into(),
             staging_target_path: staging_path.into(),
         };
-        self.call::<_, csi::NodeUnstageVolumeResponse>("/csi.v1.Node/NodeUnstageVolume", req)
-            .await
-            .map(drop)
+        self.call::<_, csi::NodeUnstageVolumeResponse>(
+            "/csi.v1.Node/NodeUnstageVolume",
+            Box::new(req),
+        )
+        .await
+        .map(drop)
     }
 
     /// NodeGetCapabilities, as the RPC types the driver advertises.
@@ -187,8 +197,9 @@ impl CsiClient {
         &self,
     ) -> Result<Vec<csi::node_service_capability::rpc::Type>, Status> {
         let req = csi::NodeGetCapabilitiesRequest {};
-        let response: csi::NodeGetCapabilitiesResponse =
-            self.call("/csi.v1.Node/NodeGetCapabilities", req).await?;
+        let response: csi::NodeGetCapabilitiesResponse = self
+            .call("/csi.v1.Node/NodeGetCapabilities", Box::new(req))
+            .await?;
         Ok(response
             .capabilities
             .into_iter()
@@ -213,7 +224,8 @@ impl CsiClient {
             volume_path: volume_path.into(),
             staging_target_path: String::new(),
         };
-        self.call("/csi.v1.Node/NodeGetVolumeStats", req).await
+        self.call("/csi.v1.Node/NodeGetVolumeStats", Box::new(req))
+            .await
     }
 
     /// CreateVolume (what the external-provisioner asks for a claim).
@@ -221,8 +233,9 @@ impl CsiClient {
         &self,
         req: csi::CreateVolumeRequest,
     ) -> Result<csi::Volume, Status> {
-        let response: csi::CreateVolumeResponse =
-            self.call("/csi.v1.Controller/CreateVolume", req).await?;
+        let response: csi::CreateVolumeResponse = self
+            .call("/csi.v1.Controller/CreateVolume", Box::new(req))
+            .await?;
         response
             .volume
             .ok_or_else(|| Status::internal("CreateVolume answered no volume"))
@@ -234,15 +247,18 @@ impl CsiClient {
         &self,
         req: csi::ControllerExpandVolumeRequest,
     ) -> Result<csi::ControllerExpandVolumeResponse, Status> {
-        self.call("/csi.v1.Controller/ControllerExpandVolume", req)
+        self.call("/csi.v1.Controller/ControllerExpandVolume", Box::new(req))
             .await
     }
 
     /// NodeExpandVolume.
     pub async fn node_expand(&self, req: csi::NodeExpandVolumeRequest) -> Result<(), Status> {
-        self.call::<_, csi::NodeExpandVolumeResponse>("/csi.v1.Node/NodeExpandVolume", req)
-            .await
-            .map(drop)
+        self.call::<_, csi::NodeExpandVolumeResponse>(
+            "/csi.v1.Node/NodeExpandVolume",
+            Box::new(req),
+        )
+        .await
+        .map(drop)
     }
 
     /// DeleteVolume.
@@ -251,7 +267,7 @@ impl CsiClient {
             volume_id: volume_id.into(),
             secrets: Default::default(),
         };
-        self.call::<_, csi::DeleteVolumeResponse>("/csi.v1.Controller/DeleteVolume", req)
+        self.call::<_, csi::DeleteVolumeResponse>("/csi.v1.Controller/DeleteVolume", Box::new(req))
             .await
             .map(drop)
     }
@@ -259,7 +275,7 @@ impl CsiClient {
     /// NodeGetInfo.
     pub async fn node_info(&self) -> Result<csi::NodeGetInfoResponse, Status> {
         let req = csi::NodeGetInfoRequest {};
-        self.call("/csi.v1.Node/NodeGetInfo", req).await
+        self.call("/csi.v1.Node/NodeGetInfo", Box::new(req)).await
     }
 
     /// ControllerGetCapabilities, as the RPC types the driver advertises.
@@ -268,7 +284,10 @@ impl CsiClient {
     ) -> Result<Vec<csi::controller_service_capability::rpc::Type>, Status> {
         let req = csi::ControllerGetCapabilitiesRequest {};
         let response: csi::ControllerGetCapabilitiesResponse = self
-            .call("/csi.v1.Controller/ControllerGetCapabilities", req)
+            .call(
+                "/csi.v1.Controller/ControllerGetCapabilities",
+                Box::new(req),
+            )
             .await?;
         Ok(response
             .capabilities
@@ -288,7 +307,7 @@ impl CsiClient {
         req: csi::ControllerPublishVolumeRequest,
     ) -> Result<HashMap<String, String>, Status> {
         let (in_flight, result) = self
-            .send("/csi.v1.Controller/ControllerPublishVolume", req)
+            .send("/csi.v1.Controller/ControllerPublishVolume", Box::new(req))
             .await;
         let result = result.map(|r: csi::ControllerPublishVolumeResponse| r.publish_context);
         in_flight.answered(result.as_ref().err(), result.as_ref().ok());
@@ -301,7 +320,7 @@ impl CsiClient {
         req: csi::ControllerUnpublishVolumeRequest,
     ) -> Result<(), Status> {
         let path = "/csi.v1.Controller/ControllerUnpublishVolume";
-        self.call::<_, csi::ControllerUnpublishVolumeResponse>(path, req)
+        self.call::<_, csi::ControllerUnpublishVolumeResponse>(path, Box::new(req))
             .await
             .map(drop)
     }

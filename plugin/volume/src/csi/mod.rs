@@ -280,10 +280,10 @@ pub fn spec_from_vol_data(data: &VolData) -> Spec {
     match data.lifecycle_mode.as_str() {
         "Ephemeral" => Spec::Inline {
             volume: InlineVolume::new(name, VolumeSource::Csi(source.clone())),
-            csi: Some(InlineCsi {
+            csi: Some(Arc::new(InlineCsi {
                 source,
                 ..Default::default()
-            }),
+            })),
         },
         _ => Spec::Persistent {
             pv: Arc::new(PersistentVolume {
