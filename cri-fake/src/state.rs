@@ -95,8 +95,8 @@ struct State {
     containers: BTreeMap<String, Box<Container>>,
     /// Reserved names (sandbox and container) to the id holding them.
     names: HashMap<String, String>,
-    /// The last [`CALLS_KEPT`] calls: a simulated node's PLEG alone lists the runtime twice a second, for
-    /// as long as the node runs.
+    /// The last [`CALLS_KEPT`] calls: while a simulated node runs pods, its PLEG alone lists the runtime
+    /// every second, for as long as the node runs.
     calls: VecDeque<CriCall>,
     /// Faults and how many calls each has affected.
     faults: HashMap<String, (Fault, u32)>,
