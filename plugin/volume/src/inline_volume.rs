@@ -7,7 +7,8 @@
 //! objects here are immutable and shared, but a pod's volumes sit inside its `PodSpec`, so the spec keeps
 //! this compact copy.
 
-use std::sync::Arc;
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use k8s_openapi::api::core::v1::{
     CSIVolumeSource, ConfigMapVolumeSource, DownwardAPIVolumeSource, EmptyDirVolumeSource,
@@ -29,8 +30,8 @@ pub enum VolumeSource {
     ConfigMap(ConfigMapVolumeSource),
     /// `downwardAPI`.
     DownwardApi(DownwardAPIVolumeSource),
-    /// `projected`.
-    Projected(ProjectedVolumeSource),
+    /// `projected`: shared with every other pod volume of the same projection ([`shared_projection`]).
+    Projected(Arc<ProjectedVolumeSource>),
     /// Any other source (hostPath, nfs, ...), which no plugin here supports.
     Other(Box<Volume>),
 }
@@ -130,13 +131,39 @@ impl From<Volume> for InlineVolume {
         } else if let Some(s) = volume.downward_api.take() {
             VolumeSource::DownwardApi(s)
         } else if let Some(s) = volume.projected.take() {
-            VolumeSource::Projected(s)
+            VolumeSource::Projected(shared_projection(s))
         } else {
             let name = volume.name.clone();
             return Self::new(name, VolumeSource::Other(Box::new(volume)));
         };
         Self::new(volume.name, source)
     }
+}
+
+/// How many distinct projections [`shared_projection`] remembers.
+const PROJECTIONS_KEPT: usize = 64;
+
+/// `source`, or an equal projection already in use: every pod's `kube-api-access` volume projects the
+/// same token, root CA and namespace, 1.5 KB in k8s-openapi's layout, and a node keeps one for each pod
+/// it runs (issue #28, bench/RESULTS.md). The latest [`PROJECTIONS_KEPT`] distinct ones still in use
+/// are remembered; an equal one is found by comparison, as the API's types have no hash.
+fn shared_projection(source: ProjectedVolumeSource) -> Arc<ProjectedVolumeSource> {
+    static IN_USE: Mutex<VecDeque<Weak<ProjectedVolumeSource>>> = Mutex::new(VecDeque::new());
+    let mut in_use = IN_USE.lock().unwrap_or_else(PoisonError::into_inner);
+    in_use.retain(|seen| seen.strong_count() > 0);
+    if let Some(same) = in_use
+        .iter()
+        .filter_map(Weak::upgrade)
+        .find(|seen| **seen == source)
+    {
+        return same;
+    }
+    let shared = Arc::new(source);
+    if in_use.len() == PROJECTIONS_KEPT {
+        in_use.pop_front();
+    }
+    in_use.push_back(Arc::downgrade(&shared));
+    shared
 }
 
 #[cfg(test)]
@@ -161,6 +188,48 @@ mod tests {
             Some("local.inlet.dev")
         );
         assert!(inline.image().is_none() && inline.empty_dir().is_none());
+    }
+
+    #[test]
+    fn equal_projections_are_shared_and_others_are_not() {
+        use k8s_openapi::api::core::v1::{ServiceAccountTokenProjection, VolumeProjection};
+        let projected = |path: &str| Volume {
+            name: format!("kube-api-access-{path}"),
+            projected: Some(ProjectedVolumeSource {
+                sources: Some(vec![VolumeProjection {
+                    service_account_token: Some(ServiceAccountTokenProjection {
+                        path: path.into(),
+                        expiration_seconds: Some(3607),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let shared = |v: &InlineVolume| match v.source() {
+            VolumeSource::Projected(s) => Arc::clone(s),
+            other => panic!("{other:?}"),
+        };
+        let (a, b) = (
+            InlineVolume::from(projected("token")),
+            InlineVolume::from(projected("token")),
+        );
+        assert!(Arc::ptr_eq(&shared(&a), &shared(&b)));
+        assert_eq!(
+            (a.name(), b.name()),
+            ("kube-api-access-token", "kube-api-access-token")
+        );
+        let other = InlineVolume::from(projected("other-token"));
+        assert!(!Arc::ptr_eq(&shared(&a), &shared(&other)));
+        assert_eq!(
+            other
+                .projected()
+                .and_then(|p| p.sources.as_ref())
+                .map(Vec::len),
+            Some(1)
+        );
     }
 
     #[test]

@@ -35,10 +35,7 @@ impl DirVolume for ProjectedVolume {
     }
 
     fn reconstructed(name: &str) -> InlineVolume {
-        InlineVolume::new(
-            name,
-            VolumeSource::Projected(ProjectedVolumeSource::default()),
-        )
+        InlineVolume::new(name, VolumeSource::Projected(Arc::default()))
     }
 
     fn mounter(
