@@ -248,7 +248,7 @@ impl CsiCall {
             .map(|(k, _)| k.clone())
             .collect();
         secret_keys.sort();
-        CsiCall {
+        let mut call = CsiCall {
             driver: driver.to_string(),
             method: R::METHOD.to_string(),
             volume_id: info.volume_id.to_string(),
@@ -258,8 +258,8 @@ impl CsiCall {
             volume_context: map(info.volume_context),
             secret_keys,
             publish_context: map(info.publish_context),
-            code: code(failure),
-            message: failure.map(|s| s.message().to_string()).unwrap_or_default(),
+            code: String::new(),
+            message: String::new(),
             access_mode: info
                 .capability
                 .and_then(|c| c.access_mode.as_ref())
@@ -281,11 +281,11 @@ impl CsiCall {
                 }
                 _ => Vec::new(),
             },
-        }
+        };
+        call.answered(failure, None);
+        call
     }
-}
 
-impl CsiCall {
     /// The record of a call sent with no answer yet (see [`CsiCall::of`]) completed with its answer:
     /// `failure` (None: OK), and the publish context a ControllerPublishVolume returned.
     pub fn answered(
@@ -293,7 +293,10 @@ impl CsiCall {
         failure: Option<&Status>,
         publish_context: Option<&HashMap<String, String>>,
     ) {
-        self.code = code(failure);
+        self.code = match failure {
+            None => "OK".into(),
+            Some(status) => format!("{:?}", status.code()),
+        };
         self.message = failure.map(|s| s.message().to_string()).unwrap_or_default();
         if let Some(context) = publish_context {
             self.publish_context = context
@@ -301,14 +304,6 @@ impl CsiCall {
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect();
         }
-    }
-}
-
-/// A record's `code`: `OK`, or the failure's gRPC code (`NotFound`).
-fn code(failure: Option<&Status>) -> String {
-    match failure {
-        None => "OK".into(),
-        Some(status) => format!("{:?}", status.code()),
     }
 }
 
