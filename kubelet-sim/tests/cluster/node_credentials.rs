@@ -6,7 +6,8 @@
 //! - a hollow node with a node's own credential (`system:node:<name>` in `system:nodes`, minted with the
 //!   kit's CA as the kit mints its kubelet's) runs a pod with an inline CSI volume, a secret reference and
 //!   its token volume, and the Node authorizer and NodeRestriction forbid none of its requests
-//!   (`rest_client_requests_total{code="403"}` stays absent);
+//!   (each `rest_client_requests_total{code="403"}` is a read the Node authorizer refused for a moment
+//!   because its graph had not seen the pod yet, logged with upstream's text);
 //! - a second process claiming the same node refuses with a clear error.
 
 use std::io::{Read, Write};
@@ -128,17 +129,29 @@ pub fn node_credential_is_enough(kit: &mut Kit, dir: &Path) {
         "--timeout=90s",
     ]);
     let scraped = scrape(metrics);
-    let forbidden: Vec<&str> = scraped
+    let forbidden: f64 = scraped
         .lines()
         .filter(|l| l.starts_with("rest_client_requests_total{") && l.contains("code=\"403\""))
-        .collect();
-    assert!(forbidden.is_empty(), "forbidden requests: {forbidden:#?}");
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
     assert!(
         scraped.contains("rest_client_requests_total{code=\"201\""),
         "{scraped}"
     );
     assert!(kit.stop(sim).success(), "{}", kit.log("kubelet-sim-node"));
     let log = kit.log("kubelet-sim-node");
-    assert!(!log.contains("forbidden"), "{log}");
+    // The Node authorizer learns of a pod from its own watch, so a read of what a new pod refers to can
+    // come before its graph has the edge, and is refused for a moment with "no relationship found between
+    // node" (plugin/pkg/auth/authorizer/node/node_authorizer.go; "expected until the graph the node
+    // authorizer uses observes the creation", kubernetes/kubernetes#49880, also #128910). A kubelet logs
+    // it and reads again, as the node does. Any other refusal is a request a node may not make.
+    let refusals: Vec<&str> = log.lines().filter(|l| l.contains("forbidden")).collect();
+    let graph_lag = |l: &&str| l.contains("no relationship found between node");
+    assert!(refusals.iter().all(graph_lag), "forbidden: {refusals:#?}");
+    assert!(
+        forbidden <= refusals.len() as f64,
+        "{forbidden} requests forbidden, {} logged: {scraped}",
+        refusals.len()
+    );
     assert!(!log.contains(token.trim()), "the token was logged");
 }
