@@ -166,6 +166,22 @@ pub(crate) async fn check_driver_left_dir(
     })
 }
 
+/// Runs `work`, which reads or changes the host's files, on the blocking pool: a tokio worker never waits
+/// on the disk. A panic in `work` is resumed here; a runtime shutting down is a transient error.
+async fn on_host<T: Send + 'static>(
+    host: &Arc<dyn VolumeHost>,
+    work: impl FnOnce(&dyn VolumeHost) -> T + Send + 'static,
+) -> Result<T, VolumeError> {
+    let host = Arc::clone(host);
+    match tokio::task::spawn_blocking(move || work(host.as_ref())).await {
+        Ok(done) => Ok(done),
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        Err(e) => Err(VolumeError::transient(format!(
+            "host work was cancelled: {e}"
+        ))),
+    }
+}
+
 #[async_trait]
 impl VolumePlugin for CsiPlugin {
     fn name(&self) -> &'static str {
@@ -234,7 +250,7 @@ impl VolumePlugin for CsiPlugin {
         spec_name: &str,
         pod_uid: &str,
     ) -> Result<Option<Metrics>, VolumeError> {
-        metrics::get(self.host.as_ref(), spec_name, pod_uid).await
+        metrics::get(&self.host, spec_name, pod_uid).await
     }
 
     async fn requires_remount(&self, spec: &Spec, _pod: &PodInfo) -> bool {
