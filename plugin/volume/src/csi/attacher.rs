@@ -262,7 +262,7 @@ impl CsiAttacher {
             let err = VolumeError::from_csi(&status, rpc_error(&status));
             if err.class == crate::ErrorClass::Final {
                 let staging = path.to_path_buf();
-                on_host(&self.host, move |host| remove_staging_dir(host, &staging)).await?;
+                let _ = on_host(&self.host, move |host| remove_staging_dir(host, &staging)).await;
             }
             return Err(err);
         }

@@ -10,6 +10,10 @@
 //! - `client.rs`: the CSI client with the kubelet's timeout and a call observer; `handle.rs`: the names;
 //!   `vol_data.rs`: the data file beside each mount; `expander.rs`: NodeExpandVolume of a mounted PV;
 //!   `metrics.rs`: a mounted volume's usage and condition (NodeGetVolumeStats), for the stats provider.
+//!
+//! The plugin's own file work (the dirs it makes, `vol_data.json`, what it removes) runs on the blocking
+//! pool through [`on_host`]; only the two synchronous trait methods (`new_unmounter`'s check of a block
+//! map, `construct_volume_spec` at reconstruction) read a file where they are called.
 
 pub mod attacher;
 mod block;

@@ -222,12 +222,13 @@ impl CsiMounter {
                     self.pod.uid.clone(),
                     dir.to_path_buf(),
                 );
-                let block = source.block;
-                on_host(&self.host, move |host| match block {
+                let is_block = source.block;
+                // The driver's error is the one to report, whatever the clean-up meets.
+                let _ = on_host(&self.host, move |host| match is_block {
                     true => block::remove_pod_map(host, &spec_name, &pod_uid),
                     false => remove_mount_dir(host, &dir),
                 })
-                .await?;
+                .await;
             }
             return Err(err);
         }
