@@ -218,7 +218,7 @@ impl CsiAttacher {
         };
         let (options, selinux_mount_context) =
             mount_options_with_label(host, spec, driver.as_ref(), selinux_label);
-        let (staging, record) = (path.to_path_buf(), (handle.clone(), driver_name.clone()));
+        let (staging, recorded_handle) = (path.to_path_buf(), handle.clone());
         on_host(&self.host, move |_| {
             std::fs::create_dir_all(&staging)
                 .and_then(|()| std::fs::create_dir_all(&record_dir))
@@ -228,10 +228,13 @@ impl CsiAttacher {
                         staging.display()
                     )))
                 })?;
-            VolData::save_staging(&record_dir, &record.0, &record.1, &selinux_mount_context)
-                .map_err(|e| {
-                    VolumeError::final_(log(format!("failed to save volume info data: {e}")))
-                })
+            VolData::save_staging(
+                &record_dir,
+                &recorded_handle,
+                &driver_name,
+                &selinux_mount_context,
+            )
+            .map_err(|e| VolumeError::final_(log(format!("failed to save volume info data: {e}"))))
         })
         .await??;
         if !stages {
@@ -318,12 +321,5 @@ fn remove_staging_dir(host: &dyn VolumeHost, path: &Path) {
     if let Some(name) = super::block::staged_spec_name(host, path) {
         return super::block::remove_staging(host, &name);
     }
-    if host.mounter().is_mount_point(path).unwrap_or(true) {
-        return;
-    }
-    let _ = std::fs::remove_dir(path);
-    if let Some(parent) = path.parent() {
-        let _ = std::fs::remove_file(parent.join(super::vol_data::FILE_NAME));
-        let _ = std::fs::remove_dir(parent);
-    }
+    super::mounter::remove_mount_dir(host, path);
 }

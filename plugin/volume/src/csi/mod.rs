@@ -11,9 +11,10 @@
 //!   `vol_data.rs`: the data file beside each mount; `expander.rs`: NodeExpandVolume of a mounted PV;
 //!   `metrics.rs`: a mounted volume's usage and condition (NodeGetVolumeStats), for the stats provider.
 //!
-//! The plugin's own file work (the dirs it makes, `vol_data.json`, what it removes) runs on the blocking
-//! pool through [`on_host`]; only the two synchronous trait methods (`new_unmounter`'s check of a block
-//! map, `construct_volume_spec` at reconstruction) read a file where they are called.
+//! The plugin's own file work (the dirs it makes, `vol_data.json`, what it removes, the checks of what a
+//! driver left, fsGroup) runs on the blocking pool, most of it through `on_host`; only the two synchronous
+//! trait methods (`new_unmounter`'s look at a block map, `construct_volume_spec` at reconstruction) read
+//! a file where they are called.
 
 pub mod attacher;
 mod block;
@@ -180,9 +181,9 @@ async fn on_host<T: Send + 'static>(
     match tokio::task::spawn_blocking(move || work(host.as_ref())).await {
         Ok(done) => Ok(done),
         Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-        Err(e) => Err(VolumeError::transient(format!(
-            "host work was cancelled: {e}"
-        ))),
+        Err(e) => Err(VolumeError::transient(log(format!(
+            "file work did not run: {e}"
+        )))),
     }
 }
 

@@ -126,18 +126,21 @@ impl CsiMounter {
             true => block::data_dir(host, self.spec.name()),
             false => dir.parent().unwrap_or(dir).to_path_buf(),
         };
-        let parent = target.parent().unwrap_or(&target).to_path_buf();
-        let dirs = (parent.clone(), record_dir.clone());
+        let (parent, record) = (
+            target.parent().unwrap_or(&target).to_path_buf(),
+            record_dir.clone(),
+        );
         on_host(&self.host, move |_| {
-            std::fs::create_dir_all(&dirs.0).and_then(|()| std::fs::create_dir_all(&dirs.1))
+            std::fs::create_dir_all(&parent)
+                .and_then(|()| std::fs::create_dir_all(&record))
+                .map_err(|e| {
+                    VolumeError::transient(log(format!(
+                        "mounter.SetUpAt failed to create dir {:?}:  {e}",
+                        parent.display()
+                    )))
+                })
         })
-        .await?
-        .map_err(|e| {
-            VolumeError::transient(log(format!(
-                "mounter.SetUpAt failed to create dir {:?}:  {e}",
-                parent.display()
-            )))
-        })?;
+        .await??;
 
         // 9. Secrets: only the referenced one, from the namespace the source resolved to.
         let mut secrets = read_secret(
@@ -188,13 +191,14 @@ impl CsiMounter {
             selinux_mount_context,
             ..vol_data(host, &self.spec, &driver_name, &handle, source.mode)
         };
-        on_host(&self.host, move |_| data.save(&record_dir))
-            .await?
-            .map_err(|e| {
+        on_host(&self.host, move |_| {
+            data.save(&record_dir).map_err(|e| {
                 VolumeError::transient(log(format!(
                     "mounter.SetUpAt failed to save volume info data: {e}"
                 )))
-            })?;
+            })
+        })
+        .await??;
         inlet_host::crash::point("setup.recorded");
 
         // 15. NodePublishVolume.
@@ -396,10 +400,8 @@ impl CsiUnmounter {
         let (spec_name, pod_uid) = (self.spec_name.clone(), self.pod_uid.clone());
         let remove_map =
             move |host: &dyn VolumeHost| block::remove_pod_map(host, &spec_name, &pod_uid);
-        let spec_name = self.spec_name.clone();
-        let loaded = on_host(&self.host, move |host| {
-            VolData::load(&block::data_dir(host, &spec_name)).ok()
-        });
+        let record_dir = block::data_dir(host, &self.spec_name);
+        let loaded = on_host(&self.host, move |_| VolData::load(&record_dir).ok());
         let Some(data) = loaded.await? else {
             return on_host(&self.host, remove_map).await;
         };
