@@ -21,7 +21,6 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::handle::attachment_name;
 use super::mounter::{capability, mount_options_with_label, publish_context, read_secret};
-use super::on_host;
 use super::source::{CsiSource, resolve};
 use super::vol_data::VolData;
 use super::{PLUGIN_NAME, log, spec_driver};
@@ -216,27 +215,20 @@ impl CsiAttacher {
             true => super::block::data_dir(host, spec.name()),
             false => path.parent().unwrap_or(path).to_path_buf(),
         };
+        let parent = record_dir.as_path();
+        std::fs::create_dir_all(path)
+            .and_then(|()| std::fs::create_dir_all(parent))
+            .map_err(|e| {
+                VolumeError::transient(log(format!(
+                    "attacher.MountDevice failed to create dir {:?}:  {e}",
+                    path.display()
+                )))
+            })?;
         let (options, selinux_mount_context) =
             mount_options_with_label(host, spec, driver.as_ref(), selinux_label);
-        let (staging, recorded_handle) = (path.to_path_buf(), handle.clone());
-        on_host(&self.host, move |_| {
-            std::fs::create_dir_all(&staging)
-                .and_then(|()| std::fs::create_dir_all(&record_dir))
-                .map_err(|e| {
-                    VolumeError::transient(log(format!(
-                        "attacher.MountDevice failed to create dir {:?}:  {e}",
-                        staging.display()
-                    )))
-                })?;
-            VolData::save_staging(
-                &record_dir,
-                &recorded_handle,
-                &driver_name,
-                &selinux_mount_context,
-            )
-            .map_err(|e| VolumeError::final_(log(format!("failed to save volume info data: {e}"))))
-        })
-        .await??;
+        VolData::save_staging(parent, &handle, &driver_name, &selinux_mount_context).map_err(
+            |e| VolumeError::final_(log(format!("failed to save volume info data: {e}"))),
+        )?;
         if !stages {
             // Upstream: "STAGE_UNSTAGE_VOLUME capability not set. Skipping MountDevice...".
             return Ok(());
@@ -264,8 +256,7 @@ impl CsiAttacher {
         if let Err(status) = client.node_stage(request).await {
             let err = VolumeError::from_csi(&status, rpc_error(&status));
             if err.class == crate::ErrorClass::Final {
-                let staging = path.to_path_buf();
-                let _ = on_host(&self.host, move |host| remove_staging_dir(host, &staging)).await;
+                remove_staging_dir(host, path);
             }
             return Err(err);
         }
@@ -281,12 +272,10 @@ impl DeviceUnmounter for CsiAttacher {
             Some(name) => super::block::data_dir(host, &name),
             None => path.parent().unwrap_or(path).to_path_buf(),
         };
-        let staging = path.to_path_buf();
-        let remove_staging = move |host: &dyn VolumeHost| remove_staging_dir(host, &staging);
-        let loaded = on_host(&self.host, move |_| VolData::load(&record_dir).ok());
-        let Some(data) = loaded.await? else {
+        let Ok(data) = VolData::load(&record_dir) else {
             // Never staged through the driver (no data file): only the directory may be left.
-            return on_host(&self.host, remove_staging).await;
+            remove_staging_dir(host, path);
+            return Ok(());
         };
         let client = host.csi_client(&data.driver_name).await.map_err(|e| {
             VolumeError::transient(format!(
@@ -311,7 +300,8 @@ impl DeviceUnmounter for CsiAttacher {
                     )
                 })?;
         }
-        on_host(&self.host, remove_staging).await
+        remove_staging_dir(host, path);
+        Ok(())
     }
 }
 

@@ -3,9 +3,8 @@
 //! GET_VOLUME_STATS, the condition only with the `CSIVolumeHealth` gate (alpha, off by default) and
 //! VOLUME_CONDITION.
 
-use std::sync::Arc;
-
 use inlet_proto::csi::v1::{self as csi, node_service_capability::rpc::Type as NodeCap};
+
 use inlet_proto::csi_call::rpc_error;
 
 use super::{PLUGIN_NAME, VolData, client_with_capabilities};
@@ -16,29 +15,24 @@ pub const CSI_VOLUME_HEALTH: &str = "CSIVolumeHealth";
 
 /// The metrics of the pod's volume `spec_name`; `Ok(None)` when the driver does not report any.
 pub(super) async fn get(
-    host: &Arc<dyn VolumeHost>,
+    host: &dyn VolumeHost,
     spec_name: &str,
     pod_uid: &str,
 ) -> Result<Option<Metrics>, VolumeError> {
     // A filesystem volume's record is beside its mount; a raw block one's in its device data dir, and it
     // is asked at the pod's published device (`csi_block.go`: blockPath + "/" + pod UID).
-    let (spec, pod) = (spec_name.to_string(), pod_uid.to_string());
-    let loaded = super::on_host(host, move |host| {
-        let dir = host.pod_volume_dir(&pod, PLUGIN_NAME, &spec);
-        match VolData::load(&dir) {
-            Ok(data) => Ok((data, dir.join("mount"))),
-            Err(_) => {
-                let data = VolData::load(&super::block::data_dir(host, &spec)).map_err(|e| {
-                    VolumeError::transient(format!(
-                        "metrics: failed to load volume data of {spec}: {e}"
-                    ))
-                })?;
-                Ok((data, super::block::publish_path(host, &spec, &pod)))
-            }
+    let dir = host.pod_volume_dir(pod_uid, PLUGIN_NAME, spec_name);
+    let (data, target) = match VolData::load(&dir) {
+        Ok(data) => (data, dir.join("mount")),
+        Err(_) => {
+            let data = VolData::load(&super::block::data_dir(host, spec_name)).map_err(|e| {
+                VolumeError::transient(format!(
+                    "metrics: failed to load volume data of {spec_name}: {e}"
+                ))
+            })?;
+            (data, super::block::publish_path(host, spec_name, pod_uid))
         }
-    });
-    let (data, target) = loaded.await??;
-    let host = host.as_ref();
+    };
     let (client, capabilities) = client_with_capabilities(host, &data.driver_name).await?;
     if !capabilities.contains(&NodeCap::GetVolumeStats) {
         return Ok(None);

@@ -18,7 +18,6 @@ use super::driver::{
     supports_fs_group,
 };
 use super::handle::attachment_name;
-use super::on_host;
 use super::source::{CsiSource, LifecycleMode, is_block, resolve};
 use super::vol_data::VolData;
 use super::{CsiPlugin, PLUGIN_NAME, device_path_for, log, spec_driver};
@@ -126,21 +125,15 @@ impl CsiMounter {
             true => block::data_dir(host, self.spec.name()),
             false => dir.parent().unwrap_or(dir).to_path_buf(),
         };
-        let (parent, record) = (
-            target.parent().unwrap_or(&target).to_path_buf(),
-            record_dir.clone(),
-        );
-        on_host(&self.host, move |_| {
-            std::fs::create_dir_all(&parent)
-                .and_then(|()| std::fs::create_dir_all(&record))
-                .map_err(|e| {
-                    VolumeError::transient(log(format!(
-                        "mounter.SetUpAt failed to create dir {:?}:  {e}",
-                        parent.display()
-                    )))
-                })
-        })
-        .await??;
+        let parent = target.parent().unwrap_or(&target);
+        std::fs::create_dir_all(parent)
+            .and_then(|()| std::fs::create_dir_all(&record_dir))
+            .map_err(|e| {
+                VolumeError::transient(log(format!(
+                    "mounter.SetUpAt failed to create dir {:?}:  {e}",
+                    parent.display()
+                )))
+            })?;
 
         // 9. Secrets: only the referenced one, from the namespace the source resolved to.
         let mut secrets = read_secret(
@@ -191,14 +184,11 @@ impl CsiMounter {
             selinux_mount_context,
             ..vol_data(host, &self.spec, &driver_name, &handle, source.mode)
         };
-        on_host(&self.host, move |_| {
-            data.save(&record_dir).map_err(|e| {
-                VolumeError::transient(log(format!(
-                    "mounter.SetUpAt failed to save volume info data: {e}"
-                )))
-            })
-        })
-        .await??;
+        data.save(&record_dir).map_err(|e| {
+            VolumeError::transient(log(format!(
+                "mounter.SetUpAt failed to save volume info data: {e}"
+            )))
+        })?;
         inlet_host::crash::point("setup.recorded");
 
         // 15. NodePublishVolume.
@@ -221,18 +211,10 @@ impl CsiMounter {
         if let Err(status) = client.node_publish(request).await {
             let err = VolumeError::from_csi(&status, rpc_error(&status));
             if err.class == crate::ErrorClass::Final && !args.remount {
-                let (spec_name, pod_uid, dir) = (
-                    self.spec.name().to_string(),
-                    self.pod.uid.clone(),
-                    dir.to_path_buf(),
-                );
-                let is_block = source.block;
-                // The driver's error is the one to report, whatever the clean-up meets.
-                let _ = on_host(&self.host, move |host| match is_block {
-                    true => block::remove_pod_map(host, &spec_name, &pod_uid),
-                    false => remove_mount_dir(host, &dir),
-                })
-                .await;
+                match source.block {
+                    true => block::remove_pod_map(host, self.spec.name(), &self.pod.uid),
+                    false => remove_mount_dir(host, dir),
+                }
             }
             return Err(err);
         }
@@ -240,8 +222,7 @@ impl CsiMounter {
         if source.block {
             // `MapBlockVolume`: the pod's device is a symlink to the published device file. Block
             // volumes take no fsGroup.
-            let link = dir.to_path_buf();
-            return on_host(&self.host, move |_| map_block_volume(&link, &target)).await?;
+            return map_block_volume(dir, &target);
         }
         super::check_driver_left_dir(host, "mounter.SetUpAt", &target).await?;
 
@@ -365,29 +346,27 @@ impl CsiUnmounter {
         if self.block {
             return self.unmap_pod_device().await;
         }
-        let target = dir.to_path_buf();
-        let loaded = on_host(&self.host, move |host| {
-            let parent = target.parent().unwrap_or(&target);
-            match VolData::load(parent) {
-                Ok(data) => Ok(Some(data)),
-                // Nothing recorded and nothing mounted: a set-up that never reached the driver. Clean up.
-                Err(_) if !host.mounter().is_mount_point(&target).unwrap_or(true) => {
-                    remove_mount_dir(host, &target);
-                    Ok(None)
-                }
-                Err(e) => Err(VolumeError::final_(format!(
-                    "unmounter failed to load volume data file [{}]: {e}",
-                    parent.join(super::vol_data::FILE_NAME).display()
-                ))),
+        let host = self.host.as_ref();
+        let parent = dir.parent().unwrap_or(dir);
+        let data = match VolData::load(parent) {
+            Ok(data) => data,
+            // Nothing recorded and nothing mounted: a set-up that never reached the driver. Clean up.
+            Err(_) if !host.mounter().is_mount_point(dir).unwrap_or(true) => {
+                remove_mount_dir(host, dir);
+                return Ok(());
             }
-        });
-        let Some(data) = loaded.await?? else {
-            return Ok(());
+            Err(e) => {
+                let file = parent.join(super::vol_data::FILE_NAME);
+                return Err(VolumeError::final_(format!(
+                    "unmounter failed to load volume data file [{}]: {e}",
+                    file.display()
+                )));
+            }
         };
-        unpublish(self.host.as_ref(), &data, dir, "Unmounter.TearDownAt").await?;
+        unpublish(host, &data, dir, "Unmounter.TearDownAt").await?;
         inlet_host::crash::point("teardown.unpublished");
-        let dir = dir.to_path_buf();
-        on_host(&self.host, move |host| remove_mount_dir(host, &dir)).await
+        remove_mount_dir(host, dir);
+        Ok(())
     }
 }
 
@@ -397,16 +376,13 @@ impl CsiUnmounter {
     async fn unmap_pod_device(&self) -> Result<(), VolumeError> {
         let host = self.host.as_ref();
         let publish = block::publish_path(host, &self.spec_name, &self.pod_uid);
-        let (spec_name, pod_uid) = (self.spec_name.clone(), self.pod_uid.clone());
-        let remove_map =
-            move |host: &dyn VolumeHost| block::remove_pod_map(host, &spec_name, &pod_uid);
-        let record_dir = block::data_dir(host, &self.spec_name);
-        let loaded = on_host(&self.host, move |_| VolData::load(&record_dir).ok());
-        let Some(data) = loaded.await? else {
-            return on_host(&self.host, remove_map).await;
+        let Ok(data) = VolData::load(&block::data_dir(host, &self.spec_name)) else {
+            block::remove_pod_map(host, &self.spec_name, &self.pod_uid);
+            return Ok(());
         };
         unpublish(host, &data, &publish, "blockMapper.UnmapPodDevice").await?;
-        on_host(&self.host, remove_map).await
+        block::remove_pod_map(host, &self.spec_name, &self.pod_uid);
+        Ok(())
     }
 }
 
