@@ -6,8 +6,9 @@
 //! - a hollow node with a node's own credential (`system:node:<name>` in `system:nodes`, minted with the
 //!   kit's CA as the kit mints its kubelet's) runs a pod with an inline CSI volume, a secret reference and
 //!   its token volume, and the Node authorizer and NodeRestriction forbid none of its requests
-//!   (each `rest_client_requests_total{code="403"}` is a read the Node authorizer refused for a moment
-//!   because its graph had not seen the pod yet, logged with upstream's text);
+//!   (each `rest_client_requests_total{code="403"}` is a request the Node authorizer refused for a
+//!   moment because its graph had not seen the pod yet, reported with upstream's text in the node's log
+//!   or on the pod);
 //! - a second process claiming the same node refuses with a clear error.
 
 use std::io::{Read, Write};
@@ -121,6 +122,15 @@ pub fn node_credential_is_enough(kit: &mut Kit, dir: &Path) {
         "{stderr}"
     );
 
+    // What the node reported on the pod (a refused TokenRequest fails the mount: a FailedMount event),
+    // read before the pod and its events go.
+    let events = kit.kubectl(&[
+        "get",
+        "events",
+        "--field-selector=involvedObject.name=credentialed",
+        "-o",
+        "jsonpath={range .items[*]}{.count} {.message}{\"\\n\"}{end}",
+    ]);
     kit.kubectl(&[
         "delete",
         "pod",
@@ -145,13 +155,28 @@ pub fn node_credential_is_enough(kit: &mut Kit, dir: &Path) {
     // node" (plugin/pkg/auth/authorizer/node/node_authorizer.go; "expected until the graph the node
     // authorizer uses observes the creation", kubernetes/kubernetes#49880, also #128910). A kubelet logs
     // it and reads again, as the node does. Any other refusal is a request a node may not make.
-    let refusals: Vec<&str> = log.lines().filter(|l| l.contains("forbidden")).collect();
+    // Refusals show in the node's log (a read) or on the pod (a mount that failed on one).
     let graph_lag = |l: &&str| l.contains("no relationship found between node");
+    let refusals: Vec<&str> = log.lines().filter(|l| l.contains("forbidden")).collect();
     assert!(refusals.iter().all(graph_lag), "forbidden: {refusals:#?}");
+    let on_the_pod: Vec<&str> = events.lines().filter(|l| l.contains("forbidden")).collect();
     assert!(
-        forbidden <= refusals.len() as f64,
-        "{forbidden} requests forbidden, {} logged: {scraped}",
-        refusals.len()
+        on_the_pod.iter().all(graph_lag),
+        "forbidden: {on_the_pod:#?}"
+    );
+    let reported: f64 = on_the_pod
+        .iter()
+        .map(|l| {
+            l.split(' ')
+                .next()
+                .and_then(|c| c.parse::<f64>().ok())
+                .unwrap_or(1.0)
+        })
+        .sum::<f64>()
+        + refusals.len() as f64;
+    assert!(
+        forbidden <= reported,
+        "{forbidden} requests forbidden, {reported} reported: {scraped}\n{events}"
     );
     assert!(!log.contains(token.trim()), "the token was logged");
 }
