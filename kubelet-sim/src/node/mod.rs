@@ -419,16 +419,19 @@ impl Kubelet {
     async fn sync(self: &Arc<Self>) {
         // Read before listing pods: a pass that began before the sources were ready may have missed some.
         let sources_ready = self.api.sources_ready();
-        let pods = self.my_pods();
         let terminated = |uid: &str| {
             self.pods
                 .lock()
                 .get(uid)
                 .is_some_and(PodRuntime::terminated)
         };
+        // The list is let go as soon as the populator is done with it: a pod held past an await makes
+        // the API copy it (16 KB or more) on each status write meanwhile (see `Api::update`).
+        let pods = self.my_pods();
         self.volumes
             .populate(sources_ready, &pods, terminated)
             .await;
+        drop(pods);
         let ready = self.volumes.populator_has_added_pods();
         if ready && !self.sandboxes_adopted.swap(true, Ordering::AcqRel) {
             self.adopt_sandboxes().await;
