@@ -55,11 +55,26 @@ impl Kubelet {
                 ended.entry(uid.clone()).or_default().push(container);
             }
         }
-        for pod in self.my_pods() {
-            let uid = pod.metadata.uid.clone().unwrap_or_default();
+        // By name, each pod read when its turn comes: while a list of them is held across one pod's calls,
+        // a status write to any other makes the API copy it (see `Kubelet::sync`).
+        let names: Vec<(String, String)> = self
+            .my_pods()
+            .iter()
+            .filter(|pod| pod.metadata.deletion_timestamp.is_none())
+            .map(|pod| {
+                let meta = &pod.metadata;
+                let name = meta.name.clone().unwrap_or_default();
+                (meta.namespace.clone().unwrap_or_default(), name)
+            })
+            .collect();
+        for (namespace, name) in names {
+            let Some(pod) = self.api.peek::<Pod>(&namespace, &name) else {
+                continue;
+            };
             if pod.metadata.deletion_timestamp.is_some() {
                 continue;
             }
+            let uid = pod.metadata.uid.clone().unwrap_or_default();
             self.sync_containers(&pod, &uid, ended.remove(&uid).unwrap_or_default())
                 .await;
         }
