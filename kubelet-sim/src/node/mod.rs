@@ -41,7 +41,7 @@ pub mod token_manager;
 mod volume_stats;
 pub mod volumemanager;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -223,7 +223,7 @@ pub struct Kubelet {
     /// When orphaned pod directories were last looked for.
     last_housekeeping: Mutex<Option<Instant>>,
     /// The last volume stats, by pod UID and the pod's name for the volume.
-    volume_stats: Mutex<HashMap<String, BTreeMap<String, inlet_volume::Metrics>>>,
+    volume_stats: Mutex<HashMap<String, volume_stats::PodVolumeStats>>,
 }
 
 impl Kubelet {

@@ -12,10 +12,12 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 use futures::future::BoxFuture;
+use futures::stream::FuturesUnordered;
 use inlet_volume::{Metrics, PodInfo, VolumeError};
 use k8s_openapi::api::core::v1::Pod;
 
 use super::Kubelet;
+use super::volumemanager::VolumeInUse;
 
 /// How many volumes of a node are asked at once.
 const CONCURRENT: usize = 16;
@@ -37,24 +39,19 @@ impl Kubelet {
     /// One pass (`calcAndStoreStats`): the metrics of every mounted volume, by pod UID and the pod's name
     /// for the volume.
     async fn calc_and_store_stats(&self) {
-        // Boxed: a stream of unboxed async blocks over `dyn VolumePlugin` is not provably Send.
-        type Asked = (Arc<PodInfo>, String, Result<Option<Metrics>, VolumeError>);
-        let asks: Vec<BoxFuture<'static, Asked>> = self
-            .volumes
-            .mounted_volumes()
-            .into_iter()
-            .map(|(pod, outer, spec_name, plugin)| {
-                Box::pin(async move {
-                    let metrics = plugin.metrics(&spec_name, &pod.uid).await;
-                    (pod, outer, metrics)
-                }) as BoxFuture<'static, Asked>
-            })
-            .collect();
-        let asked: Vec<Asked> = futures::stream::iter(asks)
-            .buffer_unordered(CONCURRENT)
-            .collect()
-            .await;
-        let mut stats: HashMap<String, BTreeMap<String, Metrics>> = HashMap::new();
+        // Each ask is made when its turn comes, so a pass holds `CONCURRENT` of them, not one per mounted
+        // volume.
+        let mut volumes = self.volumes.mounted_volumes().into_iter();
+        let mut asking = FuturesUnordered::new();
+        let mut asked: Vec<Asked> = Vec::new();
+        loop {
+            asking.extend(volumes.by_ref().take(CONCURRENT - asking.len()).map(ask));
+            match asking.next().await {
+                Some(answer) => asked.push(answer),
+                None => break,
+            }
+        }
+        let mut stats: HashMap<String, PodVolumeStats> = HashMap::new();
         for (pod, outer, metrics) in asked {
             let metrics = match metrics {
                 Ok(Some(metrics)) => metrics,
@@ -75,7 +72,10 @@ impl Kubelet {
             stats
                 .entry(pod.uid.clone())
                 .or_default()
-                .insert(outer, metrics);
+                .push((outer, metrics));
+        }
+        for volumes in stats.values_mut() {
+            volumes.shrink_to_fit();
         }
         *self.volume_stats.lock() = stats;
     }
@@ -85,7 +85,23 @@ impl Kubelet {
         self.volume_stats
             .lock()
             .get(uid)
-            .cloned()
+            .map(|volumes| volumes.iter().cloned().collect())
             .unwrap_or_default()
     }
 }
+
+/// A volume's metrics, asked of its plugin: the pod, its name for the volume, the answer.
+type Asked = (Arc<PodInfo>, String, Result<Option<Metrics>, VolumeError>);
+
+/// Asks one mounted volume for its metrics. Boxed: the pass's future, holding unboxed async blocks over
+/// `dyn VolumePlugin`, is not provably Send.
+fn ask((pod, outer, spec_name, plugin): VolumeInUse) -> BoxFuture<'static, Asked> {
+    Box::pin(async move {
+        let metrics = plugin.metrics(&spec_name, &pod.uid).await;
+        (pod, outer, metrics)
+    })
+}
+
+/// One pod's volume metrics, by the pod's name for each volume: a few per pod, kept for every pod of the
+/// node between passes, so a list (a B-tree's node holds room for eleven).
+pub(super) type PodVolumeStats = Vec<(String, Metrics)>;
