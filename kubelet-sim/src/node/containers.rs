@@ -60,7 +60,6 @@ impl Kubelet {
         let names: Vec<(String, String)> = self
             .my_pods()
             .iter()
-            .filter(|pod| pod.metadata.deletion_timestamp.is_none())
             .map(|pod| {
                 let meta = &pod.metadata;
                 let name = meta.name.clone().unwrap_or_default();
