@@ -295,14 +295,34 @@ fn wait_registered(kit: &Kit, driver: &str, registered: bool) {
     let deadline = Instant::now() + WAIT;
     while kit.drivers_in_csinode().contains(driver) != registered {
         if Instant::now() > deadline {
-            // Once seen on CRI-O's uninstall (image.inlet.dev kept in the CSINode after its pod was
-            // gone): what the kubelet saw of the driver, and what is left in its registry, to tell why.
+            // What the kubelet saw of the driver and its pods, the runtime's containers, and what is left
+            // in the registry, to tell why (see step 6 for the case seen once on CRI-O).
             let log = kit.log("kubelet");
-            let lines: Vec<&str> = log.lines().filter(|l| l.contains(driver)).collect();
-            panic!(
-                "timed out waiting for {driver} registered: {registered}\nplugins_registry: {:?}\nthe kubelet's last lines naming it:\n{}",
-                sockets_under(&kit.plugins_registry()),
+            let last = |needle: &str| {
+                let lines: Vec<&str> = log.lines().filter(|l| l.contains(needle)).collect();
                 lines[lines.len().saturating_sub(30)..].join("\n")
+            };
+            let pods = kit.try_kubectl(&["get", "pods", "-A", "-o", "wide"]);
+            let containers = Command::new(kit.bin("crictl"))
+                .args([
+                    "--config",
+                    &kit.run.join("run/crictl.yaml").display().to_string(),
+                ])
+                .args(["ps", "-a"])
+                .output();
+            panic!(
+                "timed out waiting for {driver} registered: {registered}\nplugins_registry: {:?}\npods: {}\nthe runtime's containers: {}\nthe kubelet's last lines naming it:\n{}\nthe kubelet's last lines naming its pods:\n{}",
+                sockets_under(&kit.plugins_registry()),
+                String::from_utf8_lossy(&pods.stdout),
+                containers.map_or_else(
+                    |e| e.to_string(),
+                    |o| String::from_utf8_lossy(&o.stdout).into_owned()
+                ),
+                last(driver),
+                last(&format!(
+                    "inlet-{}-driver",
+                    driver.split('.').next().unwrap_or(driver)
+                )),
             );
         }
         std::thread::sleep(Duration::from_millis(250));
@@ -551,6 +571,11 @@ fn on_runtime(
             !mounts_under(&pods_dir).is_empty(),
             "the volume was unmounted without its driver"
         );
+        // This also rolls the image driver back from step 5's tag, and the uninstall waits for that
+        // rollout. Deleting a pod the kubelet is still starting is where kubelets before 1.22's pod worker
+        // rework (pod_workers.go) could leave its container running with the pod gone from the API
+        // (kubernetes#68738, #107289). Once, on CRI-O, the uninstall raced this rollout: the new image
+        // driver registered 6 s after the old one left, and was still registered 120 s after its pod went.
         kit.apply("inlet", &manifests);
         wait(
             "the orphaned pod to go once the driver is back",
@@ -560,6 +585,8 @@ fn on_runtime(
         wait("its mount to go", WAIT, || {
             mounts_under(&pods_dir).is_empty()
         });
+        rollout(&kit, "inlet-image-driver");
+        wait_registered(&kit, IMAGE, true);
         println!(
             "{name}: a volume published when its DaemonSet was deleted was torn down once it was back"
         );
