@@ -182,7 +182,7 @@ fn running(settled: bool) -> &'static str {
 pub fn print_pods(out: &mut impl Write, f: &pods::PodsFigures) -> std::io::Result<()> {
     writeln!(
         out,
-        "{} pods x {} inline volumes over {} nodes ({}): {} in {:.2} s; pod start p50 {} p99 {}; torn down in {:.2} s ({}); peak RSS {} MiB; {} CSI calls",
+        "{} pods x {} inline volumes over {} nodes ({}): {} in {:.2} s; pod start p50 {} p99 {}; torn down in {:.2} s ({}); peak RSS {} MiB ({} MiB until settled); {} CSI calls",
         f.pods,
         f.volumes,
         f.nodes,
@@ -198,6 +198,7 @@ pub fn print_pods(out: &mut impl Write, f: &pods::PodsFigures) -> std::io::Resul
             "something left"
         },
         f.peak_rss_mib,
+        f.settled_peak_rss_mib,
         f.csi_calls
     )
 }

@@ -62,6 +62,8 @@ pub struct PodsFigures {
     pub pod_start: Summary,
     /// The process's peak resident memory, in MiB.
     pub peak_rss_mib: u64,
+    /// The peak resident memory until every pod ran, before the teardown, in MiB.
+    pub settled_peak_rss_mib: u64,
     /// CSI calls made.
     pub csi_calls: usize,
     /// The CSI calls by method, then by code: what the nodes asked of the drivers, and how it went.
@@ -130,6 +132,7 @@ pub async fn run(config: &PodsConfig) -> Result<PodsFigures, BenchError> {
         } => false,
     };
     let settle = started.elapsed();
+    let settled_peak_rss_mib = peak_rss_mib();
     let mut samples: Vec<Duration> = sim
         .api
         .list::<Pod>()
@@ -155,6 +158,7 @@ pub async fn run(config: &PodsConfig) -> Result<PodsFigures, BenchError> {
         teardown_clean: teardown.clean(),
         pod_start,
         peak_rss_mib: peak_rss_mib(),
+        settled_peak_rss_mib,
         csi_calls,
         csi_calls_by_method,
         samples,

@@ -69,7 +69,11 @@ fn bench_writes_its_figures_as_json_and_svg() {
     assert_eq!(figures["settled"], true, "{stdout}");
     assert_eq!(figures["teardown_clean"], true, "{stdout}");
     assert_eq!(figures["pod_start"]["samples"], 20);
-    assert!(figures["peak_rss_mib"].as_u64().unwrap() > 0);
+    let (peak, settled) = (
+        figures["peak_rss_mib"].as_u64().unwrap(),
+        figures["settled_peak_rss_mib"].as_u64().unwrap(),
+    );
+    assert!(0 < settled && settled <= peak, "{figures}");
     // Each of the 40 volumes published and unpublished once, every call counted by method and code.
     let by_method = &figures["csi_calls_by_method"];
     assert_eq!(by_method["NodePublishVolume"]["OK"], 40, "{by_method}");
