@@ -303,13 +303,7 @@ fn wait_registered(kit: &Kit, driver: &str, registered: bool) {
                 lines[lines.len().saturating_sub(30)..].join("\n")
             };
             let pods = kit.try_kubectl(&["get", "pods", "-A", "-o", "wide"]);
-            let containers = Command::new(kit.bin("crictl"))
-                .args([
-                    "--config",
-                    &kit.run.join("run/crictl.yaml").display().to_string(),
-                ])
-                .args(["ps", "-a"])
-                .output();
+            let containers = crictl(kit, &["ps", "-a"]);
             panic!(
                 "timed out waiting for {driver} registered: {registered}\nplugins_registry: {:?}\npods: {}\nthe runtime's containers: {}\nthe kubelet's last lines naming it:\n{}\nthe kubelet's last lines naming its pods:\n{}",
                 sockets_under(&kit.plugins_registry()),
@@ -327,6 +321,47 @@ fn wait_registered(kit: &Kit, driver: &str, registered: bool) {
         }
         std::thread::sleep(Duration::from_millis(250));
     }
+}
+
+/// Runs the kit's crictl on its runtime.
+fn crictl(kit: &Kit, args: &[&str]) -> std::io::Result<std::process::Output> {
+    Command::new(kit.bin("crictl"))
+        .arg("--config")
+        .arg(kit.run.join("run/crictl.yaml"))
+        .args(args)
+        .output()
+}
+
+/// Waits for `driver` to leave the CSINode once the driver pods are gone. A driver container still
+/// running a minute later outlived its pod: kubelets before 1.22's pod worker rework could leave one
+/// (step 6). It is stopped as an operator would, with `crictl stop` (a SIGTERM), and said so; the driver
+/// must then deregister as on any stop.
+fn wait_deregistered(kit: &Kit, name: &str, driver: &str) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while kit.drivers_in_csinode().contains(driver) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    if kit.drivers_in_csinode().contains(driver) {
+        let out = crictl(
+            kit,
+            &["ps", "--name", "^driver$", "--state", "running", "-q"],
+        )
+        .expect("crictl runs");
+        assert!(
+            out.status.success(),
+            "crictl ps: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        for id in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+            println!(
+                "{name}: {driver} still registered a minute after the driver pods went: stopping the driver container {id} the kubelet left running"
+            );
+            // With the pods' grace period: a stop without one is a SIGKILL, which no driver outlives to
+            // remove its socket.
+            let _ = crictl(kit, &["stop", "--timeout", "30", id]);
+        }
+    }
+    wait_registered(kit, driver, false);
 }
 
 /// The driver DaemonSet's pod: its name and its container's restart count.
@@ -576,7 +611,8 @@ fn on_runtime(
         // old one left, and was still registered 120 s after its pod went. Deleting a pod the kubelet is
         // still starting is where kubelets before 1.22's pod worker rework (pod_workers.go) could leave
         // its container running with the pod gone (kubernetes#68738, #107289); uninstalling 1.5-5 s into
-        // a rollout did not reproduce it here in five runs, so `wait_registered` says what it finds.
+        // a rollout did not reproduce it here in five runs. The uninstall stops such a container
+        // (`wait_deregistered`), and `wait_registered` says what it finds if the driver still stays.
         kit.apply("inlet", &manifests);
         wait(
             "the orphaned pod to go once the driver is back",
@@ -604,8 +640,8 @@ fn on_runtime(
             .trim()
             .is_empty()
     });
-    wait_registered(&kit, LOCAL, false);
-    wait_registered(&kit, IMAGE, false);
+    wait_deregistered(&kit, name, LOCAL);
+    wait_deregistered(&kit, name, IMAGE);
     // The kubelet's own bind of its root dir stays; nothing below it.
     let kubelet = kit.kubelet_dir().display().to_string();
     let left: Vec<String> = mounts_under(&kit.kubelet_dir())
