@@ -6,10 +6,8 @@ use inlet_proto::csi_call::CsiCall;
 use inlet_proto::peer_text::safe;
 use serde::Serialize;
 
-use k8s_openapi::api::core::v1::Pod;
-
 use crate::api::manifest::EXPECTED_PHASE_ANNOTATION;
-use crate::api::{Api, ApiRead};
+use crate::api::{Api, ApiPod, ApiRead};
 use crate::controllers::attach_detach::AttachmentReport;
 use crate::node::ContainerReport;
 
@@ -147,7 +145,7 @@ impl TeardownReport {
 impl PodReport {
     /// The report of `pod` as the API has it, with its events and the containers (init and regular) its
     /// node reports.
-    pub fn of(pod: &Pod, api: &Api, containers: Vec<ContainerReport>) -> Self {
+    pub fn of(pod: &ApiPod, api: &Api, containers: Vec<ContainerReport>) -> Self {
         let (init_containers, containers) = containers.into_iter().partition(|c| c.init);
         let conditions = pod
             .status
@@ -182,12 +180,7 @@ impl PodReport {
                 .as_ref()
                 .and_then(|a| a.get(EXPECTED_PHASE_ANNOTATION).cloned())
                 .unwrap_or_else(|| "Running".into()),
-            volumes: pod
-                .spec
-                .as_ref()
-                .and_then(|s| s.volumes.as_ref())
-                .map(|v| v.iter().map(|v| v.name.clone()).collect())
-                .unwrap_or_default(),
+            volumes: pod.volumes().iter().map(|v| v.name().to_string()).collect(),
             events: api
                 .events_for(&uid)
                 .into_iter()

@@ -1,8 +1,8 @@
 //! A pod volume as a plugin [`Spec`]: inline sources as written (with the KEP draft's fields), claims as
 //! their bound PVs. Shared by the node's populator and the attach/detach controller.
 
-use inlet_volume::{InlineCsi, PodInfo, Spec};
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod, Volume};
+use inlet_volume::{InlineCsi, InlineVolume, PodInfo, Spec, VolumeSource};
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
 
 use crate::api::Api;
 use crate::api::manifest::draft_fields;
@@ -62,11 +62,11 @@ pub fn volume_spec(
     reads: Reads,
     pod: &Pod,
     info: &PodInfo,
-    volume: Volume,
+    volume: &InlineVolume,
 ) -> Result<(Spec, bool), String> {
-    if let Some(source) = volume.csi.clone() {
-        let (volume_handle, controller_publish_secret, node_stage_secret) =
-            draft_fields(pod, &volume.name);
+    let name = volume.name();
+    if let Some(source) = volume.csi().cloned() {
+        let (volume_handle, controller_publish_secret, node_stage_secret) = draft_fields(pod, name);
         let read_only = source.read_only.unwrap_or(false);
         let csi = InlineCsi {
             source,
@@ -76,7 +76,7 @@ pub fn volume_spec(
         };
         return Ok((
             Spec::Inline {
-                volume: volume.into(),
+                volume: volume.clone(),
                 csi: Some(std::sync::Arc::new(csi)),
             },
             read_only,
@@ -84,14 +84,15 @@ pub fn volume_spec(
     }
     // A generic ephemeral volume is its claim `<pod>-<volume>`, which the pod must own
     // (desired_state_of_world_populator.go createVolumeSpec, `ephemeral.VolumeIsForPod`).
-    let claim = match (&volume.persistent_volume_claim, &volume.ephemeral) {
-        (Some(claim), _) => Some((
+    let whole = volume.other();
+    let claim = match whole.map(|v| (&v.persistent_volume_claim, &v.ephemeral)) {
+        Some((Some(claim), _)) => Some((
             claim.claim_name.clone(),
             claim.read_only.unwrap_or(false),
             false,
         )),
-        (None, Some(_)) => Some((format!("{}-{}", info.name, volume.name), false, true)),
-        (None, None) => None,
+        Some((None, Some(_))) => Some((format!("{}-{name}", info.name), false, true)),
+        _ => None,
     };
     if let Some((claim_name, read_only, ephemeral)) = claim {
         let pvc = read::<PersistentVolumeClaim>(api, reads, &info.namespace, &claim_name)
@@ -126,20 +127,23 @@ pub fn volume_spec(
         }
         let pv = read::<PersistentVolume>(api, reads, "", &pv_name)
             .ok_or_else(|| format!("persistentvolume {pv_name:?} not found"))?;
-        check_volume_mode(pod, &volume.name, &pv)?;
+        check_volume_mode(pod, name, &pv)?;
         return Ok((Spec::Persistent { pv, read_only }, read_only));
     }
     // Image volumes are read-only by definition (KEP-4639), whatever the volumeMount says; so are secret,
     // configMap, downwardAPI and projected volumes, whose mounters' attributes say ReadOnly (`makeMounts`'
     // mustMountRO).
-    let read_only = volume.image.is_some()
-        || volume.secret.is_some()
-        || volume.config_map.is_some()
-        || volume.downward_api.is_some()
-        || volume.projected.is_some();
+    let read_only = matches!(
+        volume.source(),
+        VolumeSource::Image(_)
+            | VolumeSource::Secret(_)
+            | VolumeSource::ConfigMap(_)
+            | VolumeSource::DownwardApi(_)
+            | VolumeSource::Projected(_)
+    );
     Ok((
         Spec::Inline {
-            volume: volume.into(),
+            volume: volume.clone(),
             csi: None,
         },
         read_only,

@@ -18,8 +18,8 @@ use cucumber::{StatsWriter, World, given, then, when};
 use inlet_host::mount::{LinuxMounter, MountCall, MountLayer, RecordingMounter, can_mount};
 use inlet_proto::csi_call::CsiCall;
 use inlet_volume::csi::handle::{attachment_name, ephemeral_volume_handle};
-use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::storage::v1::VolumeAttachment;
+use kubelet_sim::api::ApiPod;
 use kubelet_sim::api::manifest;
 use kubelet_sim::drivers::DriverArg;
 use kubelet_sim::node::{BackoffPolicy, ContainerTiming};
@@ -156,7 +156,7 @@ impl Sim {
     }
 
     fn remember_uids(&mut self) {
-        for pod in self.sim().api.list::<Pod>() {
+        for pod in self.sim().api.list::<ApiPod>() {
             self.uids.insert(
                 pod.metadata.name.clone().unwrap_or_default(),
                 pod.metadata.uid.clone().unwrap_or_default(),
@@ -379,7 +379,7 @@ async fn pod_deleted(w: &mut Sim, pod: String) {
     let namespace = w
         .sim()
         .api
-        .list::<Pod>()
+        .list::<ApiPod>()
         .into_iter()
         .find(|p| p.metadata.name.as_deref() == Some(&pod))
         .and_then(|p| p.metadata.namespace.clone());
@@ -390,7 +390,7 @@ async fn pod_deleted(w: &mut Sim, pod: String) {
     );
     let api = Arc::clone(&w.sim().api);
     w.wait(&format!("pod {pod} is gone"), |_| {
-        !api.list::<Pod>()
+        !api.list::<ApiPod>()
             .iter()
             .any(|p| p.metadata.name.as_deref() == Some(&pod))
     })
@@ -427,11 +427,11 @@ fn force_deleted(w: &mut Sim, pod: String) {
     let found = w
         .sim()
         .api
-        .list::<Pod>()
+        .list::<ApiPod>()
         .into_iter()
         .find(|p| p.metadata.name.as_deref() == Some(&pod))
         .expect("pod");
-    w.sim().api.remove::<Pod>(
+    w.sim().api.remove::<ApiPod>(
         found.metadata.namespace.as_deref().unwrap_or_default(),
         &pod,
     );

@@ -6,6 +6,7 @@ mod events;
 mod inline_grant;
 pub mod inline_profile;
 pub mod manifest;
+mod pod;
 pub mod service_account;
 pub mod store;
 pub mod tokens;
@@ -15,6 +16,7 @@ use k8s_openapi::api::core::v1::Pod;
 
 pub use events::COMPONENT;
 pub(crate) use events::EventLogs;
+pub use pod::ApiPod;
 pub use store::{Api, ApiRead, Key, Kind, PodFeed, now};
 
 /// Where a container sits in its pod, as an event's `involvedObject.fieldPath` says it

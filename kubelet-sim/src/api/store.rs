@@ -20,7 +20,9 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Weak};
 
 use k8s_openapi::Metadata;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Node;
+
+use super::pod::ApiPod;
 use k8s_openapi::api::storage::v1::{CSINode, VolumeAttachment};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use parking_lot::{Mutex, RwLock};
@@ -29,7 +31,7 @@ use serde::Serialize;
 /// True for the kinds that belong to one node (see [`node_of`]).
 fn is_node_scoped<T: Kind>() -> bool {
     [
-        TypeId::of::<Pod>(),
+        TypeId::of::<ApiPod>(),
         TypeId::of::<Node>(),
         TypeId::of::<CSINode>(),
         TypeId::of::<VolumeAttachment>(),
@@ -46,7 +48,7 @@ fn node_of<T: Kind>(object: Option<&T>) -> Option<String> {
         return object.metadata().name.clone();
     }
     let any = object as &dyn Any;
-    if let Some(pod) = any.downcast_ref::<Pod>() {
+    if let Some(pod) = any.downcast_ref::<ApiPod>() {
         return pod.spec.as_ref()?.node_name.clone();
     }
     any.downcast_ref::<VolumeAttachment>()
@@ -54,13 +56,13 @@ fn node_of<T: Kind>(object: Option<&T>) -> Option<String> {
 }
 
 fn is_pod<T: Kind>() -> bool {
-    TypeId::of::<T>() == TypeId::of::<Pod>()
+    TypeId::of::<T>() == TypeId::of::<ApiPod>()
 }
 
 /// The object as a Pod, if it is one.
-fn as_pod<T: Kind>(object: &Arc<T>) -> Option<Arc<Pod>> {
+fn as_pod<T: Kind>(object: &Arc<T>) -> Option<Arc<ApiPod>> {
     (Arc::clone(object) as Arc<dyn Any + Send + Sync>)
-        .downcast::<Pod>()
+        .downcast::<ApiPod>()
         .ok()
 }
 
@@ -117,15 +119,29 @@ impl PodFeeds {
     }
 }
 
-/// A kind the API stores.
+/// A kind the API stores. Pods are stored as [`ApiPod`] (their volumes compact), so `Pod` is not one.
 pub trait Kind:
     k8s_openapi::Resource + Metadata<Ty = ObjectMeta> + Clone + Send + Sync + 'static
 {
 }
-impl<T: k8s_openapi::Resource + Metadata<Ty = ObjectMeta> + Clone + Send + Sync + 'static> Kind
-    for T
-{
+
+macro_rules! kinds {
+    ($($kind:ty),* $(,)?) => { $(impl Kind for $kind {})* };
 }
+kinds!(
+    ApiPod,
+    k8s_openapi::api::core::v1::ConfigMap,
+    k8s_openapi::api::core::v1::Namespace,
+    k8s_openapi::api::core::v1::PersistentVolume,
+    k8s_openapi::api::core::v1::PersistentVolumeClaim,
+    k8s_openapi::api::core::v1::Secret,
+    k8s_openapi::api::core::v1::ServiceAccount,
+    k8s_openapi::api::storage::v1::CSIDriver,
+    k8s_openapi::api::storage::v1::StorageClass,
+    CSINode,
+    Node,
+    VolumeAttachment,
+);
 
 /// The API. Shared by nodes and controllers through an `Arc`.
 #[derive(Default)]
@@ -133,12 +149,12 @@ pub struct Api {
     objects: RwLock<HashMap<TypeId, Box<dyn Any + Send + Sync>>>,
     reads: crate::deflated::DeflatedLines,
     /// The pods by node name (`spec.nodeName`), maintained on every Pod change.
-    pods_by_node: RwLock<HashMap<String, BTreeMap<Key, Arc<Pod>>>>,
+    pods_by_node: RwLock<HashMap<String, BTreeMap<Key, Arc<ApiPod>>>>,
     /// Pods that left the API (removed, or replaced by one of another UID), by the node they were on, as
     /// a watch's DELETE carries the object's last state: a node stops what it ran of them (see
     /// [`Api::take_removed_pods`]) without keeping a reference to every pod it runs, which would make
     /// every change of a pod a copy of it.
-    removed_pods: Mutex<HashMap<String, Vec<Arc<Pod>>>>,
+    removed_pods: Mutex<HashMap<String, Vec<Arc<ApiPod>>>>,
     /// Events by pod UID (see `Api::record_event`).
     pub(crate) events: Mutex<super::EventLogs>,
     revision: Arc<tokio::sync::watch::Sender<u64>>,
@@ -232,7 +248,7 @@ impl Api {
 
     /// The keys of every pod now.
     pub fn pod_keys(&self) -> Vec<Key> {
-        self.with_map::<Pod, _>(|m| m.keys().cloned().collect())
+        self.with_map::<ApiPod, _>(|m| m.keys().cloned().collect())
     }
 
     /// A receiver that sees changes to objects of no node (PVs, PVCs, CSIDrivers, Secrets, ...).
@@ -390,17 +406,17 @@ impl Api {
 
     /// Removes a pod its node has finished with (kept for no one: see [`Api::take_removed_pods`]).
     fn remove_finished(&self, key: &Key, uid: &str) {
-        self.with_map_mut::<Pod, _>(|m| {
+        self.with_map_mut::<ApiPod, _>(|m| {
             if m.get(key).and_then(|p| p.metadata.uid.as_deref()) == Some(uid) {
                 let old = m.remove(key);
-                self.after_change::<Pod>(key, node_of(old.as_deref()), None);
+                self.after_change::<ApiPod>(key, node_of(old.as_deref()), None);
             }
         });
     }
 
     /// The pods bound to a node (`spec.nodeName`), from the index (which holds them): a node's work does
     /// not grow with the number of pods elsewhere.
-    pub fn pods_on(&self, node: &str) -> Vec<Arc<Pod>> {
+    pub fn pods_on(&self, node: &str) -> Vec<Arc<ApiPod>> {
         self.pods_by_node
             .read()
             .get(node)
@@ -427,7 +443,7 @@ impl Api {
     }
 
     /// The pods that left the API since the last call, of those that were bound to `node`.
-    pub fn take_removed_pods(&self, node: &str) -> Vec<Arc<Pod>> {
+    pub fn take_removed_pods(&self, node: &str) -> Vec<Arc<ApiPod>> {
         self.removed_pods.lock().remove(node).unwrap_or_default()
     }
 
@@ -504,7 +520,7 @@ impl Api {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::core::v1::{PodSpec, Secret};
+    use k8s_openapi::api::core::v1::{Pod, PodSpec, Secret};
 
     #[test]
     fn stores_by_kind_and_records_reads() {
@@ -526,7 +542,7 @@ mod tests {
             "namespaces are separate"
         );
         assert!(
-            api.get_recorded::<Pod>("ns", "s").is_none(),
+            api.get_recorded::<ApiPod>("ns", "s").is_none(),
             "kinds are separate"
         );
         assert_eq!(api.reads().len(), 3);
@@ -560,15 +576,15 @@ mod tests {
             }),
             status: None,
         };
-        api.put(pod("a", Some("n1")));
-        api.put(pod("b", Some("n2")));
-        api.put(pod("c", None));
+        api.put(ApiPod::from(pod("a", Some("n1"))));
+        api.put(ApiPod::from(pod("b", Some("n2"))));
+        api.put(ApiPod::from(pod("c", None)));
         assert_eq!(api.pods_on("n1").len(), 1);
-        api.update::<Pod>("ns", "c", |p| {
+        api.update::<ApiPod>("ns", "c", |p| {
             p.spec.as_mut().unwrap().node_name = Some("n1".into())
         });
         assert_eq!(api.pods_on("n1").len(), 2);
-        api.remove::<Pod>("ns", "a");
+        api.remove::<ApiPod>("ns", "a");
         let names: Vec<_> = api
             .pods_on("n1")
             .iter()
@@ -595,34 +611,34 @@ mod tests {
             }),
             status: None,
         };
-        api.put(pod("a", "1", "n1"));
-        let stored = Arc::as_ptr(&api.peek::<Pod>("ns", "a").unwrap());
-        api.update::<Pod>("ns", "a", |p| p.status = Some(Default::default()));
-        let held = api.peek::<Pod>("ns", "a").unwrap();
+        api.put(ApiPod::from(pod("a", "1", "n1")));
+        let stored = Arc::as_ptr(&api.peek::<ApiPod>("ns", "a").unwrap());
+        api.update::<ApiPod>("ns", "a", |p| p.status = Some(Default::default()));
+        let held = api.peek::<ApiPod>("ns", "a").unwrap();
         assert_eq!(Arc::as_ptr(&held), stored, "no reader held it: not copied");
-        api.update::<Pod>("ns", "a", |p| p.status = None);
+        api.update::<ApiPod>("ns", "a", |p| p.status = None);
         assert!(held.status.is_some(), "a reader's version stays as read");
         assert!(
             api.take_removed_pods("n1").is_empty(),
             "changes are no removal"
         );
 
-        api.put(pod("a", "2", "n1"));
-        api.remove::<Pod>("ns", "a");
+        api.put(ApiPod::from(pod("a", "2", "n1")));
+        api.remove::<ApiPod>("ns", "a");
         let uids: Vec<_> = api
             .take_removed_pods("n1")
             .iter()
             .map(|p| p.metadata.uid.clone().unwrap())
             .collect();
         assert_eq!(uids, ["1", "2"], "replaced by another UID, then removed");
-        api.put(pod("b", "3", "n1"));
+        api.put(ApiPod::from(pod("b", "3", "n1")));
         api.remove_finished_pod("ns", "b", "3");
         assert!(
             api.take_removed_pods("n1").is_empty(),
             "the node's own delete"
         );
-        api.put(pod("c", "4", "elsewhere"));
-        api.remove::<Pod>("ns", "c");
+        api.put(ApiPod::from(pod("c", "4", "elsewhere")));
+        api.remove::<ApiPod>("ns", "c");
         assert!(
             api.removed_pods.lock().is_empty(),
             "no node here to take it"
@@ -640,20 +656,20 @@ mod tests {
             },
             ..Default::default()
         };
-        api.put(pod("before"));
+        api.put(ApiPod::from(pod("before")));
         let feed = api.pod_feed();
         let key = |name: &str| ("ns".to_string(), name.to_string());
         assert!(feed.drain().is_empty(), "only changes from now on");
-        api.put(pod("a"));
-        api.update::<Pod>("ns", "a", |p| p.status = Some(Default::default()));
-        api.put(pod("b"));
+        api.put(ApiPod::from(pod("a")));
+        api.update::<ApiPod>("ns", "a", |p| p.status = Some(Default::default()));
+        api.put(ApiPod::from(pod("b")));
         api.put(Secret::default());
         assert_eq!(feed.drain(), [key("a"), key("b")].into_iter().collect());
         assert!(feed.drain().is_empty(), "drained");
-        api.remove::<Pod>("ns", "before");
+        api.remove::<ApiPod>("ns", "before");
         assert_eq!(feed.drain(), [key("before")].into_iter().collect());
         drop(feed);
-        api.put(pod("c"));
+        api.put(ApiPod::from(pod("c")));
         assert!(
             api.pod_feeds.0.lock().is_empty(),
             "a dropped feed is let go"
@@ -661,7 +677,7 @@ mod tests {
         assert_eq!(api.pod_keys(), [key("a"), key("b"), key("c")]);
 
         let events = api.pod_event_feed();
-        let a = api.peek::<Pod>("ns", "a").unwrap();
+        let a = api.peek::<ApiPod>("ns", "a").unwrap();
         api.record_event(&a, "Normal", "Pulled", "pulled");
         api.record_event(&a, "Normal", "Pulled", "pulled");
         api.record_node_event("n1", "Normal", "Starting", "starting");

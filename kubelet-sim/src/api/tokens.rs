@@ -16,11 +16,11 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 use inlet_volume::TokenRequestArgs;
 use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
-use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+use k8s_openapi::api::core::v1::ServiceAccount;
 use parking_lot::RwLock;
 use serde::{Deserialize, Serialize};
 
-use super::Api;
+use super::{Api, ApiPod};
 
 /// The issuer and default audience of the embedded API's tokens, as a cluster's `--service-account-issuer`
 /// and `--api-audiences` commonly are.
@@ -229,7 +229,7 @@ impl Api {
         }
         let (pod_name, pod_uid) = &request.pod;
         let pod = self
-            .peek::<Pod>(namespace, pod_name)
+            .peek::<ApiPod>(namespace, pod_name)
             .ok_or_else(|| format!("pods {pod_name:?} not found"))?;
         if pod.metadata.uid.as_deref() != Some(pod_uid) {
             return Err(format!(
@@ -334,7 +334,7 @@ impl Api {
         }
         if let Some(bound) = &claims.kubernetes.pod {
             let pod = self
-                .peek::<Pod>(namespace, &bound.name)
+                .peek::<ApiPod>(namespace, &bound.name)
                 .ok_or_else(|| invalid("service account token has been invalidated".into()))?;
             let uid = pod.metadata.uid.clone().unwrap_or_default();
             if uid != bound.uid {

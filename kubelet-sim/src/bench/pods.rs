@@ -14,6 +14,7 @@ use serde::Serialize;
 
 use super::stats::{Summary, peak_rss_mib};
 use super::{BenchError, stop_if_interrupted};
+use crate::api::ApiPod;
 use crate::api::manifest;
 use crate::drivers::DriverArg;
 use crate::signals::Interrupts;
@@ -135,7 +136,7 @@ pub async fn run(config: &PodsConfig) -> Result<PodsFigures, BenchError> {
     let settled_peak_rss_mib = peak_rss_mib();
     let mut samples: Vec<Duration> = sim
         .api
-        .list::<Pod>()
+        .list::<ApiPod>()
         .iter()
         .filter_map(|pod| ready_since(pod, applied_at))
         .collect();

@@ -21,8 +21,8 @@ use kube::runtime::watcher::{self, Event};
 use serde::de::DeserializeOwned;
 
 use super::references::{self, ObjectKey};
-use crate::api::Api;
 use crate::api::store::{Key, Kind};
+use crate::api::{Api, ApiPod};
 
 /// How long a referenced object the API server does not have waits before it is asked for again.
 const RETRY_MISSING: Duration = Duration::from_secs(5);
@@ -195,14 +195,14 @@ async fn pods(
     tokio::pin!(stream);
     let mut listing = Listing::default();
     let on_node =
-        move |p: &Pod| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(&node);
+        move |p: &ApiPod| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(&node);
     loop {
         let event = tokio::select! {
             event = stream.next() => event,
             _ = stop.changed() => return,
         };
         let event = match event {
-            Some(Ok(event)) => event,
+            Some(Ok(event)) => stored(event),
             Some(Err(e)) => {
                 tracing::warn!("watch of pods: {e}");
                 continue;
@@ -214,7 +214,7 @@ async fn pods(
         if let Event::Apply(pod) | Event::InitApply(pod) = &event {
             fetch_referenced(&client, &api, pod).await;
         }
-        let keep_status = |known: Option<&Pod>, mut pod: Pod| {
+        let keep_status = |known: Option<&ApiPod>, mut pod: ApiPod| {
             if let Some(known) = known.filter(|k| k.metadata.uid == pod.metadata.uid) {
                 pod.status = known.status.clone();
             }
@@ -226,9 +226,20 @@ async fn pods(
     }
 }
 
+/// A watch event of pods, with each pod in the form the API stores.
+fn stored(event: Event<Pod>) -> Event<ApiPod> {
+    match event {
+        Event::Init => Event::Init,
+        Event::InitApply(pod) => Event::InitApply(pod.into()),
+        Event::InitDone => Event::InitDone,
+        Event::Apply(pod) => Event::Apply(pod.into()),
+        Event::Delete(pod) => Event::Delete(pod.into()),
+    }
+}
+
 /// Reads what `pod` refers to that the embedded API does not hold yet, in the order each depends on the
 /// last: claims, their PVs, the PVs' attachments, Secrets (a PV's references), ConfigMaps.
-async fn fetch_referenced(client: &kube::Client, api: &Arc<Api>, pod: &Pod) {
+async fn fetch_referenced(client: &kube::Client, api: &Arc<Api>, pod: &ApiPod) {
     let missing = |keys: BTreeSet<ObjectKey>, held: &dyn Fn(&ObjectKey) -> bool| -> BTreeSet<_> {
         keys.into_iter().filter(|k| !held(k)).collect()
     };

@@ -15,7 +15,7 @@ use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use serde_json::{Value, json};
 
 use super::FIELD_MANAGER;
-use crate::api::{Api, COMPONENT, Key, PodFeed};
+use crate::api::{Api, ApiPod, COMPONENT, Key, PodFeed};
 
 /// The longest a change waits to be sent: changes come in bursts, and one pass sends them all.
 const BATCH: Duration = Duration::from_millis(100);
@@ -171,7 +171,7 @@ impl Sender {
         let mut due = Vec::new();
         self.statuses_due.extend(self.pod_feed.drain());
         for key in std::mem::take(&mut self.statuses_due) {
-            let Some(pod) = self.api.peek::<Pod>(&key.0, &key.1) else {
+            let Some(pod) = self.api.peek::<ApiPod>(&key.0, &key.1) else {
                 self.pods.remove(&key);
                 continue;
             };
@@ -227,7 +227,7 @@ impl Sender {
         let mut due = Vec::new();
         self.events_due.extend(self.event_feed.drain());
         for key in std::mem::take(&mut self.events_due) {
-            let Some(pod) = self.api.peek::<Pod>(&key.0, &key.1) else {
+            let Some(pod) = self.api.peek::<ApiPod>(&key.0, &key.1) else {
                 continue;
             };
             // Its status goes first: a pod not sent yet has its events looked at again next pass.

@@ -15,12 +15,13 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
+use inlet_volume::InlineVolume;
 use inlet_volume::csi::handle::attachment_name;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod, SecretReference};
 use k8s_openapi::api::storage::v1::CSIDriver;
 
 use crate::api::manifest::draft_fields;
-use crate::api::{Api, Kind};
+use crate::api::{Api, ApiPod, Kind};
 use crate::node::all_containers;
 
 /// An object's namespace (empty for cluster-wide kinds) and name.
@@ -56,17 +57,19 @@ fn env_references(pod: &Pod, secrets: bool) -> Vec<String> {
 
 /// The ConfigMaps `pod`'s containers take environment variables from and its `configMap` volumes and
 /// projected sources name, in its namespace.
-pub fn referenced_config_maps(pod: &Pod) -> BTreeSet<ObjectKey> {
+pub fn referenced_config_maps(pod: &ApiPod) -> BTreeSet<ObjectKey> {
     let namespace = pod.metadata.namespace.clone().unwrap_or_default();
-    let volumes = pod
-        .spec
-        .iter()
-        .flat_map(|s| s.volumes.iter().flatten())
-        .flat_map(|v| {
-            let projected = v.projected.iter().flat_map(|p| p.sources.iter().flatten());
-            let sources = projected.filter_map(|p| Some(p.config_map.as_ref()?.name.clone()));
-            v.config_map.iter().map(|c| c.name.clone()).chain(sources)
-        });
+    let volumes = pod.volumes().iter().flat_map(|v| {
+        let projected = v
+            .projected()
+            .into_iter()
+            .flat_map(|p| p.sources.iter().flatten());
+        let sources = projected.filter_map(|p| Some(p.config_map.as_ref()?.name.clone()));
+        v.config_map()
+            .map(|c| c.name.clone())
+            .into_iter()
+            .chain(sources)
+    });
     env_references(pod, false)
         .into_iter()
         .chain(volumes)
@@ -78,7 +81,7 @@ pub fn referenced_config_maps(pod: &Pod) -> BTreeSet<ObjectKey> {
 /// The Secrets `pod` refers to: its image pull secrets, its `secret` volumes and projected sources, and its
 /// inline CSI volumes' `nodePublishSecretRef` (in its own namespace), and the node-side secret references of the CSI PVs its
 /// claims are bound to (in the namespaces they name). Claims or PVs not known yet refer to nothing yet.
-pub fn referenced_secrets(pod: &Pod, api: &Api) -> BTreeSet<ObjectKey> {
+pub fn referenced_secrets(pod: &ApiPod, api: &Api) -> BTreeSet<ObjectKey> {
     let namespace = pod.metadata.namespace.clone().unwrap_or_default();
     let mut keys = BTreeSet::new();
     let Some(spec) = &pod.spec else { return keys };
@@ -88,21 +91,21 @@ pub fn referenced_secrets(pod: &Pod, api: &Api) -> BTreeSet<ObjectKey> {
     for name in env_references(pod, true) {
         keys.insert((namespace.clone(), name));
     }
-    for volume in spec.volumes.iter().flatten() {
-        if let Some(name) = volume.secret.as_ref().and_then(|s| s.secret_name.clone()) {
+    for volume in pod.volumes() {
+        if let Some(name) = volume.secret().and_then(|s| s.secret_name.clone()) {
             keys.insert((namespace.clone(), name));
         }
         let projected = volume
-            .projected
-            .iter()
+            .projected()
+            .into_iter()
             .flat_map(|p| p.sources.iter().flatten());
         for secret in projected.filter_map(|p| p.secret.as_ref()) {
             keys.insert((namespace.clone(), secret.name.clone()));
         }
-        if let Some(csi) = &volume.csi {
+        if let Some(csi) = volume.csi() {
             let publish = csi.node_publish_secret_ref.as_ref().map(|r| r.name.clone());
             // The KEP draft's persistent inline `nodeStageSecretRef`, read by MountDevice.
-            let (_, _, stage) = draft_fields(pod, &volume.name);
+            let (_, _, stage) = draft_fields(pod, volume.name());
             for name in publish.into_iter().chain(stage) {
                 keys.insert((namespace.clone(), name));
             }
@@ -132,10 +135,10 @@ pub fn referenced_secrets(pod: &Pod, api: &Api) -> BTreeSet<ObjectKey> {
 
 /// The claims `pod` uses: its `persistentVolumeClaim` volumes, and the claim of each generic ephemeral
 /// volume (`<pod>-<volume>`).
-pub fn referenced_claims(pod: &Pod) -> BTreeSet<ObjectKey> {
+pub fn referenced_claims(pod: &ApiPod) -> BTreeSet<ObjectKey> {
     let namespace = pod.metadata.namespace.clone().unwrap_or_default();
     let name = pod.metadata.name.clone().unwrap_or_default();
-    let volumes = pod.spec.iter().flat_map(|s| s.volumes.iter().flatten());
+    let volumes = pod.volumes().iter().filter_map(InlineVolume::other);
     volumes
         .filter_map(|v| match (&v.persistent_volume_claim, &v.ephemeral) {
             (Some(claim), _) => Some(claim.claim_name.clone()),
@@ -147,7 +150,7 @@ pub fn referenced_claims(pod: &Pod) -> BTreeSet<ObjectKey> {
 }
 
 /// The PVs `pod`'s claims are bound to, as the embedded API knows the claims.
-pub fn referenced_volumes(pod: &Pod, api: &Api) -> BTreeSet<ObjectKey> {
+pub fn referenced_volumes(pod: &ApiPod, api: &Api) -> BTreeSet<ObjectKey> {
     referenced_claims(pod)
         .into_iter()
         .filter_map(|(namespace, claim)| {
@@ -160,7 +163,7 @@ pub fn referenced_volumes(pod: &Pod, api: &Api) -> BTreeSet<ObjectKey> {
 
 /// The VolumeAttachments of `pod`'s CSI PVs to its node, unless their driver says it needs none
 /// (`attachRequired: false`).
-pub fn referenced_attachments(pod: &Pod, api: &Api) -> BTreeSet<ObjectKey> {
+pub fn referenced_attachments(pod: &ApiPod, api: &Api) -> BTreeSet<ObjectKey> {
     let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) else {
         return BTreeSet::new();
     };
@@ -182,9 +185,9 @@ pub fn referenced_attachments(pod: &Pod, api: &Api) -> BTreeSet<ObjectKey> {
 /// What every pod in the embedded API refers to, by `references`.
 pub fn referenced_by_all(
     api: &Api,
-    references: impl Fn(&Pod, &Api) -> BTreeSet<ObjectKey>,
+    references: impl Fn(&ApiPod, &Api) -> BTreeSet<ObjectKey>,
 ) -> BTreeSet<ObjectKey> {
-    api.list::<Pod>()
+    api.list::<ApiPod>()
         .iter()
         .flat_map(|pod| references(pod, api))
         .collect()

@@ -26,14 +26,14 @@ use inlet_proto::csi_call::rpc_error;
 use inlet_volume::csi::{CsiClient, CsiPlugin};
 use inlet_volume::{PodInfo, VolumePlugin};
 use k8s_openapi::api::core::v1::{
-    CSIPersistentVolumeSource, Node, PersistentVolume, PersistentVolumeSpec, Pod, Secret,
+    CSIPersistentVolumeSource, Node, PersistentVolume, PersistentVolumeSpec, Secret,
 };
 use k8s_openapi::api::storage::v1::{
     CSINode, VolumeAttachment, VolumeAttachmentStatus, VolumeError as ApiVolumeError,
 };
 use parking_lot::Mutex;
 
-use crate::api::{Api, Key, PodFeed, now};
+use crate::api::{Api, ApiPod, Key, PodFeed, now};
 use crate::node::host::NodeHost;
 use crate::node::registry::DriverDirectory;
 use crate::node::token_manager::TokenManager;
@@ -172,7 +172,7 @@ impl AttachDetach {
         let mut pending = self.pending.lock();
         let mut no_attach = self.no_attach.lock();
         for key in changed {
-            let pod = self.api.peek::<Pod>(&key.0, &key.1);
+            let pod = self.api.peek::<ApiPod>(&key.0, &key.1);
             let uid = pod.as_ref().and_then(|p| p.metadata.uid.as_deref());
             match (uid, no_attach.get(&key)) {
                 (None, _) => {
@@ -193,8 +193,8 @@ impl AttachDetach {
     }
 
     /// Writes the attachments pods want; returns, per attachment, the pods waiting for it (for events).
-    async fn attach_desired(&self) -> HashMap<String, Vec<(Arc<Pod>, String)>> {
-        let mut waiting: HashMap<String, Vec<(Arc<Pod>, String)>> = HashMap::new();
+    async fn attach_desired(&self) -> HashMap<String, Vec<(Arc<ApiPod>, String)>> {
+        let mut waiting: HashMap<String, Vec<(Arc<ApiPod>, String)>> = HashMap::new();
         let keys = self.pods_to_visit();
         if keys.is_empty() {
             return waiting;
@@ -208,7 +208,7 @@ impl AttachDetach {
             .filter_map(|n| n.metadata.name.clone())
             .collect();
         for key in keys {
-            let Some(pod) = self.api.peek::<Pod>(&key.0, &key.1) else {
+            let Some(pod) = self.api.peek::<ApiPod>(&key.0, &key.1) else {
                 self.pending.lock().remove(&key);
                 continue;
             };
@@ -223,13 +223,8 @@ impl AttachDetach {
             };
             let info = PodInfo::from_pod(&pod);
             let (mut resolved, mut attaches) = (true, false);
-            for volume in pod
-                .spec
-                .as_ref()
-                .and_then(|s| s.volumes.clone())
-                .unwrap_or_default()
-            {
-                let outer = volume.name.clone();
+            for volume in pod.volumes() {
+                let outer = volume.name().to_string();
                 let Ok((spec, _)) = volume_spec(&self.api, Reads::Cached, &pod, &info, volume)
                 else {
                     resolved = false;
@@ -279,7 +274,7 @@ impl AttachDetach {
     }
 
     /// Deletes attachments no pod wants once their node stopped using the volume.
-    fn detach_unwanted(&self, wanted: &HashMap<String, Vec<(Arc<Pod>, String)>>) {
+    fn detach_unwanted(&self, wanted: &HashMap<String, Vec<(Arc<ApiPod>, String)>>) {
         for attachment in self.api.list::<VolumeAttachment>() {
             let name = attachment.metadata.name.clone().unwrap_or_default();
             if wanted.contains_key(&name) || attachment.metadata.deletion_timestamp.is_some() {
@@ -322,7 +317,7 @@ impl AttachDetach {
     async fn external_attacher(
         &self,
         attachment: &VolumeAttachment,
-        waiting: &HashMap<String, Vec<(Arc<Pod>, String)>>,
+        waiting: &HashMap<String, Vec<(Arc<ApiPod>, String)>>,
     ) {
         let name = attachment.metadata.name.clone().unwrap_or_default();
         let deleting = attachment.metadata.deletion_timestamp.is_some();

@@ -23,8 +23,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use inlet_proto::csi::v1::{self as csi, volume_capability::access_mode::Mode};
+use inlet_volume::InlineVolume;
 use k8s_openapi::api::core::v1::{
-    ObjectReference, PersistentVolume, PersistentVolumeClaim, PersistentVolumeSpec, Pod, Volume,
+    ObjectReference, PersistentVolume, PersistentVolumeClaim, PersistentVolumeSpec, Volume,
 };
 use k8s_openapi::api::storage::v1::{StorageClass, VolumeAttachment};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -32,7 +33,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 use parking_lot::Mutex;
 
 use super::pv_binder::bind_claims;
-use crate::api::{Api, PodFeed};
+use crate::api::{Api, ApiPod, PodFeed};
 use crate::node::registry::DriverDirectory;
 use crate::operations::{BackoffPolicy, OpKey, Operations};
 
@@ -131,11 +132,11 @@ impl Claims {
             }
             changed
         };
-        let pods: Vec<Arc<Pod>> = match cluster_changed {
-            true => self.api.list::<Pod>(),
+        let pods: Vec<Arc<ApiPod>> = match cluster_changed {
+            true => self.api.list::<ApiPod>(),
             false => changed
                 .iter()
-                .filter_map(|(namespace, name)| self.api.peek::<Pod>(namespace, name))
+                .filter_map(|(namespace, name)| self.api.peek::<ApiPod>(namespace, name))
                 .collect(),
         };
         for pod in &pods {
@@ -146,7 +147,7 @@ impl Claims {
         // A claim waiting for its first consumer looks for it among every pod.
         let pods = match claims.is_empty() {
             true => Vec::new(),
-            false => self.api.list::<Pod>(),
+            false => self.api.list::<ApiPod>(),
         };
         for claim in claims {
             self.provision(&claim, &pods).await;
@@ -161,9 +162,9 @@ impl Claims {
     }
 
     /// `handleVolume`: the claim of each generic ephemeral volume of a pod not being deleted.
-    fn create_ephemeral_claims(&self, pod: &Pod) {
+    fn create_ephemeral_claims(&self, pod: &ApiPod) {
         let ephemeral = |v: &Volume| v.persistent_volume_claim.is_none() && v.ephemeral.is_some();
-        let volumes = pod.spec.iter().flat_map(|s| s.volumes.iter().flatten());
+        let volumes = pod.volumes().iter().filter_map(InlineVolume::other);
         // Every pass visits every pod of the cluster: most have no generic ephemeral volume, and cost
         // no more than that look.
         if pod.metadata.deletion_timestamp.is_some() || !volumes.clone().any(ephemeral) {
@@ -250,7 +251,7 @@ impl Claims {
             let Some(owner) = owner else { continue };
             let alive = self
                 .api
-                .peek::<Pod>(&namespace, &owner.name)
+                .peek::<ApiPod>(&namespace, &owner.name)
                 .is_some_and(|p| p.metadata.uid.as_deref() == Some(owner.uid.as_str()));
             if !alive {
                 let name = claim.metadata.name.clone().unwrap_or_default();
@@ -261,7 +262,7 @@ impl Claims {
 
     /// The external-provisioner's `Provision` for one claim, when it is unbound, of a class whose
     /// provisioner is registered, and (for `WaitForFirstConsumer`) has a consumer on a node.
-    async fn provision(&self, claim: &PersistentVolumeClaim, pods: &[Arc<Pod>]) {
+    async fn provision(&self, claim: &PersistentVolumeClaim, pods: &[Arc<ApiPod>]) {
         let spec = claim.spec.clone().unwrap_or_default();
         if spec.volume_name.is_some() {
             return;
@@ -400,7 +401,7 @@ impl Claims {
 }
 
 /// The node of a pod using the claim, if one is bound to a node (the scheduler's selected node).
-fn consumer_node(claim: &PersistentVolumeClaim, pods: &[Arc<Pod>]) -> Option<String> {
+fn consumer_node(claim: &PersistentVolumeClaim, pods: &[Arc<ApiPod>]) -> Option<String> {
     if let Some(node) = claim
         .metadata
         .annotations

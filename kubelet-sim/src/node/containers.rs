@@ -18,6 +18,7 @@ use super::Kubelet;
 use super::kuberuntime::{ContainerReport, ContainerState, all_containers, next_to_start};
 use super::pod_worker::PodState;
 use super::status::is_sidecar;
+use crate::api::ApiPod;
 use crate::operations::{BackoffEntry, BackoffPolicy};
 
 /// How many log lines the report keeps per container.
@@ -67,7 +68,7 @@ impl Kubelet {
             })
             .collect();
         for (namespace, name) in names {
-            let Some(pod) = self.api.peek::<Pod>(&namespace, &name) else {
+            let Some(pod) = self.api.peek::<ApiPod>(&namespace, &name) else {
                 continue;
             };
             if pod.metadata.deletion_timestamp.is_some() {
@@ -81,7 +82,12 @@ impl Kubelet {
 
     /// Records the exits of one running pod's containers, restarts those due, starts what comes next, and
     /// settles its phase.
-    async fn sync_containers(self: &Arc<Self>, pod: &Pod, uid: &str, exited: Vec<cri::Container>) {
+    async fn sync_containers(
+        self: &Arc<Self>,
+        pod: &Arc<ApiPod>,
+        uid: &str,
+        exited: Vec<cri::Container>,
+    ) {
         let (mut containers, sandbox_id) = {
             let pods = self.pods.lock();
             match pods.get(uid) {
@@ -137,7 +143,7 @@ impl Kubelet {
         let phase = self.set_status(pod, &containers, done_for_good(pod, &containers));
         if matches!(phase, "Succeeded" | "Failed") {
             // A pod that ended: stop its sandbox; its volumes go as a terminated pod's do.
-            self.spawn_kill(uid, PodState::Running, Arc::new(pod.clone()));
+            self.spawn_kill(uid, PodState::Running, Arc::clone(pod));
         }
     }
 
@@ -189,7 +195,7 @@ impl Kubelet {
     }
 
     /// Starts the next run of a crashed container, and removes the run before it.
-    async fn restart(&self, pod: &Pod, sandbox_id: &str, report: &mut ContainerReport) -> bool {
+    async fn restart(&self, pod: &ApiPod, sandbox_id: &str, report: &mut ContainerReport) -> bool {
         let Some(spec) = all_containers(pod).find(|c| c.name == report.name) else {
             return false;
         };

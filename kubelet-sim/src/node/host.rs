@@ -10,12 +10,12 @@ use inlet_host::mount::MountLayer;
 use inlet_volume::csi::CsiClient;
 use inlet_volume::fieldpath::NodeAllocatable;
 use inlet_volume::{PodInfo, TokenRequestArgs, VolumeHost};
-use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolume, Pod, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolume, Secret};
 use k8s_openapi::api::storage::v1::{CSIDriver, VolumeAttachment};
 
 use super::registry::DriverRegistry;
 use super::token_manager::TokenManager;
-use crate::api::{Api, now};
+use crate::api::{Api, ApiPod, now};
 
 /// A node's host for volume plugins; also the attach/detach controller's, with its own name and no
 /// drivers (it writes VolumeAttachments and never calls a driver, as upstream's controller-side host).
@@ -138,7 +138,7 @@ impl VolumeHost for NodeHost {
     fn pod_event(&self, pod: &PodInfo, type_: &str, reason: &str, message: &str) {
         if let Some(object) = self
             .api
-            .peek::<Pod>(&pod.namespace, &pod.name)
+            .peek::<ApiPod>(&pod.namespace, &pod.name)
             .filter(|p| p.metadata.uid.as_deref() == Some(pod.uid.as_str()))
         {
             self.api.record_event(&object, type_, reason, message);

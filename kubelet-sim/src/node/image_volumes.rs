@@ -16,11 +16,12 @@
 use std::collections::HashMap;
 
 use inlet_proto::runtime::v1 as cri;
-use k8s_openapi::api::core::v1::{Container, Pod};
+use k8s_openapi::api::core::v1::Container;
 
 use super::Kubelet;
 use super::images::{ImageUser, pull_policy};
 use super::kuberuntime::StartError;
+use crate::api::ApiPod;
 
 /// Who mounts a pod's `volumes[].image` (`--image-volume-mounts`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -108,16 +109,15 @@ impl Kubelet {
     /// failed pull is kept for the containers that mount the volume ([`ImageVolumes::failed_for`]).
     pub(super) async fn image_volumes(
         &self,
-        pod: &Pod,
+        pod: &ApiPod,
         sandbox: &cri::PodSandboxConfig,
     ) -> ImageVolumes {
         let mut resolved = HashMap::new();
         if !self.runtime_mounts_images {
             return ImageVolumes(resolved);
         }
-        let volumes = pod.spec.as_ref().and_then(|s| s.volumes.as_ref());
-        for volume in volumes.into_iter().flatten() {
-            let Some(source) = &volume.image else {
+        for volume in pod.volumes() {
+            let Some(source) = volume.image() else {
                 continue;
             };
             let reference = source.reference.clone().unwrap_or_default();
@@ -145,7 +145,7 @@ impl Kubelet {
                 reason: e.reason,
                 message: e.message,
             });
-            resolved.insert(volume.name.clone(), result);
+            resolved.insert(volume.name().to_string(), result);
         }
         ImageVolumes(resolved)
     }

@@ -12,6 +12,7 @@ use k8s_openapi::api::core::v1::{Container, Pod};
 use super::Kubelet;
 use super::kuberuntime::{ContainerReport, ContainerState, all_containers};
 use super::pod_worker::PodState;
+use crate::api::ApiPod;
 
 /// `minimumGracePeriodInSeconds`: the least time StopContainer gives a container, whatever its hook took.
 const MINIMUM_GRACE_PERIOD: i64 = 2;
@@ -19,7 +20,7 @@ const MINIMUM_GRACE_PERIOD: i64 = 2;
 impl Kubelet {
     /// Stops a pod's containers and its sandbox (`killPodWithSyncResult`), then marks it terminated so
     /// its volumes are torn down.
-    pub(super) async fn kill(self: Arc<Self>, pod: Arc<Pod>) -> bool {
+    pub(super) async fn kill(self: Arc<Self>, pod: Arc<ApiPod>) -> bool {
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         let (sandbox, mut containers) = self
             .pods

@@ -18,6 +18,7 @@ use super::env::expand_words;
 use super::image_volumes::ImageVolumes;
 use super::pod_worker::{PodRuntime, PodState};
 use super::status::is_sidecar;
+use crate::api::ApiPod;
 use crate::operations::BackoffEntry;
 
 /// Where a container is, as the report and the pod's status show it.
@@ -180,7 +181,7 @@ impl Kubelet {
     /// Every pod waiting to start holds this future, so the calls it awaits are boxed: a pending start
     /// costs a few hundred bytes, not the largest CRI call's state (16 KB), which adds up over thousands
     /// of pods starting at once.
-    pub(super) async fn start(self: Arc<Self>, pod: Arc<Pod>) -> bool {
+    pub(super) async fn start(self: Arc<Self>, pod: Arc<ApiPod>) -> bool {
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         let sandbox_config = self.sandbox_config(&pod);
         let request = cri::RunPodSandboxRequest {
@@ -227,7 +228,7 @@ impl Kubelet {
     /// returns whether any changed.
     pub(super) async fn start_next(
         &self,
-        pod: &Pod,
+        pod: &ApiPod,
         sandbox_id: &str,
         sandbox_config: &cri::PodSandboxConfig,
         reports: &mut Vec<ContainerReport>,

@@ -58,7 +58,7 @@ use inlet_volume::empty_dir::EmptyDirPlugin;
 use inlet_volume::image::{ImagePlugin, RuntimeImagePlugin};
 use inlet_volume::projected::ProjectedPlugin;
 use inlet_volume::secret::SecretPlugin;
-use k8s_openapi::api::core::v1::{Node, NodeStatus, Pod};
+use k8s_openapi::api::core::v1::{Node, NodeStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use parking_lot::Mutex;
 use tokio::sync::Notify;
@@ -75,7 +75,7 @@ use token_manager::TokenManager;
 use volumemanager::VolumeManagerConfig;
 pub use volumemanager::{MountState, VolumeManager};
 
-use crate::api::Api;
+use crate::api::{Api, ApiPod};
 use crate::cri::Cri;
 pub use crate::operations::BackoffPolicy;
 use crate::operations::Operations;
@@ -454,12 +454,12 @@ impl Kubelet {
     }
 
     /// Pods bound to this node.
-    fn my_pods(&self) -> Vec<Arc<Pod>> {
+    fn my_pods(&self) -> Vec<Arc<ApiPod>> {
         self.api.pods_on(&self.config.name)
     }
 
     /// This node's pods by UID.
-    fn my_pods_by_uid(&self) -> HashMap<String, Arc<Pod>> {
+    fn my_pods_by_uid(&self) -> HashMap<String, Arc<ApiPod>> {
         self.my_pods()
             .into_iter()
             .filter_map(|p| Some((p.metadata.uid.clone()?, p)))

@@ -10,6 +10,7 @@ use k8s_openapi::api::core::v1::Pod;
 
 use super::Kubelet;
 use super::kuberuntime::ContainerReport;
+use crate::api::ApiPod;
 use crate::operations::OpKey;
 
 /// Where a pod is in its life on the node.
@@ -45,7 +46,7 @@ pub struct PodRuntime {
     pub containers: Vec<ContainerReport>,
     /// The pod object as it left the API without a graceful deletion, to stop it (only then: a reference
     /// held all along would make each change of the pod in the API a copy of it).
-    pub pod: Option<Arc<Pod>>,
+    pub pod: Option<Arc<ApiPod>>,
 }
 
 impl PodRuntime {
@@ -111,7 +112,7 @@ impl Kubelet {
     /// `HandlePodRemoves`: their containers and sandbox are stopped, and their directory goes once their
     /// volumes are torn down (the populator already dropped them). Only after the API's sources are ready:
     /// before, a missing pod may just not be loaded yet.
-    fn stop_removed_pods(self: &Arc<Self>, present: &[Arc<Pod>]) {
+    fn stop_removed_pods(self: &Arc<Self>, present: &[Arc<ApiPod>]) {
         if !self.api.sources_ready() {
             return;
         }
@@ -119,7 +120,7 @@ impl Kubelet {
             .iter()
             .filter_map(|p| p.metadata.uid.as_deref())
             .collect();
-        let removed: Vec<(String, Arc<Pod>, PodState)> = self
+        let removed: Vec<(String, Arc<ApiPod>, PodState)> = self
             .pods
             .lock()
             .iter()
@@ -150,7 +151,7 @@ impl Kubelet {
     /// error is upstream's, but since 1.28 the kubelet records no event for a plain timeout (`kubelet.go`
     /// SyncPod skips `wait.Interrupted` errors), so it is logged once and the pod goes on waiting. The
     /// volume operations' own events (`FailedMount`, `FailedAttachVolume`) say what is wrong.
-    fn warn_volume_timeout(&self, pod: &Pod, uid: &str) {
+    fn warn_volume_timeout(&self, pod: &ApiPod, uid: &str) {
         let missing = self.volumes.missing_volumes(uid);
         let known: Vec<&String> = missing
             .unmounted
@@ -159,10 +160,9 @@ impl Kubelet {
             .collect();
         let mounted = self.volumes.mounted_volumes_for_pod(uid);
         let not_processed: Vec<String> = pod
-            .spec
+            .volumes()
             .iter()
-            .flat_map(|s| s.volumes.iter().flatten())
-            .map(|v| v.name.clone())
+            .map(|v| v.name().to_string())
             .filter(|n| !known.contains(&n) && !mounted.contains_key(n))
             .collect();
         let go_list = |names: &[String]| format!("[{}]", names.join(" "));
@@ -188,7 +188,7 @@ impl Kubelet {
     /// backs off as any operation), as upstream's pod worker moves a deleted pod to terminating
     /// at once (`pod_workers.go` UpdatePod); a start still running keeps it out until it ends. On failure
     /// the pod goes back to `retry_state`.
-    pub(super) fn spawn_kill(self: &Arc<Self>, uid: &str, retry_state: PodState, pod: Arc<Pod>) {
+    pub(super) fn spawn_kill(self: &Arc<Self>, uid: &str, retry_state: PodState, pod: Arc<ApiPod>) {
         let key = OpKey::Pod(uid.to_string());
         self.set_state(uid, PodState::Killing);
         self.spawn_pod_op(key, "kill", uid, retry_state, move |me| me.kill(pod));

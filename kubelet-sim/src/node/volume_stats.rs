@@ -14,10 +14,10 @@ use futures::StreamExt;
 use futures::future::BoxFuture;
 use futures::stream::FuturesUnordered;
 use inlet_volume::{Metrics, PodInfo, VolumeError};
-use k8s_openapi::api::core::v1::Pod;
 
 use super::Kubelet;
 use super::volumemanager::VolumeInUse;
+use crate::api::ApiPod;
 
 /// How many volumes of a node are asked at once.
 const CONCURRENT: usize = 16;
@@ -63,7 +63,7 @@ impl Kubelet {
                 }
             };
             if let (Some(true), Some(message)) = (metrics.abnormal, &metrics.message)
-                && let Some(object) = self.api.peek::<Pod>(&pod.namespace, &pod.name)
+                && let Some(object) = self.api.peek::<ApiPod>(&pod.namespace, &pod.name)
             {
                 let text = format!("Volume {outer}: {message}");
                 self.api

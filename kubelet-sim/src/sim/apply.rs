@@ -4,9 +4,10 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{PersistentVolume, Pod, PodStatus};
+use k8s_openapi::api::core::v1::{PersistentVolume, PodStatus};
 
 use super::Simulation;
+use crate::api::ApiPod;
 use crate::api::manifest::{EXPECTED_PHASE_ANNOTATION, Manifest, Object};
 use crate::controllers::provisioner::pre_provision;
 use crate::controllers::pv_binder::bind_claims;
@@ -95,9 +96,10 @@ impl Simulation {
                     pod.metadata.namespace.clone().unwrap_or_default(),
                     pod.metadata.name.clone().unwrap_or_default(),
                 );
-                if self.api.peek::<Pod>(&namespace, &name).is_some() {
+                if self.api.peek::<ApiPod>(&namespace, &name).is_some() {
                     return Err(format!("pods {name:?} already exists"));
                 }
+                let pod = ApiPod::from(pod);
                 self.api.put(pod.clone());
                 self.api.record_event(
                     &pod,
@@ -190,7 +192,7 @@ impl Simulation {
         let arrived = |sim: &Self| {
             created
                 .iter()
-                .all(|(namespace, name)| sim.api.peek::<Pod>(namespace, name).is_some())
+                .all(|(namespace, name)| sim.api.peek::<ApiPod>(namespace, name).is_some())
         };
         if !self.wait_for(Duration::from_secs(60), arrived).await {
             tracing::warn!("not every pod created reached its node's watch within 60 s");

@@ -27,14 +27,13 @@ use std::time::{Duration, Instant};
 
 use cri_fake::FakeRuntime;
 use inlet_host::mount::MountLayer;
-use k8s_openapi::api::core::v1::Pod;
 use parking_lot::Mutex;
 
 pub use error::SimError;
 
-use crate::api::Api;
 use crate::api::admission::Admission;
 use crate::api::now;
+use crate::api::{Api, ApiPod};
 use crate::controllers::attach_detach::AttachDetach;
 use crate::controllers::scheduler::RoundRobin;
 use crate::cri;
@@ -458,7 +457,7 @@ impl Simulation {
 
     /// Starts deleting a pod (graceful: the node stops it, tears its volumes down, then it leaves the API).
     pub fn delete_pod(&self, namespace: &str, name: &str) -> bool {
-        self.api.update::<Pod>(namespace, name, |p| {
+        self.api.update::<ApiPod>(namespace, name, |p| {
             p.metadata.deletion_timestamp.get_or_insert_with(now);
         })
     }

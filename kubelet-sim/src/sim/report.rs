@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::Pod;
 
 use super::Simulation;
 use crate::api::manifest::EXPECTED_PHASE_ANNOTATION;
-use crate::api::{Key, PodFeed};
+use crate::api::{ApiPod, Key, PodFeed};
 use crate::report::{PodReport, Report};
 
 /// What [`Simulation::pods_as_expected`] keeps from one call to the next.
@@ -42,7 +42,7 @@ impl Simulation {
         while let Some((namespace, name)) = waiting.first() {
             let settled = self
                 .api
-                .peek::<Pod>(namespace, name)
+                .peek::<ApiPod>(namespace, name)
                 .is_none_or(|p| !self.is_run_pod(&p) || self.as_expected(&p));
             if !settled {
                 return false;
@@ -53,7 +53,7 @@ impl Simulation {
     }
 
     /// True when one pod is where its manifest expects it.
-    fn as_expected(&self, pod: &Pod) -> bool {
+    fn as_expected(&self, pod: &ApiPod) -> bool {
         let expected = pod
             .metadata
             .annotations
@@ -82,8 +82,8 @@ impl Simulation {
 
     /// The pods this run is about: in a cluster, those its manifests created (other pods may run on its
     /// nodes: DaemonSets tolerate any taint); alone, every pod.
-    pub(super) fn run_pods(&self) -> Vec<Arc<Pod>> {
-        let mut pods = self.api.list::<Pod>();
+    pub(super) fn run_pods(&self) -> Vec<Arc<ApiPod>> {
+        let mut pods = self.api.list::<ApiPod>();
         pods.retain(|p| self.is_run_pod(p));
         pods
     }
@@ -92,7 +92,7 @@ impl Simulation {
     pub fn report(&self) -> Report {
         let mut pods: Vec<PodReport> = self
             .api
-            .list::<Pod>()
+            .list::<ApiPod>()
             .iter()
             .map(|p| self.pod_report(p))
             .collect();
@@ -107,7 +107,7 @@ impl Simulation {
         }
     }
 
-    fn pod_report(&self, pod: &Pod) -> PodReport {
+    fn pod_report(&self, pod: &ApiPod) -> PodReport {
         let uid = pod.metadata.uid.as_deref().unwrap_or_default();
         let node = pod.spec.as_ref().and_then(|s| s.node_name.as_deref());
         let containers = node

@@ -5,10 +5,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 
 use super::Simulation;
+use crate::api::ApiPod;
 use crate::node::Kubelet;
 use crate::report::TeardownReport;
 
@@ -51,7 +51,7 @@ impl Simulation {
         let gone = || {
             let deleted_gone = deleted.iter().all(|(namespace, name, uid)| {
                 self.api
-                    .peek::<Pod>(namespace, name)
+                    .peek::<ApiPod>(namespace, name)
                     .is_none_or(|p| p.metadata.uid.as_deref() != Some(uid))
             });
             // A pod leaves only once its volumes are torn down; when no other pod remains, the nodes
@@ -62,7 +62,7 @@ impl Simulation {
                     .map_or(true, |mut entries| entries.next().is_none())
             };
             deleted_gone
-                && (!self.api.list::<Pod>().is_empty()
+                && (!self.api.list::<ApiPod>().is_empty()
                     || (self.api.list::<VolumeAttachment>().is_empty()
                         && self.nodes.iter().all(|n| n.idle() && no_pod_dirs(n))))
         };
@@ -78,7 +78,7 @@ impl Simulation {
             .iter()
             .filter(|(namespace, name, uid)| {
                 self.api
-                    .peek::<Pod>(namespace, name)
+                    .peek::<ApiPod>(namespace, name)
                     .is_some_and(|p| p.metadata.uid.as_deref() == Some(uid))
             })
             .map(|(namespace, name, _)| format!("{namespace}/{name}"))

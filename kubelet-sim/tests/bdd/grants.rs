@@ -4,7 +4,8 @@
 use cucumber::gherkin::Step;
 use cucumber::when;
 use inlet_volume::csi::grant::INLINE_NAMESPACES_ANNOTATION;
-use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolume, Pod, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolume, Secret};
+use kubelet_sim::api::ApiPod;
 use kubelet_sim::api::manifest::{self, Object};
 
 use super::Sim;
@@ -31,7 +32,7 @@ fn created_without_admission(w: &mut Sim, step: &Step) {
             .namespace
             .get_or_insert_with(|| "default".into());
         pod.metadata.uid = Some(uuid::Uuid::new_v4().to_string());
-        w.sim().api.put(*pod);
+        w.sim().api.put(ApiPod::from(*pod));
     }
     w.remember_uids();
 }
@@ -55,14 +56,14 @@ async fn namespace_deleted(w: &mut Sim, namespace: String) {
             api.remove::<ConfigMap>(&namespace, map.metadata.name.as_deref().unwrap_or_default());
         }
     }
-    for pod in api.list::<Pod>() {
+    for pod in api.list::<ApiPod>() {
         if in_namespace(&pod.metadata.namespace) {
             w.sim()
                 .delete_pod(&namespace, pod.metadata.name.as_deref().unwrap_or_default());
         }
     }
     let gone = |_: &kubelet_sim::report::Report| {
-        !api.list::<Pod>()
+        !api.list::<ApiPod>()
             .iter()
             .any(|p| in_namespace(&p.metadata.namespace))
     };

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use cucumber::{given, then, when};
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod, PodCondition};
+use kubelet_sim::api::ApiPod;
 use kubelet_sim::report::Report;
 
 use super::Sim;
@@ -12,11 +13,12 @@ use super::Sim;
 impl Sim {
     /// The pod as the API has it now.
     fn api_pod(&self, name: &str) -> Pod {
-        let pods = self.sim().api.list::<Pod>();
+        let pods = self.sim().api.list::<ApiPod>();
         let pod = pods
             .iter()
             .find(|p| p.metadata.name.as_deref() == Some(name));
-        Pod::clone(pod.unwrap_or_else(|| panic!("no pod {name:?} in the API")))
+        pod.unwrap_or_else(|| panic!("no pod {name:?} in the API"))
+            .to_pod()
     }
 }
 
@@ -290,7 +292,7 @@ async fn keeps_transition_time(w: &mut Sim, type_: String, pod: String, name: St
 )]
 fn set_condition(w: &mut Sim, type_: String, pod: String, status: String) {
     let namespace = w.api_pod(&pod).metadata.namespace.unwrap_or_default();
-    w.sim().api.update::<Pod>(&namespace, &pod, |p| {
+    w.sim().api.update::<ApiPod>(&namespace, &pod, |p| {
         let status_of = p.status.get_or_insert_with(Default::default);
         let conditions = status_of.conditions.get_or_insert_with(Vec::new);
         conditions.retain(|c| c.type_ != type_);

@@ -5,10 +5,11 @@
 use std::time::Duration;
 
 use cucumber::{then, when};
-use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+use k8s_openapi::api::core::v1::ServiceAccount;
 
 use super::Sim;
 use super::images::{host_path, split_mount};
+use kubelet_sim::api::ApiPod;
 
 fn read_token(w: &Sim, pod: &str, path: &str) -> String {
     let (mount, file) = split_mount(path);
@@ -28,7 +29,7 @@ fn clock_moves(w: &mut Sim, minutes: u64) {
 #[when(regex = r#"^the label "([^"=]+)=([^"]*)" is set on pod "([^"]+)"$"#)]
 fn label_set(w: &mut Sim, key: String, value: String, pod: String) {
     let api = &w.sim().api;
-    assert!(api.update::<Pod>("default", &pod, |p| {
+    assert!(api.update::<ApiPod>("default", &pod, |p| {
         p.metadata
             .labels
             .get_or_insert_with(Default::default)
@@ -162,14 +163,11 @@ fn has_no_token_volume(w: &mut Sim, pod: String) {
 }
 
 fn token_volumes(w: &Sim, pod: &str) -> Vec<String> {
-    let pod = w.sim().api.peek::<Pod>("default", pod).expect("the pod");
-    pod.spec
-        .as_ref()
-        .and_then(|s| s.volumes.clone())
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|v| v.projected.is_some() && v.name.starts_with("kube-api-access-"))
-        .map(|v| v.name)
+    let pod = w.sim().api.peek::<ApiPod>("default", pod).expect("the pod");
+    pod.volumes()
+        .iter()
+        .filter(|v| v.projected().is_some() && v.name().starts_with("kube-api-access-"))
+        .map(|v| v.name().to_string())
         .collect()
 }
 

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use inlet_host::mount::LinuxMounter;
 use inlet_testkit::kit::Kit;
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
+use kubelet_sim::api::ApiPod;
 use kubelet_sim::api::manifest;
 use kubelet_sim::node::{BackoffPolicy, ContainerTiming};
 use kubelet_sim::sim::{SimConfig, Simulation};
@@ -229,7 +230,7 @@ pub fn in_kubelet_sim(dir: &Path, runtime: &tokio::runtime::Runtime) -> BTreeMap
         let names = pod_names();
         let done = sim
             .wait_for(SETTLE, |sim| {
-                let pods = sim.api.list::<Pod>();
+                let pods = sim.api.list::<ApiPod>();
                 pods.len() == names.len() && pods.iter().all(|p| settled(p))
             })
             .await;
@@ -240,7 +241,7 @@ pub fn in_kubelet_sim(dir: &Path, runtime: &tokio::runtime::Runtime) -> BTreeMap
         );
         let observed = sim
             .api
-            .list::<Pod>()
+            .list::<ApiPod>()
             .iter()
             .map(|p| {
                 let uid = p.metadata.uid.clone().unwrap_or_default();

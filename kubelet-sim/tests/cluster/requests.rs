@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, StreamBody, combinators::BoxBody};
-use k8s_openapi::api::core::v1::{Pod, Secret};
-use kubelet_sim::api::Api;
+use k8s_openapi::api::core::v1::Secret;
+use kubelet_sim::api::{Api, ApiPod};
 use kubelet_sim::cluster::Cluster;
 use parking_lot::Mutex;
 use serde_json::{Value, json};
@@ -180,7 +180,7 @@ async fn hollow_nodes_read_only_what_their_pods_refer_to() {
     .expect("the nodes register");
     let deadline = Instant::now() + Duration::from_secs(10);
     while !(api.sources_ready()
-        && api.peek::<Pod>("team", "web").is_some()
+        && api.peek::<ApiPod>("team", "web").is_some()
         && api.peek::<Secret>("team", "used").is_some()
         && api.peek::<Secret>("admin", "stage").is_some())
     {
@@ -286,8 +286,9 @@ async fn hollow_nodes_ride_out_an_api_server_that_goes_away() {
     )
     .await
     .expect("the node registers");
-    let held =
-        || api.peek::<Pod>("team", "web").is_some() && api.peek::<Secret>("team", "used").is_some();
+    let held = || {
+        api.peek::<ApiPod>("team", "web").is_some() && api.peek::<Secret>("team", "used").is_some()
+    };
     let deadline = Instant::now() + Duration::from_secs(10);
     while !(api.sources_ready() && held()) {
         assert!(Instant::now() < deadline, "{:#?}", requests.lock());

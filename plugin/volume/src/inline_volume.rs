@@ -104,6 +104,15 @@ impl InlineVolume {
         }
     }
 
+    /// The whole volume, when its source is one kept whole ([`VolumeSource::Other`]: a claim, an
+    /// ephemeral claim, hostPath, ...).
+    pub fn other(&self) -> Option<&Volume> {
+        match self.source() {
+            VolumeSource::Other(v) => Some(v),
+            _ => None,
+        }
+    }
+
     /// `projected`, when that is its source.
     pub fn projected(&self) -> Option<&ProjectedVolumeSource> {
         match self.source() {
@@ -137,6 +146,27 @@ impl From<Volume> for InlineVolume {
             return Self::new(name, VolumeSource::Other(Box::new(volume)));
         };
         Self::new(volume.name, source)
+    }
+}
+
+impl From<&InlineVolume> for Volume {
+    /// The volume again in the API's form, as a pod's `spec.volumes[i]` (for reports and the wire).
+    fn from(volume: &InlineVolume) -> Self {
+        let mut out = Volume {
+            name: volume.name().to_string(),
+            ..Default::default()
+        };
+        match volume.source() {
+            VolumeSource::Csi(s) => out.csi = Some(s.clone()),
+            VolumeSource::Image(s) => out.image = Some(s.clone()),
+            VolumeSource::EmptyDir(s) => out.empty_dir = Some(s.clone()),
+            VolumeSource::Secret(s) => out.secret = Some(s.clone()),
+            VolumeSource::ConfigMap(s) => out.config_map = Some(s.clone()),
+            VolumeSource::DownwardApi(s) => out.downward_api = Some(s.clone()),
+            VolumeSource::Projected(s) => out.projected = Some(ProjectedVolumeSource::clone(s)),
+            VolumeSource::Other(whole) => return Volume::clone(whole),
+        }
+        out
     }
 }
 
@@ -230,6 +260,37 @@ mod tests {
                 .map(Vec::len),
             Some(1)
         );
+    }
+
+    #[test]
+    fn turns_back_into_the_same_volume() {
+        let volumes = [
+            Volume {
+                name: "data".into(),
+                csi: Some(CSIVolumeSource {
+                    driver: "local.inlet.dev".into(),
+                    read_only: Some(true),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+            Volume {
+                name: "scratch".into(),
+                empty_dir: Some(EmptyDirVolumeSource::default()),
+                ..Default::default()
+            },
+            Volume {
+                name: "host".into(),
+                host_path: Some(HostPathVolumeSource {
+                    path: "/var/log".into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+        ];
+        for volume in volumes {
+            assert_eq!(Volume::from(&InlineVolume::from(volume.clone())), volume);
+        }
     }
 
     #[test]

@@ -104,7 +104,7 @@ async fn deleted_while_down(env: &mut CheckEnv) -> Outcome {
     // A force delete (or the pod GC, after a long absence), and a graceful one left to the kubelet.
     env.sim()?
         .api
-        .remove::<k8s_openapi::api::core::v1::Pod>(NAMESPACE, "gone");
+        .remove::<crate::api::ApiPod>(NAMESPACE, "gone");
     env.delete_pod("terminating").await?;
     env.start_kubelet().await?;
     let unpublished = |env: &CheckEnv, pod: &str| {

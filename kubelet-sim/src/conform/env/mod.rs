@@ -18,6 +18,7 @@ use serde_json::json;
 use super::ConformError;
 use super::driver::DriverRun;
 use super::proxy::{FaultProxy, INJECTED_DEADLINE};
+use crate::api::ApiPod;
 use crate::api::manifest::{Manifest, Object};
 use crate::report::EventReport;
 use crate::sim::Simulation;
@@ -288,7 +289,7 @@ impl CheckEnv {
         if let Some(refused) = sim.report().rejected.get(refused_before) {
             return Err(format!("refused: {}", refused.message));
         }
-        for pod in sim.api.list::<Pod>() {
+        for pod in sim.api.list::<ApiPod>() {
             self.uids.insert(
                 pod.metadata.name.clone().unwrap_or_default(),
                 pod.metadata.uid.clone().unwrap_or_default(),
@@ -319,7 +320,7 @@ impl CheckEnv {
     /// Pod `name` as the API has it now (None once deleted).
     fn pod_object(&self, name: &str) -> Option<Pod> {
         match &self.backend {
-            Backend::Sim(sim) => sim.api.peek::<Pod>(NAMESPACE, name).map(|p| (*p).clone()),
+            Backend::Sim(sim) => sim.api.peek::<ApiPod>(NAMESPACE, name).map(|p| p.to_pod()),
             Backend::Cluster(node) => node.pod(name),
         }
     }

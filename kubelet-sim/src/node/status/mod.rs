@@ -18,6 +18,7 @@ use k8s_openapi::api::core::v1::{
 
 use super::Kubelet;
 use super::kuberuntime::{ContainerReport, ContainerState, TerminatedRun};
+use crate::api::ApiPod;
 use crate::api::now;
 use conditions::{
     condition, containers_ready_condition, initialized_condition, keep_transition_times,
@@ -61,7 +62,7 @@ impl Kubelet {
     /// the pod is let go before the write, so the API changes its own in place instead of copying it.
     pub(super) fn set_status_releasing(
         &self,
-        pod: Arc<Pod>,
+        pod: Arc<ApiPod>,
         containers: &[ContainerReport],
         terminal: bool,
     ) {
@@ -143,7 +144,7 @@ impl Kubelet {
             uid,
         } = pod;
         let pod_ip = self.pods.lock().get(uid).and_then(|rt| rt.pod_ip.clone());
-        self.api.update::<Pod>(namespace, name, |p| {
+        self.api.update::<ApiPod>(namespace, name, |p| {
             // Not onto another pod of the same name (one made after a force delete of this one).
             if p.metadata.uid.as_deref().unwrap_or_default() != uid {
                 return;

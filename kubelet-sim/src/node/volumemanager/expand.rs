@@ -8,11 +8,12 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 
 use super::VolumeManager;
 use super::desired_state::PodVolume;
 use super::reconciler::Recorded;
+use crate::api::ApiPod;
 use crate::controllers::resizer::{FS_RESIZE_PENDING, storage_bytes};
 use crate::operations::OpKey;
 
@@ -72,14 +73,8 @@ impl VolumeManager {
         }
         let pod = self
             .api
-            .peek::<Pod>(&volume.pod.namespace, &volume.pod.name)?;
-        let source = pod
-            .spec
-            .as_ref()?
-            .volumes
-            .iter()
-            .flatten()
-            .find(|v| v.name == volume.outer_name)?;
+            .peek::<ApiPod>(&volume.pod.namespace, &volume.pod.name)?;
+        let source = pod.volume(&volume.outer_name)?.other()?;
         let claim_name = match (&source.persistent_volume_claim, &source.ephemeral) {
             (Some(claim), _) => claim.claim_name.clone(),
             (None, Some(_)) => format!("{}-{}", volume.pod.name, volume.outer_name),
@@ -133,7 +128,7 @@ impl VolumeManager {
                     conditions.retain(|c| c.type_ != FS_RESIZE_PENDING);
                 }
             });
-        if let Some(object) = self.api.peek::<Pod>(&pod.namespace, &pod.name) {
+        if let Some(object) = self.api.peek::<ApiPod>(&pod.namespace, &pod.name) {
             let message = format!(
                 "MountVolume.NodeExpandVolume succeeded for volume {name:?} {}",
                 self.node

@@ -9,6 +9,7 @@ use k8s_openapi::api::core::v1::Pod;
 
 use super::VolumeManager;
 use super::desired_state::PodVolume;
+use crate::api::ApiPod;
 use crate::specs::{Reads, volume_spec};
 
 impl VolumeManager {
@@ -18,7 +19,7 @@ impl VolumeManager {
     pub async fn populate(
         &self,
         sources_ready: bool,
-        pods: &[Arc<Pod>],
+        pods: &[Arc<ApiPod>],
         terminated: impl Fn(&str) -> bool,
     ) {
         let known: std::collections::HashSet<&str> = pods
@@ -68,7 +69,10 @@ impl VolumeManager {
     }
 
     /// Every volume of a pod with its plugin's answers; the first error names the volume.
-    async fn pod_volumes(&self, pod: &Pod) -> Result<Vec<(String, bool, bool, PodVolume)>, String> {
+    async fn pod_volumes(
+        &self,
+        pod: &ApiPod,
+    ) -> Result<Vec<(String, bool, bool, PodVolume)>, String> {
         let info = Arc::new(PodInfo::from_pod(pod));
         let selinux_contexts = selinux::container_contexts(pod);
         let change_policy = pod
@@ -77,13 +81,8 @@ impl VolumeManager {
             .and_then(|s| s.security_context.as_ref())
             .and_then(|c| c.se_linux_change_policy.as_deref());
         let mut out = Vec::new();
-        for volume in pod
-            .spec
-            .as_ref()
-            .and_then(|s| s.volumes.clone())
-            .unwrap_or_default()
-        {
-            let name = volume.name.clone();
+        for volume in pod.volumes() {
+            let name = volume.name().to_string();
             let fail = |e: String| format!("MountVolume.SetUp failed for volume {name:?} : {e}");
             let (spec, read_only) =
                 volume_spec(&self.api, Reads::Recorded, pod, &info, volume).map_err(fail)?;

@@ -9,11 +9,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use inlet_volume::{ErrorClass, MounterArgs, PodInfo, Spec, VolumeError};
-use k8s_openapi::api::core::v1::Pod;
 
 use super::VolumeManager;
 use super::actual_state::{MountState, MountedPod};
 use super::desired_state::PodVolume;
+use crate::api::ApiPod;
 use crate::node::subpath;
 use crate::operations::OpKey;
 
@@ -298,9 +298,9 @@ impl VolumeManager {
         });
     }
 
-    fn pod_object(&self, pod: &PodInfo) -> Option<Arc<Pod>> {
+    fn pod_object(&self, pod: &PodInfo) -> Option<Arc<ApiPod>> {
         self.api
-            .peek::<Pod>(&pod.namespace, &pod.name)
+            .peek::<ApiPod>(&pod.namespace, &pod.name)
             .filter(|p| p.metadata.uid.as_deref() == Some(&pod.uid))
     }
 

@@ -12,17 +12,17 @@ use std::time::Instant;
 
 use inlet_volume::PodInfo;
 use inlet_volume::csi::vol_data::{FILE_NAME, VolData};
-use k8s_openapi::api::core::v1::Pod;
 
 use super::VolumeManager;
 use super::actual_state::{MountState, MountedPod};
+use crate::api::ApiPod;
 
 const CSI_DIR: &str = "kubernetes.io~csi";
 
 impl VolumeManager {
     /// Rebuilds the actual state from disk, for this node's `pods` by UID. Run once at start, before the
     /// first pass.
-    pub fn reconstruct(&self, pods: &HashMap<String, Arc<Pod>>) {
+    pub fn reconstruct(&self, pods: &HashMap<String, Arc<ApiPod>>) {
         // The CSI plugin is first; its volumes are found by their vol data.
         let plugin = Arc::clone(&self.plugins[0]);
         for (uid, spec_name, dir) in volume_dirs(&self.root.join("pods")) {
@@ -52,7 +52,7 @@ impl VolumeManager {
     /// the mount; secret, configMap, downwardAPI, projected and emptyDir dirs, which may hold a tmpfs): each
     /// plugin rebuilds the spec from its dir's name, as `reconstructVolume` asks every plugin found under
     /// a pod's `volumes/`.
-    fn reconstruct_pod_dir_volumes(&self, pods: &HashMap<String, Arc<Pod>>) {
+    fn reconstruct_pod_dir_volumes(&self, pods: &HashMap<String, Arc<ApiPod>>) {
         for plugin in self.plugins.iter().skip(1) {
             let name = plugin.name();
             let dirs = plugin_volume_dirs(&self.root.join("pods"), &name.replace('/', "~"));
@@ -70,7 +70,7 @@ impl VolumeManager {
     /// UID is known, which is all the unmounter needs).
     fn adopt(
         &self,
-        pods: &HashMap<String, Arc<Pod>>,
+        pods: &HashMap<String, Arc<ApiPod>>,
         unique: &str,
         spec: &inlet_volume::Spec,
         uid: &str,
