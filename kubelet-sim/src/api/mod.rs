@@ -1,4 +1,4 @@
-//! The embedded API server: objects ([`store`]), admission (defaults, validation, the inline-driver policy),
+//! The embedded API server: objects ([`store`]; pods as [`ApiPod`]), admission (defaults, validation, the inline-driver policy),
 //! manifests (Kubernetes YAML), events, service-account tokens and the root CA ([`tokens`]).
 
 pub mod admission;

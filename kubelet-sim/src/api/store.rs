@@ -1,5 +1,6 @@
-//! The embedded, in-memory API: Kubernetes objects (k8s-openapi types) by kind, namespace and name, with
-//! a revision that every change bumps, so controllers wake on change as they would on a watch.
+//! The embedded, in-memory API: Kubernetes objects (k8s-openapi types; pods as [`ApiPod`], their volumes
+//! compact) by kind, namespace and name, with a revision that every change bumps, so controllers wake on
+//! change as they would on a watch.
 //!
 //! A kubelet watches less, as a real one does (its pods by `spec.nodeName`, informers for the rest): a
 //! node's watch ([`Api::watch_node`]) sees changes to its own Pods, Node, CSINode and VolumeAttachments,
@@ -368,7 +369,7 @@ impl Api {
     }
 
     /// Changes an object in place; false when it does not exist. The object is copied only if someone
-    /// still holds the version read before (a pod is 16 KB or more in k8s-openapi's layout): the index's
+    /// still holds the version read before (a pod is 7 KB or more in k8s-openapi's layout): the index's
     /// own reference is let go first.
     pub fn update<T: Kind>(&self, namespace: &str, name: &str, f: impl FnOnce(&mut T)) -> bool {
         let key = (namespace.to_string(), name.to_string());

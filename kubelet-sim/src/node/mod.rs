@@ -426,7 +426,7 @@ impl Kubelet {
                 .is_some_and(PodRuntime::terminated)
         };
         // The list is let go as soon as the populator is done with it: a pod held past an await makes
-        // the API copy it (16 KB or more) on each status write meanwhile (see `Api::update`).
+        // the API copy it (7 KB or more) on each status write meanwhile (see `Api::update`).
         let pods = self.my_pods();
         self.volumes
             .populate(sources_ready, &pods, terminated)

@@ -3,9 +3,8 @@
 //! A k8s-openapi `Volume` carries each of its thirty sources inline, set or not: 3.2 KB a volume. A node
 //! keeps a spec for every volume of every pod it runs, in its desired and actual state, so a copy of the
 //! pod's `Volume` there cost more than the rest of the volume's state together (issue #28, heap profile
-//! in bench/RESULTS.md). Upstream's `volume.Spec` points at the pod's `v1.Volume` instead; the API
-//! objects here are immutable and shared, but a pod's volumes sit inside its `PodSpec`, so the spec keeps
-//! this compact copy.
+//! in bench/RESULTS.md). Upstream's `volume.Spec` points at the pod's `v1.Volume`; so does a spec here:
+//! the simulator's API keeps a pod's volumes in this form too, and a spec shares them (`Arc`).
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
