@@ -99,7 +99,7 @@ impl Metadata for ApiPod {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::core::v1::{CSIVolumeSource, EmptyDirVolumeSource, PodSpec};
+    use k8s_openapi::api::core::v1::PodSpec;
 
     fn pod(volumes: Option<Vec<Volume>>) -> Pod {
         Pod {
@@ -117,21 +117,11 @@ mod tests {
 
     #[test]
     fn holds_the_volumes_apart_and_gives_the_same_pod_back() {
-        let volumes = vec![
-            Volume {
-                name: "data".into(),
-                csi: Some(CSIVolumeSource {
-                    driver: "local.inlet.dev".into(),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            },
-            Volume {
-                name: "scratch".into(),
-                empty_dir: Some(EmptyDirVolumeSource::default()),
-                ..Default::default()
-            },
-        ];
+        let volumes: Vec<Volume> = serde_json::from_value(serde_json::json!([
+            {"name": "data", "csi": {"driver": "local.inlet.dev"}},
+            {"name": "scratch", "emptyDir": {}},
+        ]))
+        .unwrap();
         let stored = ApiPod::from(pod(Some(volumes)));
         assert_eq!(stored.spec.as_ref().unwrap().volumes, None);
         let names: Vec<_> = stored.volumes().iter().map(InlineVolume::name).collect();
