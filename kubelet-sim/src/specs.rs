@@ -84,8 +84,10 @@ pub fn volume_spec(
     }
     // A generic ephemeral volume is its claim `<pod>-<volume>`, which the pod must own
     // (desired_state_of_world_populator.go createVolumeSpec, `ephemeral.VolumeIsForPod`).
-    let whole = volume.other();
-    let claim = match whole.map(|v| (&v.persistent_volume_claim, &v.ephemeral)) {
+    let claim = match volume
+        .other()
+        .map(|v| (&v.persistent_volume_claim, &v.ephemeral))
+    {
         Some((Some(claim), _)) => Some((
             claim.claim_name.clone(),
             claim.read_only.unwrap_or(false),

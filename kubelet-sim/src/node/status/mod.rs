@@ -18,8 +18,7 @@ use k8s_openapi::api::core::v1::{
 
 use super::Kubelet;
 use super::kuberuntime::{ContainerReport, ContainerState, TerminatedRun};
-use crate::api::ApiPod;
-use crate::api::now;
+use crate::api::{ApiPod, now};
 use conditions::{
     condition, containers_ready_condition, initialized_condition, keep_transition_times,
     ready_condition,
