@@ -2,9 +2,12 @@
 //! simulation watches them, so recording one wakes no controller. A log keeps its object's reference once
 //! and each event as a small record, and [`Api::events_for`] builds the `Event`s the report shows: a
 //! `k8s_openapi` `Event` is about 700 bytes before its strings, and a pod gathers five or more (Scheduled,
-//! Pulled, Created, Started, Killing), which at 100,000 pods was the largest record kept per pod.
+//! Pulled, Created, Started, Killing), which at 100,000 pods was the largest record kept per pod. The
+//! texts repeat from pod to pod ("Normal", "Started", "Started container app"), so each is kept once and
+//! shared; a log's list grows one event at a time, as a pod gathers only a handful.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Event, ObjectReference, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
@@ -14,8 +17,22 @@ use super::{Api, container_field_path, now};
 /// The reporting component of events the simulator records.
 pub const COMPONENT: &str = "kubelet-sim";
 
-/// Every object's events.
-pub(crate) type EventLogs = HashMap<String, EventLog>;
+/// Every object's events, and the texts they share.
+#[derive(Debug, Default)]
+pub(crate) struct EventLogs {
+    logs: HashMap<String, EventLog>,
+    texts: HashSet<Arc<str>>,
+}
+
+/// `text`, kept once in `texts` however many events carry it.
+fn shared(texts: &mut HashSet<Arc<str>>, text: &str) -> Arc<str> {
+    if let Some(kept) = texts.get(text) {
+        return Arc::clone(kept);
+    }
+    let kept: Arc<str> = Arc::from(text);
+    texts.insert(Arc::clone(&kept));
+    kept
+}
 
 /// One object's events: its reference (without a `fieldPath`), and each event.
 #[derive(Debug)]
@@ -24,16 +41,16 @@ pub(crate) struct EventLog {
     events: Vec<Recorded>,
 }
 
-/// One event, as little as rebuilds it.
+/// One event, as little as rebuilds it; its texts are shared (see [`shared`]).
 #[derive(Debug)]
 struct Recorded {
     /// The container's `fieldPath`, for a container's event.
-    field_path: Option<Box<str>>,
+    field_path: Option<Arc<str>>,
     /// The object's `resourceVersion` when the event was first recorded.
     resource_version: Option<Box<str>>,
-    type_: Box<str>,
-    reason: Box<str>,
-    message: Box<str>,
+    type_: Arc<str>,
+    reason: Arc<str>,
+    message: Arc<str>,
     /// The name's random part (`<object>.<uuid>`).
     id: uuid::Uuid,
     count: i32,
@@ -89,7 +106,8 @@ impl Api {
         }
         let uid = involved.uid.clone().unwrap_or_default();
         let resource_version = involved.resource_version.as_deref().map(Box::from);
-        let mut logs = self.events.lock();
+        let mut events = self.events.lock();
+        let EventLogs { logs, texts } = &mut *events;
         let log = logs.entry(uid).or_insert_with(|| EventLog {
             involved,
             events: Vec::new(),
@@ -104,13 +122,17 @@ impl Api {
             event.last = now();
             return;
         }
+        // A pod's log stops at five events or so: while it is short, it grows a slot at a time.
+        if log.events.len() == log.events.capacity() && log.events.len() < 8 {
+            log.events.reserve_exact(1);
+        }
         let at = now();
         log.events.push(Recorded {
-            field_path: field_path.map(String::into_boxed_str),
+            field_path: field_path.map(|f| shared(texts, &f)),
             resource_version,
-            type_: type_.into(),
-            reason: reason.into(),
-            message: message.into(),
+            type_: shared(texts, type_),
+            reason: shared(texts, reason),
+            message: shared(texts, message),
             id: uuid::Uuid::new_v4(),
             count: 1,
             first: at.clone(),
@@ -120,8 +142,8 @@ impl Api {
 
     /// An object's events (a pod's by its UID), oldest first.
     pub fn events_for(&self, uid: &str) -> Vec<Event> {
-        let logs = self.events.lock();
-        let Some(log) = logs.get(uid) else {
+        let events = self.events.lock();
+        let Some(log) = events.logs.get(uid) else {
             return Vec::new();
         };
         let namespace = log
@@ -171,5 +193,63 @@ fn pod_reference(pod: &Pod) -> ObjectReference {
         uid: pod.metadata.uid.clone(),
         resource_version: pod.metadata.resource_version.clone(),
         field_path: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(name: &str) -> Pod {
+        let mut pod = Pod::default();
+        pod.metadata.name = Some(name.into());
+        pod.metadata.namespace = Some("default".into());
+        pod.metadata.uid = Some(format!("uid-{name}"));
+        let app = k8s_openapi::api::core::v1::Container {
+            name: "app".into(),
+            ..Default::default()
+        };
+        pod.spec = Some(k8s_openapi::api::core::v1::PodSpec {
+            containers: vec![app],
+            ..Default::default()
+        });
+        pod
+    }
+
+    #[test]
+    fn pods_share_the_texts_of_their_events_and_repeats_are_counted() {
+        let api = Api::new();
+        for name in ["a", "b"] {
+            api.record_container_event(
+                &pod(name),
+                "app",
+                "Normal",
+                "Started",
+                "Started container app",
+            );
+        }
+        api.record_event(&pod("a"), "Normal", "Pulled", "pulled");
+        api.record_event(&pod("a"), "Normal", "Pulled", "pulled");
+        let events = api.events.lock();
+        let (a, b) = (&events.logs["uid-a"].events, &events.logs["uid-b"].events);
+        assert!(
+            Arc::ptr_eq(&a[0].message, &b[0].message),
+            "one copy of the text"
+        );
+        assert!(Arc::ptr_eq(&a[0].type_, &a[1].type_));
+        assert_eq!(a.len(), 2, "a repeat is counted, not kept again");
+        assert_eq!(
+            (a[1].count, a.capacity()),
+            (2, 2),
+            "a short log has no spare slots"
+        );
+        drop(events);
+        let shown = api.events_for("uid-a");
+        assert_eq!(shown[0].message.as_deref(), Some("Started container app"));
+        assert_eq!(
+            shown[0].involved_object.field_path.as_deref(),
+            Some("spec.containers{app}")
+        );
+        assert_eq!(shown[1].count, Some(2));
     }
 }

@@ -178,9 +178,9 @@ impl Kubelet {
     /// [`Kubelet::start_next`]). A sandbox that cannot be made is retried after backoff; a container that
     /// cannot start waits in the sandbox and is tried again, as upstream keeps the sandbox.
     ///
-    /// Every pod waiting to start holds this future, so the calls it awaits are boxed: a pending start
-    /// costs a few hundred bytes, not the largest CRI call's state (16 KB), which adds up over thousands
-    /// of pods starting at once.
+    /// Every pod starting holds this future, so the calls it and [`Kubelet::start_container`] await are
+    /// boxed: a start holds only the call it is in (1–4 KB each, `-Zprint-type-sizes`), not room for the
+    /// largest, which adds up over thousands of pods starting at once.
     pub(super) async fn start(self: Arc<Self>, pod: Arc<ApiPod>) -> bool {
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         let sandbox_config = self.sandbox_config(&pod);
@@ -203,7 +203,7 @@ impl Kubelet {
         let host_network = pod.spec.as_ref().and_then(|s| s.host_network) == Some(true);
         let ip = match host_network {
             true => Some("127.0.0.1".to_string()),
-            false => self.sandbox_ip(sandbox_id.clone()).await,
+            false => Box::pin(self.sandbox_ip(sandbox_id.clone())).await,
         };
         if let Some(rt) = self.pods.lock().get_mut(&uid) {
             rt.pod_ip = ip;
@@ -360,9 +360,7 @@ impl Kubelet {
             config: Some(config),
             sandbox_config: Some(sandbox_config.clone()),
         };
-        let id = self
-            .cri
-            .create_container(request)
+        let id = Box::pin(self.cri.create_container(request))
             .await
             .map_err(rpc("CreateContainerError"))?
             .container_id;
@@ -374,12 +372,11 @@ impl Kubelet {
             // 1.35's text (`kuberuntime_container.go` startContainer; 1.20 wrote "Created container %v").
             &format!("Created container: {}", container.name),
         );
-        self.cri
-            .runtime
-            .clone()
-            .start_container(cri::StartContainerRequest {
-                container_id: id.clone(),
-            })
+        let mut runtime = self.cri.runtime.clone();
+        let request = cri::StartContainerRequest {
+            container_id: id.clone(),
+        };
+        Box::pin(runtime.start_container(request))
             .await
             .map_err(rpc("RunContainerError"))?;
         self.api.record_container_event(
@@ -389,14 +386,11 @@ impl Kubelet {
             "Started",
             &format!("Started container {}", container.name),
         );
-        let status = self
-            .cri
-            .runtime
-            .clone()
-            .container_status(cri::ContainerStatusRequest {
-                container_id: id.clone(),
-                verbose: false,
-            })
+        let request = cri::ContainerStatusRequest {
+            container_id: id.clone(),
+            verbose: false,
+        };
+        let status = Box::pin(runtime.container_status(request))
             .await
             .map_err(rpc("RunContainerError"))?;
         let status = status.into_inner().status.unwrap_or_default();

@@ -88,7 +88,7 @@ impl LocalDriver {
             ephemeral: false,
             attached_to: BTreeMap::new(),
             staged_at: None,
-            published: BTreeMap::new(),
+            published: litemap::LiteMap::new(),
         };
         let copy_from = match &volume.content_source {
             Some(ContentSource::Snapshot(id)) => Some(self.store.snapshot_data(id, access_type)),

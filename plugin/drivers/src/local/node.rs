@@ -474,7 +474,7 @@ impl LocalDriver {
             ephemeral: true,
             attached_to: BTreeMap::new(),
             staged_at: None,
-            published: BTreeMap::from([(target.to_path_buf(), publication.clone())]),
+            published: litemap::LiteMap::from_iter([(target.to_path_buf(), publication.clone())]),
         };
         self.create_content(&volume, None)?;
         crash::point("volume.content-created");

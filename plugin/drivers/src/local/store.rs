@@ -18,6 +18,7 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 
+use litemap::LiteMap;
 use parking_lot::{MappedMutexGuard, Mutex, MutexGuard};
 use serde::{Deserialize, Serialize};
 
@@ -72,8 +73,9 @@ pub struct VolumeRecord {
     pub attached_to: BTreeMap<String, bool>,
     /// The staging path NodeStageVolume mounted it at.
     pub staged_at: Option<PathBuf>,
-    /// Target paths NodePublishVolume mounted it at.
-    pub published: BTreeMap<PathBuf, Publication>,
+    /// Target paths NodePublishVolume mounted it at: one, nearly always (a list, where a B-tree would
+    /// take a node of eleven for it; saved as a map all the same).
+    pub published: LiteMap<PathBuf, Publication>,
 }
 
 /// A snapshot: a copy of a volume's content at one moment.
@@ -279,7 +281,7 @@ mod tests {
             ephemeral: false,
             attached_to: BTreeMap::new(),
             staged_at: None,
-            published: BTreeMap::new(),
+            published: LiteMap::new(),
         }
     }
 
@@ -302,5 +304,27 @@ mod tests {
         assert!(!dir.path().join("records/volumes/d.json").exists());
         assert_eq!(reopened.volume("a"), Some(volume("a")));
         assert!(!dir.path().join("records/volumes/c.json.tmp").exists());
+    }
+
+    #[test]
+    fn publications_are_saved_as_a_map_of_targets_as_before() {
+        let mut record = volume("a");
+        let publication = Publication {
+            flags: MountFlags::default(),
+            access_mode: 1,
+        };
+        record
+            .published
+            .insert(PathBuf::from("/t/2"), publication.clone());
+        record.published.insert(PathBuf::from("/t/1"), publication);
+        let json = serde_json::to_value(&record).unwrap();
+        let targets: Vec<&String> = json["published"].as_object().unwrap().keys().collect();
+        assert_eq!(
+            targets,
+            ["/t/1", "/t/2"],
+            "a map of targets, as the B-tree wrote it"
+        );
+        let read: VolumeRecord = serde_json::from_value(json).unwrap();
+        assert_eq!(read, record);
     }
 }
