@@ -26,9 +26,9 @@ const RUNTIME_HANDLERS: [&str; 2] = ["", "runc"];
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CriCall {
     /// The method, as on the wire (`RunPodSandbox`).
-    pub method: String,
+    pub method: &'static str,
     /// What it was about: a sandbox or container id, an image reference; empty for none.
-    pub subject: String,
+    pub subject: Box<str>,
 }
 
 /// A sandbox the runtime holds.
@@ -96,7 +96,8 @@ struct State {
     /// Reserved names (sandbox and container) to the id holding them.
     names: HashMap<String, String>,
     /// The last [`CALLS_KEPT`] calls: while a simulated node runs pods, its PLEG alone lists the runtime
-    /// every second, for as long as the node runs.
+    /// every second, for as long as the node runs. Each is 32 bytes and its subject's text (the
+    /// method is a static name): a simulation holds a full log per node.
     calls: VecDeque<CriCall>,
     /// Faults and how many calls each has affected.
     faults: HashMap<String, (Fault, u32)>,
@@ -185,15 +186,15 @@ impl FakeRuntime {
 
     /// Records a call, then applies its fault: the delay (which a caller's deadline may cut short), then the
     /// error. Every handler starts here.
-    pub async fn enter(&self, method: &str, subject: &str) -> Result<(), Status> {
+    pub async fn enter(&self, method: &'static str, subject: &str) -> Result<(), Status> {
         let fault = {
             let mut state = self.state.lock();
             if state.calls.len() == CALLS_KEPT {
                 state.calls.pop_front();
             }
             state.calls.push_back(CriCall {
-                method: method.to_string(),
-                subject: subject.to_string(),
+                method,
+                subject: subject.into(),
             });
             match state.faults.get_mut(method) {
                 Some((fault, used)) if fault.times.is_none_or(|t| *used < t) => {

@@ -250,9 +250,9 @@ async fn a_pod_runs_through_its_whole_lifecycle() {
         f.runtime.containers().is_empty() && f.runtime.sandboxes().is_empty(),
         "removing the sandbox removes its containers"
     );
-    let methods: Vec<String> = f.runtime.calls().into_iter().map(|c| c.method).collect();
-    assert_eq!(methods.first().map(String::as_str), Some("PullImage"));
-    assert!(methods.contains(&"StartContainer".to_string()));
+    let methods: Vec<&str> = f.runtime.calls().into_iter().map(|c| c.method).collect();
+    assert_eq!(methods.first(), Some(&"PullImage"));
+    assert!(methods.contains(&"StartContainer"));
 }
 
 #[tokio::test]

@@ -63,7 +63,7 @@ fn calls(w: &Sim) -> Vec<(String, String)> {
     w.sim()
         .cri_fakes()
         .flat_map(|(_, runtime)| runtime.calls())
-        .map(|c| (c.method, c.subject))
+        .map(|c| (c.method.to_string(), c.subject.into()))
         .collect()
 }
 

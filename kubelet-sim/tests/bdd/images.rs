@@ -401,7 +401,7 @@ fn pulls(w: &mut Sim, reference: String, count: usize) {
         .collect();
     let calls: Vec<_> = all
         .iter()
-        .filter(|c| c.method == "PullImage" && c.subject == reference)
+        .filter(|c| c.method == "PullImage" && *c.subject == *reference)
         .collect();
     assert_eq!(calls.len(), count, "{all:#?}");
 }

@@ -253,7 +253,7 @@ async fn an_external_driver_and_an_external_runtime_on_sockets() {
         drivers.iter().all(|d| *d == "ext.inlet.dev") && drivers.len() >= 3,
         "{drivers:?}"
     );
-    let methods: Vec<String> = runtime.calls().into_iter().map(|c| c.method).collect();
+    let methods: Vec<&str> = runtime.calls().into_iter().map(|c| c.method).collect();
     for method in [
         "RunPodSandbox",
         "CreateContainer",
@@ -262,7 +262,7 @@ async fn an_external_driver_and_an_external_runtime_on_sockets() {
         "RemovePodSandbox",
     ] {
         assert!(
-            methods.iter().any(|m| m == method),
+            methods.contains(&method),
             "the external runtime got no {method}: {methods:?}"
         );
     }
