@@ -1,5 +1,6 @@
-//! The embedded API server: objects ([`store`]; pods as [`ApiPod`]), admission (defaults, validation, the inline-driver policy),
-//! manifests (Kubernetes YAML), events, service-account tokens and the root CA ([`tokens`]).
+//! The embedded API server: objects ([`store`]; pods as [`ApiPod`]), admission (defaults, validation,
+//! the inline-driver policy), manifests (Kubernetes YAML), events, service-account tokens and the root CA
+//! ([`tokens`]).
 
 pub mod admission;
 mod events;

@@ -22,12 +22,12 @@ use std::sync::{Arc, Weak};
 
 use k8s_openapi::Metadata;
 use k8s_openapi::api::core::v1::Node;
-
-use super::pod::ApiPod;
 use k8s_openapi::api::storage::v1::{CSINode, VolumeAttachment};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use parking_lot::{Mutex, RwLock};
 use serde::Serialize;
+
+use super::pod::ApiPod;
 
 /// True for the kinds that belong to one node (see [`node_of`]).
 fn is_node_scoped<T: Kind>() -> bool {
