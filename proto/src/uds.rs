@@ -198,20 +198,39 @@ pub async fn connect_with_timeout(
     path: &Path,
     timeout: Option<std::time::Duration>,
 ) -> Result<Channel, EndpointError> {
-    let path = path.to_path_buf();
-    let target = path.clone();
-    // The URI is required by tonic but unused: the connector below always dials the socket.
-    let mut endpoint = Endpoint::from_static("http://[::1]:50051");
-    if let Some(timeout) = timeout {
-        endpoint = endpoint.timeout(timeout);
-    }
-    endpoint
-        .connect_with_connector(tower::service_fn(move |_| {
-            let target = target.clone();
-            async move { UnixStream::connect(target).await.map(TokioIo::new) }
-        }))
+    endpoint(timeout)
+        .connect_with_connector(dialer(path))
         .await
-        .map_err(|e| EndpointError::Connect(path, e))
+        .map_err(|e| EndpointError::Connect(path.to_path_buf(), e))
+}
+
+/// [`connect_with_timeout`], dialed at the channel's first call instead of now, as grpc-go dials: a socket
+/// that is not there fails that call with UNAVAILABLE.
+pub fn connect_lazy(path: &Path, timeout: Option<std::time::Duration>) -> Channel {
+    endpoint(timeout).connect_with_connector_lazy(dialer(path))
+}
+
+fn endpoint(timeout: Option<std::time::Duration>) -> Endpoint {
+    // The URI is required by tonic but unused: the connector always dials the socket.
+    let endpoint = Endpoint::from_static("http://[::1]:50051");
+    match timeout {
+        Some(timeout) => endpoint.timeout(timeout),
+        None => endpoint,
+    }
+}
+
+/// A connector that dials the socket at `path`, whatever URI it is given.
+fn dialer(
+    path: &Path,
+) -> impl tower::Service<http::Uri, Response = TokioIo<UnixStream>, Error = io::Error, Future: Send>
++ Clone
++ Send
++ 'static {
+    let target = path.to_path_buf();
+    tower::service_fn(move |_: http::Uri| {
+        let target = target.clone();
+        async move { UnixStream::connect(target).await.map(TokioIo::new) }
+    })
 }
 
 #[cfg(test)]

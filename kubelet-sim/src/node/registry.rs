@@ -212,7 +212,9 @@ impl DriverRegistry {
         version: CsiVersion,
         registration: Option<PathBuf>,
     ) -> Result<(), RegistrationError> {
-        let client = CsiClient::new(name, channel, Some(Arc::clone(&self.observer)))
+        let (socket, timeout) = (endpoint.to_path_buf(), self.csi_timeout);
+        let dial = move || inlet_proto::uds::connect_lazy(&socket, Some(timeout));
+        let client = CsiClient::dialing(name, channel, dial, Some(Arc::clone(&self.observer)))
             .with_timeout(self.csi_timeout);
         let mut registered = Registered {
             endpoint: endpoint.to_path_buf(),

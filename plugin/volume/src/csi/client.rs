@@ -10,6 +10,8 @@ use inlet_proto::codec::unary_boxed;
 use inlet_proto::csi::v1 as csi;
 use inlet_proto::csi_call::{CallRequest, CsiCall};
 use tonic::transport::Channel;
+
+use super::connection::Connection;
 use tonic::{Request, Status};
 
 /// The kubelet's timeout for one CSI call (`csiTimeout`).
@@ -78,7 +80,7 @@ impl Drop for InFlight {
 #[derive(Clone)]
 pub struct CsiClient {
     driver: String,
-    channel: Channel,
+    connection: Connection,
     observer: Option<Arc<dyn CsiObserver>>,
     timeout: Duration,
 }
@@ -92,11 +94,27 @@ impl std::fmt::Debug for CsiClient {
 }
 
 impl CsiClient {
-    /// A client for `driver` over `channel`, reporting to `observer`.
+    /// A client for `driver` over `channel`, kept for every call, reporting to `observer`.
     pub fn new(driver: &str, channel: Channel, observer: Option<Arc<dyn CsiObserver>>) -> Self {
         Self {
             driver: driver.to_string(),
-            channel,
+            connection: Connection::Kept(channel),
+            observer,
+            timeout: CSI_TIMEOUT,
+        }
+    }
+
+    /// A client for `driver` as the kubelet's: calls in flight together share a connection, closed when
+    /// the last of them returns, and `dial` opens the next (`connection.rs`). The first calls use `open`.
+    pub fn dialing(
+        driver: &str,
+        open: Channel,
+        dial: impl Fn() -> Channel + Send + Sync + 'static,
+        observer: Option<Arc<dyn CsiObserver>>,
+    ) -> Self {
+        Self {
+            driver: driver.to_string(),
+            connection: Connection::per_burst(open, dial),
             observer,
             timeout: CSI_TIMEOUT,
         }
@@ -132,7 +150,9 @@ impl CsiClient {
         };
         let mut request = Request::new(req);
         request.set_timeout(self.timeout);
-        let result = unary_boxed(self.channel.clone(), path, request).await;
+        let lease = self.connection.lease();
+        let result = unary_boxed(lease.channel.clone(), path, request).await;
+        drop(lease);
         (in_flight, result)
     }
 
@@ -373,5 +393,138 @@ mod tests {
             inlet_proto::csi_call::rpc_error(&status),
             "rpc error: code = DeadlineExceeded desc = context deadline exceeded"
         );
+    }
+
+    /// A driver that answers NodeGetInfo.
+    struct Answers;
+
+    #[tonic::async_trait]
+    impl Node for Answers {
+        async fn node_get_info(
+            &self,
+            _: Request<csi::NodeGetInfoRequest>,
+        ) -> Result<tonic::Response<csi::NodeGetInfoResponse>, Status> {
+            Ok(tonic::Response::new(csi::NodeGetInfoResponse {
+                node_id: "node-1".into(),
+                ..Default::default()
+            }))
+        }
+    }
+
+    /// A server's end of a connection, counted while it is open.
+    struct Counted<S> {
+        io: S,
+        open: Arc<std::sync::atomic::AtomicUsize>,
+    }
+
+    impl<S> Drop for Counted<S> {
+        fn drop(&mut self) {
+            self.open.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    impl<S> tonic::transport::server::Connected for Counted<S> {
+        type ConnectInfo = ();
+        fn connect_info(&self) {}
+    }
+
+    impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Counted<S> {
+        fn poll_read(
+            mut self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+            buf: &mut tokio::io::ReadBuf<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            std::pin::Pin::new(&mut self.io).poll_read(cx, buf)
+        }
+    }
+
+    impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Counted<S> {
+        fn poll_write(
+            mut self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+            buf: &[u8],
+        ) -> std::task::Poll<std::io::Result<usize>> {
+            std::pin::Pin::new(&mut self.io).poll_write(cx, buf)
+        }
+        fn poll_flush(
+            mut self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            std::pin::Pin::new(&mut self.io).poll_flush(cx)
+        }
+        fn poll_shutdown(
+            mut self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            std::pin::Pin::new(&mut self.io).poll_shutdown(cx)
+        }
+    }
+
+    /// Waits until the server has `want` connections open, or gives up after 10 s.
+    async fn until_open(open: &std::sync::atomic::AtomicUsize, want: usize) -> usize {
+        for _ in 0..1000 {
+            let now = open.load(std::sync::atomic::Ordering::SeqCst);
+            if now == want {
+                return now;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        open.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    #[tokio::test]
+    async fn calls_in_flight_together_share_a_connection_closed_after_the_last() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use tokio_stream::StreamExt;
+
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("csi.sock");
+        let (open, accepted) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let (counting, counted) = (Arc::clone(&open), Arc::clone(&accepted));
+        let incoming = inlet_proto::uds::listen(&socket)
+            .await
+            .unwrap()
+            .map(move |io| {
+                counting.fetch_add(1, Ordering::SeqCst);
+                counted.fetch_add(1, Ordering::SeqCst);
+                io.map(|io| Counted {
+                    io,
+                    open: Arc::clone(&counting),
+                })
+            });
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(NodeServer::new(Answers))
+                .serve_with_incoming(incoming),
+        );
+        let first = inlet_proto::uds::connect(&socket).await.unwrap();
+        let dialed = socket.clone();
+        let client = CsiClient::dialing(
+            "answers.example.com",
+            first,
+            move || inlet_proto::uds::connect_lazy(&dialed, None),
+            None,
+        );
+        assert_eq!(until_open(&open, 1).await, 1, "the first connection, given");
+
+        client.node_info().await.unwrap();
+        assert_eq!(until_open(&open, 0).await, 0, "closed after its call");
+
+        let (a, b, c) = tokio::join!(client.node_info(), client.node_info(), client.node_info());
+        a.and(b).and(c).unwrap();
+        assert_eq!(
+            accepted.load(Ordering::SeqCst),
+            2,
+            "three calls at once, one connection"
+        );
+        assert_eq!(
+            until_open(&open, 0).await,
+            0,
+            "closed after the last of them"
+        );
+
+        client.node_info().await.unwrap();
+        assert_eq!(accepted.load(Ordering::SeqCst), 3, "dialed again");
+        assert_eq!(until_open(&open, 0).await, 0);
     }
 }
