@@ -7,11 +7,23 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use k8s_openapi::api::core::v1::Pod;
+use tokio::sync::Semaphore;
 
 use super::Kubelet;
 use super::kuberuntime::ContainerReport;
 use crate::api::ApiPod;
 use crate::operations::OpKey;
+
+/// How many pods are being stopped at once in the process, over all its simulated nodes.
+///
+/// A real node's pod workers are bounded by nothing but its pods (`pod_workers.go`: a goroutine per pod),
+/// and so is each simulated node: the slots are far more than a node has pods (the kubelet's `--max-pods`
+/// is 110). But every simulated node shares this process's CPUs. When many nodes stop all their pods at
+/// once (100,000 pods deleted over 1,000 nodes), each stop makes its CRI calls, which then wait for a CPU
+/// with their futures and HTTP/2 streams: about 10 KB a pod, 1 GiB at once. A stop waits for its slot
+/// before it is made, in a few hundred bytes. Starts need no slots: each waits for its volumes first,
+/// which spreads them out (bench/RESULTS.md, issue #28's thirteenth pass).
+static STOP_SLOTS: Semaphore = Semaphore::const_new(16384);
 
 /// Where a pod is in its life on the node.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
@@ -98,7 +110,7 @@ impl Kubelet {
                     self.set_state(&uid, PodState::Starting);
                     let object = pod.clone();
                     let start = move |me: Arc<Self>| me.start(object);
-                    self.spawn_pod_op(key, "start", &uid, PodState::Waiting, start);
+                    self.spawn_pod_op(key, "start", &uid, PodState::Waiting, None, start);
                 }
                 Err(_) if !warned && seen_at.elapsed() >= self.config.volume_wait_timeout => {
                     self.warn_volume_timeout(&pod, &uid);
@@ -191,19 +203,22 @@ impl Kubelet {
     pub(super) fn spawn_kill(self: &Arc<Self>, uid: &str, retry_state: PodState, pod: Arc<ApiPod>) {
         let key = OpKey::Pod(uid.to_string());
         self.set_state(uid, PodState::Killing);
-        self.spawn_pod_op(key, "kill", uid, retry_state, move |me| me.kill(pod));
+        let stop = move |me: Arc<Self>| me.kill(pod);
+        self.spawn_pod_op(key, "kill", uid, retry_state, Some(&STOP_SLOTS), stop);
     }
 
-    /// Runs a pod operation; on failure the pod goes back to `retry_state` and is retried after backoff.
+    /// Runs a pod operation, once it has one of `slots` if given; on failure the pod goes back to
+    /// `retry_state` and is retried after backoff.
     pub(super) fn spawn_pod_op<F, Fut>(
         self: &Arc<Self>,
         key: OpKey,
         operation: &'static str,
         uid: &str,
         retry_state: PodState,
+        slots: Option<&'static Semaphore>,
         op: F,
     ) where
-        F: FnOnce(Arc<Self>) -> Fut,
+        F: FnOnce(Arc<Self>) -> Fut + Send + 'static,
         Fut: std::future::Future<Output = bool> + Send + 'static,
     {
         if !self.pod_ops.lock().try_start(&key, operation) {
@@ -212,11 +227,16 @@ impl Kubelet {
         }
         let me = Arc::clone(self);
         let uid = uid.to_string();
-        // Boxed: a future awaited from inside the spawned block is kept twice in the task (once as
-        // captured, once as awaited), and thousands of pods start at once.
-        let run = Box::pin(op(Arc::clone(self)));
         tokio::spawn(async move {
-            let ok = run.await;
+            // The slots are never closed, so one always comes.
+            let slot = match slots {
+                Some(slots) => slots.acquire().await.ok(),
+                None => None,
+            };
+            // Boxed, so that a task waiting for its slot holds only `op`'s captures, not the whole
+            // operation's future; and the future is not kept twice in the task (as captured, as awaited).
+            let ok = Box::pin(op(Arc::clone(&me))).await;
+            drop(slot);
             if !ok {
                 me.set_state(&uid, retry_state);
             }
