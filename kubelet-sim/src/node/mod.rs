@@ -5,7 +5,8 @@
 //! - `volumemanager/`: [`VolumeManager`], desired and actual state, the populator, the reconciler and
 //!   reconstruction after a restart, behind the kubelet's questions (`volume_manager.go`).
 //! - `pod_worker.rs`: each pod's state on the node; start once its volumes are mounted, stop and clean up
-//!   deleted pods (the stops of all simulated nodes share the process's slots, far more than a node's pods).
+//!   deleted pods (the stops of all simulated nodes share the process's slots, far more than a node's
+//!   pods).
 //! - `status/`: the pod's status (container statuses, `getPhase`, `status/generate.go`'s conditions).
 //! - `kuberuntime.rs`: sandboxes and containers through CRI (`computePodActions`: init containers, then
 //!   the regular ones; `startContainer`), and the sandboxes a previous kubelet left; `images.rs`: the image

@@ -10,9 +10,9 @@ use inlet_proto::codec::unary_boxed;
 use inlet_proto::csi::v1 as csi;
 use inlet_proto::csi_call::{CallRequest, CsiCall};
 use tonic::transport::Channel;
+use tonic::{Request, Status};
 
 use super::connection::Connection;
-use tonic::{Request, Status};
 
 /// The kubelet's timeout for one CSI call (`csiTimeout`).
 pub const CSI_TIMEOUT: Duration = Duration::from_secs(120);
