@@ -51,24 +51,20 @@ where
 /// `create_container` 13 KB), and a simulated node keeps a call like it in flight for each pod it starts
 /// (issue #28). Sent on `channel` to `path` (`/package.Service/Method`), the same bytes the generated
 /// client sends; the request's metadata (a `grpc-timeout`) goes with it.
-pub async fn unary_boxed<M, R, T>(
-    channel: T,
+pub async fn unary_boxed<M, R>(
+    channel: tonic::transport::Channel,
     path: &'static str,
     request: tonic::Request<Box<M>>,
 ) -> Result<R, tonic::Status>
 where
     M: prost::Message + Send + 'static,
     R: prost::Message + Default + Send + 'static,
-    T: tonic::client::GrpcService<tonic::body::Body>,
-    T::Error: Into<tonic::codegen::StdError>,
-    T::ResponseBody: http_body::Body<Data = tonic::codegen::Bytes> + Send + 'static,
-    <T::ResponseBody as http_body::Body>::Error: Into<tonic::codegen::StdError> + Send,
 {
     let mut grpc = tonic::client::Grpc::new(channel);
     // The generated clients' words for a channel that cannot take the call.
     grpc.ready()
         .await
-        .map_err(|e| tonic::Status::unknown(format!("Service was not ready: {}", e.into())))?;
+        .map_err(|e| tonic::Status::unknown(format!("Service was not ready: {e}")))?;
     let path = http::uri::PathAndQuery::from_static(path);
     let codec = SmallBufferCodec::<Box<M>, R>::default();
     let response = grpc.unary(request, path, codec).await?;

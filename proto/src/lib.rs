@@ -11,7 +11,6 @@
 //! - [`csi_call`]: a CSI call as a record ([`csi_call::CsiCall`]), made from any request message: what the
 //!   kubelet side reports of the calls it makes and the drivers' call log of the calls they receive.
 //! - [`codec`]: the protobuf codec of every client and server above: prost's, with small buffers.
-//! - [`burst`]: a channel whose connection is closed once a burst of calls is over, and dialed again.
 //! - [`peer_text`]: text a peer controls, escaped and capped before it is printed or logged.
 //!
 //! The module tree mirrors the protobuf packages. The .proto sources live unmodified under `protos/`, with
@@ -26,7 +25,6 @@ mod generated {
 pub use generated::{containerd, csi, pluginregistration, runtime};
 
 pub mod authority;
-pub mod burst;
 pub mod codec;
 pub mod csi_call;
 pub mod peer_text;

@@ -6,12 +6,13 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use inlet_proto::burst::BurstChannel;
 use inlet_proto::codec::unary_boxed;
 use inlet_proto::csi::v1 as csi;
 use inlet_proto::csi_call::{CallRequest, CsiCall};
 use tonic::transport::Channel;
 use tonic::{Request, Status};
+
+use super::connection::Connection;
 
 /// The kubelet's timeout for one CSI call (`csiTimeout`).
 pub const CSI_TIMEOUT: Duration = Duration::from_secs(120);
@@ -79,7 +80,7 @@ impl Drop for InFlight {
 #[derive(Clone)]
 pub struct CsiClient {
     driver: String,
-    channel: BurstChannel,
+    connection: Connection,
     observer: Option<Arc<dyn CsiObserver>>,
     timeout: Duration,
 }
@@ -97,18 +98,14 @@ impl CsiClient {
     pub fn new(driver: &str, channel: Channel, observer: Option<Arc<dyn CsiObserver>>) -> Self {
         Self {
             driver: driver.to_string(),
-            channel: BurstChannel::kept(channel),
+            connection: Connection::Kept(channel),
             observer,
             timeout: CSI_TIMEOUT,
         }
     }
 
-    /// A client for `driver` as the kubelet's, which dials the driver for each call (`csi_client.go`: each
-    /// method dials through `newV1NodeClient` and closes the connection with `defer closer.Close()`). Here
-    /// the calls in flight together share a connection, closed when the last of them returns, and `dial`
-    /// opens the next; the first calls use `open`. A connection per call would hold 400 descriptors for a
-    /// node publishing 200 volumes at once, with the driver in this process (bench/RESULTS.md, issue #28's
-    /// eighth pass).
+    /// A client for `driver` as the kubelet's: calls in flight together share a connection, closed when
+    /// the last of them returns, and `dial` opens the next (`connection.rs`). The first calls use `open`.
     pub fn dialing(
         driver: &str,
         open: Channel,
@@ -117,7 +114,7 @@ impl CsiClient {
     ) -> Self {
         Self {
             driver: driver.to_string(),
-            channel: BurstChannel::new(open, 1, dial),
+            connection: Connection::per_burst(open, dial),
             observer,
             timeout: CSI_TIMEOUT,
         }
@@ -153,7 +150,9 @@ impl CsiClient {
         };
         let mut request = Request::new(req);
         request.set_timeout(self.timeout);
-        let result = unary_boxed(self.channel.clone(), path, request).await;
+        let lease = self.connection.lease();
+        let result = unary_boxed(lease.channel.clone(), path, request).await;
+        drop(lease);
         (in_flight, result)
     }
 
@@ -473,19 +472,13 @@ mod tests {
         open.load(std::sync::atomic::Ordering::SeqCst)
     }
 
-    /// A driver answering on a socket in `dir`: the socket, the connections it has open, and those it
-    /// has accepted.
-    async fn counting_driver(
-        dir: &std::path::Path,
-    ) -> (
-        std::path::PathBuf,
-        Arc<std::sync::atomic::AtomicUsize>,
-        Arc<std::sync::atomic::AtomicUsize>,
-    ) {
+    #[tokio::test]
+    async fn calls_in_flight_together_share_a_connection_closed_after_the_last() {
         use std::sync::atomic::{AtomicUsize, Ordering};
         use tokio_stream::StreamExt;
 
-        let socket = dir.join("csi.sock");
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("csi.sock");
         let (open, accepted) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
         let (counting, counted) = (Arc::clone(&open), Arc::clone(&accepted));
         let incoming = inlet_proto::uds::listen(&socket)
@@ -504,15 +497,6 @@ mod tests {
                 .add_service(NodeServer::new(Answers))
                 .serve_with_incoming(incoming),
         );
-        (socket, open, accepted)
-    }
-
-    #[tokio::test]
-    async fn calls_in_flight_together_share_a_connection_closed_after_the_last() {
-        use std::sync::atomic::Ordering;
-
-        let dir = tempfile::tempdir().unwrap();
-        let (socket, open, accepted) = counting_driver(dir.path()).await;
         let first = inlet_proto::uds::connect(&socket).await.unwrap();
         let dialed = socket.clone();
         let client = CsiClient::dialing(
@@ -542,43 +526,5 @@ mod tests {
         client.node_info().await.unwrap();
         assert_eq!(accepted.load(Ordering::SeqCst), 3, "dialed again");
         assert_eq!(until_open(&open, 0).await, 0);
-    }
-
-    #[tokio::test]
-    async fn a_burst_channel_keeps_its_connection_until_a_burst() {
-        use inlet_proto::csi::v1::node_client::NodeClient;
-        use std::sync::atomic::Ordering;
-
-        let dir = tempfile::tempdir().unwrap();
-        let (socket, open, accepted) = counting_driver(dir.path()).await;
-        let first = inlet_proto::uds::connect(&socket).await.unwrap();
-        let dialed = socket.clone();
-        let channel = BurstChannel::new(first, 3, move || {
-            inlet_proto::uds::connect_lazy(&dialed, None)
-        });
-        let client = NodeClient::new(channel);
-        let ask = || {
-            let mut client = client.clone();
-            async move { client.node_get_info(csi::NodeGetInfoRequest {}).await }
-        };
-        ask().await.unwrap();
-        let (a, b) = tokio::join!(ask(), ask());
-        a.and(b).unwrap();
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        assert_eq!(
-            open.load(Ordering::SeqCst),
-            1,
-            "kept below a burst of three"
-        );
-
-        let (a, b, c) = tokio::join!(ask(), ask(), ask());
-        a.and(b).and(c).unwrap();
-        assert_eq!(
-            until_open(&open, 0).await,
-            0,
-            "closed after a burst of three"
-        );
-        ask().await.unwrap();
-        assert_eq!(accepted.load(Ordering::SeqCst), 2, "dialed again");
     }
 }

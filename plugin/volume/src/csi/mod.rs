@@ -7,10 +7,11 @@
 //! - `attacher.rs`: attach and detach (VolumeAttachments), MountDevice / UnmountDevice (NodeStage / NodeUnstage).
 //! - `block.rs`: raw block volumes' paths (`csi_block.go`): staged and published with the Block access
 //!   type by the same device mounter and mounter, and given to the pod as a device symlink.
-//! - `client.rs`: the CSI client with the kubelet's timeout and a call observer, its connection dialed
-//!   for each burst of calls and closed after it (upstream dials for each call); `handle.rs`: the names;
-//!   `vol_data.rs`: the data file beside each mount; `expander.rs`: NodeExpandVolume of a mounted PV;
-//!   `metrics.rs`: a mounted volume's usage and condition (NodeGetVolumeStats), for the stats provider.
+//! - `client.rs`: the CSI client with the kubelet's timeout and a call observer; `connection.rs`: its
+//!   connection, dialed for each burst of calls and closed after it (upstream dials for each call);
+//!   `handle.rs`: the names; `vol_data.rs`: the data file beside each mount; `expander.rs`:
+//!   NodeExpandVolume of a mounted PV; `metrics.rs`: a mounted volume's usage and condition
+//!   (NodeGetVolumeStats), for the stats provider.
 //!
 //! The plugin's own file work on the kubelet dir (a few `mkdir`s, `vol_data.json`, the removals after a
 //! teardown) runs where it is called, as in upstream's Go code; the walks that can be long (fsGroup, the
@@ -20,6 +21,7 @@
 pub mod attacher;
 mod block;
 mod client;
+mod connection;
 pub mod driver;
 pub mod expander;
 pub mod grant;
