@@ -21,6 +21,14 @@ use super::status::is_sidecar;
 use crate::api::ApiPod;
 use crate::operations::{BackoffEntry, BackoffPolicy};
 
+/// True for a running pod with an exit to record, a restart pending, or containers still to start.
+fn has_work(pod: &Pod, rt: &super::PodRuntime, exited: bool) -> bool {
+    rt.state == PodState::Running
+        && (exited
+            || rt.containers.iter().any(|c| c.restart_at.is_some())
+            || !next_to_start(pod, &rt.containers).is_empty())
+}
+
 /// How many log lines the report keeps per container.
 const LOG_LINES: usize = 20;
 
@@ -56,17 +64,30 @@ impl Kubelet {
                 ended.entry(uid.clone()).or_default().push(container);
             }
         }
-        // By name, each pod read when its turn comes: while a list of them is held across one pod's calls,
-        // a status write to any other makes the API copy it (see `Kubelet::sync`).
-        let names: Vec<(String, String)> = self
-            .my_pods()
-            .iter()
-            .map(|pod| {
-                let meta = &pod.metadata;
-                let name = meta.name.clone().unwrap_or_default();
-                (meta.namespace.clone().unwrap_or_default(), name)
-            })
-            .collect();
+        // Only the pods with work: a running pod with an exit to record, a restart pending, or
+        // containers still to start (as `sync_containers` checks again). Upstream's relist makes events
+        // only for the containers that changed, and syncs only their pods (`pleg/generic.go`): a node's
+        // relist does not grow with its settled pods. By name, each read again when its turn comes:
+        // while a list of them is held across one pod's calls, a status write to any other makes the API
+        // copy it (see `Kubelet::sync`).
+        let names: Vec<(String, String)> = {
+            let pods = self.my_pods();
+            let runtimes = self.pods.lock();
+            pods.iter()
+                .filter(|pod| {
+                    let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+                    pod.metadata.deletion_timestamp.is_none()
+                        && runtimes
+                            .get(uid)
+                            .is_some_and(|rt| has_work(pod, rt, ended.contains_key(uid)))
+                })
+                .map(|pod| {
+                    let meta = &pod.metadata;
+                    let name = meta.name.clone().unwrap_or_default();
+                    (meta.namespace.clone().unwrap_or_default(), name)
+                })
+                .collect()
+        };
         for (namespace, name) in names {
             let Some(pod) = self.api.peek::<ApiPod>(&namespace, &name) else {
                 continue;
@@ -91,14 +112,7 @@ impl Kubelet {
         let (mut containers, sandbox_id) = {
             let pods = self.pods.lock();
             match pods.get(uid) {
-                // Work only for a running pod with an exit to record, a restart pending, or containers
-                // still to start.
-                Some(rt)
-                    if rt.state == PodState::Running
-                        && (!exited.is_empty()
-                            || rt.containers.iter().any(|c| c.restart_at.is_some())
-                            || !next_to_start(pod, &rt.containers).is_empty()) =>
-                {
+                Some(rt) if has_work(pod, rt, !exited.is_empty()) => {
                     (rt.containers.clone(), rt.sandbox_id.clone())
                 }
                 _ => return,

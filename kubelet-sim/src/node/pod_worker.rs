@@ -76,20 +76,25 @@ impl Kubelet {
         let pods = self.my_pods();
         self.stop_removed_pods(&pods);
         for pod in pods {
-            let uid = pod.metadata.uid.clone().unwrap_or_default();
+            let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+            // Every pod is visited on every pass: nothing is copied for one already known.
             let (state, seen_at, warned) = {
                 let mut pods = self.pods.lock();
-                let rt = pods.entry(uid.clone()).or_default();
+                if !pods.contains_key(uid) {
+                    pods.insert(uid.to_string(), PodRuntime::default());
+                }
+                let Some(rt) = pods.get_mut(uid) else {
+                    continue;
+                };
                 let seen = *rt.seen_at.get_or_insert_with(Instant::now);
                 (rt.state, seen, rt.warned)
             };
-            let key = OpKey::Pod(uid.clone());
             if pod.metadata.deletion_timestamp.is_some() {
                 match state {
                     PodState::Waiting | PodState::Running => {
-                        self.spawn_kill(&uid, state, pod.clone())
+                        self.spawn_kill(uid, state, pod.clone())
                     }
-                    PodState::Terminated => self.finish_termination(&pod, &uid),
+                    PodState::Terminated => self.finish_termination(&pod, uid),
                     PodState::Starting | PodState::Killing => {}
                 }
                 continue;
@@ -97,7 +102,7 @@ impl Kubelet {
             let gated = pod.spec.as_ref().and_then(|s| s.readiness_gates.as_ref());
             if state == PodState::Running && gated.is_some_and(|g| !g.is_empty()) {
                 let containers = self
-                    .pod_runtime(&uid)
+                    .pod_runtime(uid)
                     .map(|r| r.containers)
                     .unwrap_or_default();
                 self.sync_readiness_gates(&pod, &containers);
@@ -105,17 +110,18 @@ impl Kubelet {
             if state != PodState::Waiting {
                 continue;
             }
-            match self.volumes.wait_for_attach_and_mount(&uid) {
-                Ok(()) => {
-                    self.set_state(&uid, PodState::Starting);
+            match self.volumes.wait_for_attach_and_mount(uid) {
+                true => {
+                    self.set_state(uid, PodState::Starting);
                     let object = pod.clone();
                     let start = move |me: Arc<Self>| me.start(object);
-                    self.spawn_pod_op(key, "start", &uid, PodState::Waiting, None, start);
+                    let key = OpKey::Pod(uid.to_string());
+                    self.spawn_pod_op(key, "start", uid, PodState::Waiting, None, start);
                 }
-                Err(_) if !warned && seen_at.elapsed() >= self.config.volume_wait_timeout => {
-                    self.warn_volume_timeout(&pod, &uid);
+                false if !warned && seen_at.elapsed() >= self.config.volume_wait_timeout => {
+                    self.warn_volume_timeout(&pod, uid);
                 }
-                Err(_) => {}
+                false => {}
             }
         }
     }

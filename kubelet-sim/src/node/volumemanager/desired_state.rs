@@ -109,18 +109,20 @@ impl DesiredState {
         self.by_pod.contains_key(uid)
     }
 
-    /// A pod's volumes: (unique name, its use by the pod).
-    pub fn pod_volumes(&self, uid: &str) -> Vec<(String, Arc<PodVolume>)> {
-        let Some(uniques) = self.by_pod.get(uid) else {
-            return Vec::new();
-        };
-        uniques
-            .iter()
-            .filter_map(|unique| {
+    /// A pod's volumes: (unique name, its use by the pod). Nothing is copied: the pod workers ask for
+    /// each waiting pod on every pass.
+    pub fn pod_volumes<'a>(
+        &'a self,
+        uid: &'a str,
+    ) -> impl Iterator<Item = (&'a str, &'a Arc<PodVolume>)> + 'a {
+        self.by_pod
+            .get(uid)
+            .into_iter()
+            .flatten()
+            .filter_map(move |unique| {
                 let volume = self.volumes.get(unique)?.pods.get(uid)?;
-                Some((unique.clone(), volume.clone()))
+                Some((unique.as_str(), volume))
             })
-            .collect()
     }
 
     /// All wanted volumes.

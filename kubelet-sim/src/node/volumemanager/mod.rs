@@ -56,8 +56,6 @@ pub struct MountedVolume {
 /// names for them (`WaitForAttachAndMount`'s error).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct VolumesNotReady {
-    /// The populator has not added the pod's volumes yet.
-    pub not_added: bool,
     /// Volumes not mounted for the pod.
     pub unmounted: Vec<String>,
     /// Volumes that must be attached and are not.
@@ -163,21 +161,17 @@ impl VolumeManager {
         }
     }
 
-    /// Ok once every volume of the pod is attached (where it must be) and mounted for it; else which are
-    /// not. It does not block: the pod workers ask on each pass, and log upstream's timeout error
-    /// themselves.
-    pub fn wait_for_attach_and_mount(&self, uid: &str) -> Result<(), VolumesNotReady> {
+    /// True once every volume of the pod is mounted for it (`WaitForAttachAndMount`; a volume that must
+    /// be attached is mounted only once it is). It does not block: the pod workers ask on each pass, and
+    /// log upstream's timeout error themselves, with [`Self::missing_volumes`].
+    pub fn wait_for_attach_and_mount(&self, uid: &str) -> bool {
         if !self.processed.lock().contains_key(uid) {
-            return Err(VolumesNotReady {
-                not_added: true,
-                ..Default::default()
-            });
+            return false;
         }
-        let missing = self.missing_volumes(uid);
-        match missing.unmounted.is_empty() {
-            true => Ok(()),
-            false => Err(missing),
-        }
+        let dsw = self.dsw.lock();
+        let asw = self.asw.lock();
+        dsw.pod_volumes(uid)
+            .all(|(unique, _)| asw.mounted(unique, uid).is_some())
     }
 
     /// The pod's volumes that are not mounted or not attached, by the pod's names for them.
@@ -186,11 +180,11 @@ impl VolumeManager {
         let asw = self.asw.lock();
         let mut missing = VolumesNotReady::default();
         for (unique, volume) in dsw.pod_volumes(uid) {
-            if asw.mounted(&unique, uid).is_none() {
+            if asw.mounted(unique, uid).is_none() {
                 missing.unmounted.push(volume.outer_name.clone());
             }
-            if dsw.volume(&unique).is_some_and(|v| v.attachable)
-                && !asw.volume(&unique).is_some_and(|v| v.attached)
+            if dsw.volume(unique).is_some_and(|v| v.attachable)
+                && !asw.volume(unique).is_some_and(|v| v.attached)
             {
                 missing.unattached.push(volume.outer_name.clone());
             }
@@ -203,9 +197,8 @@ impl VolumeManager {
         let dsw = self.dsw.lock();
         let asw = self.asw.lock();
         dsw.pod_volumes(uid)
-            .into_iter()
             .filter_map(|(unique, v)| {
-                let mounted = asw.mounted(&unique, uid)?;
+                let mounted = asw.mounted(unique, uid)?;
                 let volume = MountedVolume {
                     path: mounted.path.clone(),
                     spec_name: v.spec.name().to_string(),
