@@ -64,12 +64,10 @@ impl Kubelet {
                 ended.entry(uid.clone()).or_default().push(container);
             }
         }
-        // Only the pods with work: a running pod with an exit to record, a restart pending, or
-        // containers still to start (as `sync_containers` checks again). Upstream's relist makes events
-        // only for the containers that changed, and syncs only their pods (`pleg/generic.go`): a node's
-        // relist does not grow with its settled pods. By name, each read again when its turn comes:
-        // while a list of them is held across one pod's calls, a status write to any other makes the API
-        // copy it (see `Kubelet::sync`).
+        // Only the pods `has_work` picks: upstream's relist syncs only the pods whose containers changed
+        // (`pleg/generic.go`), so a node's relist does not grow with its settled pods. By name, each read
+        // again when its turn comes: while a list of them is held across one pod's calls, a status write
+        // to any other makes the API copy it (see `Kubelet::sync`).
         let names: Vec<(String, String)> = {
             let pods = self.my_pods();
             let runtimes = self.pods.lock();
