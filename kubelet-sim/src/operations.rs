@@ -99,38 +99,25 @@ impl OpKey {
             pod: None,
         }
     }
-
-    /// What the operation runs on, and for which pod: operations on one resource exclude each other
-    /// unless both are for different pods.
-    fn slot(&self) -> (Resource, Option<String>) {
-        match self {
-            Self::Volume { name, pod } => (Resource::Volume(name.clone()), pod.clone()),
-            Self::Attach { pod, volume } => (Resource::Attach(pod.clone(), volume.clone()), None),
-            Self::VolumeAttachment(name) => (Resource::VolumeAttachment(name.clone()), None),
-            Self::Pod(uid) => (Resource::Pod(uid.clone()), None),
-            Self::Claim(key) => (Resource::Claim(key.clone()), None),
-        }
-    }
-}
-
-/// What running operations are indexed by.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-enum Resource {
-    Volume(String),
-    Attach(String, String),
-    VolumeAttachment(String),
-    Pod(String),
-    Claim(String),
 }
 
 /// Pending operations and backoff.
 #[derive(Debug, Default)]
 pub struct Operations {
     policy: BackoffPolicy,
-    /// Running operations by what they run on: the pods they are for (None for a node-wide one).
-    /// Indexed so a conflict check costs one lookup, not a scan of every running operation.
-    pending: HashMap<Resource, HashSet<Option<String>>>,
+    /// Running volume operations by volume name. Looked up by a borrowed name, so asking whether one
+    /// runs (every pass asks it of every volume not mounted yet) builds nothing.
+    volumes: HashMap<String, Running>,
+    /// Every other running operation: each excludes only itself.
+    others: HashSet<OpKey>,
     backoff: HashMap<OpKey, Failed>,
+}
+
+/// What runs on one volume: one node-wide operation, or per-pod ones (mostly one).
+#[derive(Debug)]
+enum Running {
+    NodeWide,
+    Pods(Vec<String>),
 }
 
 /// The backoff of a key's last failed operation.
@@ -156,34 +143,67 @@ impl Operations {
     /// Starts `operation` on `key` unless a conflicting one runs or the same operation's backoff has not
     /// expired; a different operation forgets that backoff.
     pub fn try_start(&mut self, key: &OpKey, operation: &'static str) -> bool {
-        let (resource, pod) = key.slot();
-        let conflicts = self
-            .pending
-            .get(&resource)
-            .is_some_and(|pods| pod.is_none() || pods.contains(&None) || pods.contains(&pod));
+        let conflicts = match key {
+            OpKey::Volume { name, pod } => self.volume_op_running(name, pod.as_deref()),
+            other => self.others.contains(other),
+        };
         if conflicts {
             return false;
         }
-        match self.backoff.get(key) {
-            Some(f) if f.operation != operation => drop(self.backoff.remove(key)),
-            Some(f) if Instant::now() < f.until => return false,
-            _ => {}
+        if !self.backoff.is_empty() {
+            match self.backoff.get(key) {
+                Some(f) if f.operation != operation => drop(self.backoff.remove(key)),
+                Some(f) if Instant::now() < f.until => return false,
+                _ => {}
+            }
         }
-        self.pending.entry(resource).or_default().insert(pod);
+        match key {
+            OpKey::Volume { name, pod: None } => {
+                self.volumes.insert(name.clone(), Running::NodeWide);
+            }
+            OpKey::Volume {
+                name,
+                pod: Some(pod),
+            } => match self.volumes.get_mut(name.as_str()) {
+                Some(Running::Pods(pods)) => pods.push(pod.clone()),
+                // A node-wide one would have conflicted.
+                Some(Running::NodeWide) => {}
+                None => {
+                    let pods = Running::Pods(vec![pod.clone()]);
+                    self.volumes.insert(name.clone(), pods);
+                }
+            },
+            other => {
+                self.others.insert(other.clone());
+            }
+        }
         true
     }
 
     /// Ends `operation` on `key`: success clears its backoff, failure doubles it.
     pub fn finish(&mut self, key: &OpKey, operation: &'static str, ok: bool) {
-        let (resource, pod) = key.slot();
-        if let Some(pods) = self.pending.get_mut(&resource) {
-            pods.remove(&pod);
-            if pods.is_empty() {
-                self.pending.remove(&resource);
+        match key {
+            OpKey::Volume { name, pod } => {
+                let ended = match (self.volumes.get_mut(name.as_str()), pod) {
+                    (Some(Running::Pods(pods)), Some(pod)) => {
+                        pods.retain(|p| p != pod);
+                        pods.is_empty()
+                    }
+                    (Some(Running::NodeWide), None) => true,
+                    _ => false,
+                };
+                if ended {
+                    self.volumes.remove(name.as_str());
+                }
+            }
+            other => {
+                self.others.remove(other);
             }
         }
         if ok {
-            self.backoff.remove(key);
+            if !self.backoff.is_empty() {
+                self.backoff.remove(key);
+            }
             return;
         }
         let wait = match self.backoff.get(key) {
@@ -201,10 +221,19 @@ impl Operations {
         );
     }
 
+    /// Whether an operation runs that excludes one on the volume `name` for `pod` (node-wide for `None`),
+    /// as upstream's `IsOperationPending` (`nestedpendingoperations.go`): asked without building a key.
+    pub fn volume_op_running(&self, name: &str, pod: Option<&str>) -> bool {
+        match (self.volumes.get(name), pod) {
+            (None, _) => false,
+            (Some(Running::Pods(pods)), Some(pod)) => pods.iter().any(|p| p == pod),
+            (Some(_), _) => true,
+        }
+    }
+
     /// Whether any operation runs on the volume `name` (for any pod, or node-wide).
     pub fn volume_busy(&self, name: &str) -> bool {
-        self.pending
-            .contains_key(&Resource::Volume(name.to_string()))
+        self.volumes.contains_key(name)
     }
 
     /// When the earliest backoff expires (the reconciler should look again then).
@@ -218,7 +247,7 @@ impl Operations {
 
     /// True while any operation runs.
     pub fn busy(&self) -> bool {
-        !self.pending.is_empty()
+        !self.volumes.is_empty() || !self.others.is_empty()
     }
 }
 
@@ -241,6 +270,20 @@ mod tests {
         assert!(ops.volume_busy("v") && !ops.volume_busy("w"));
         ops.finish(&key("v", Some("pod-a")), "volume_mount", true);
         assert!(!ops.volume_busy("v"));
+    }
+
+    #[test]
+    fn an_operation_running_is_found_as_a_start_would_find_it() {
+        let mut ops = Operations::new(BackoffPolicy::default());
+        assert!(ops.try_start(&key("v", Some("a")), "volume_mount"));
+        assert!(ops.volume_op_running("v", Some("a")));
+        assert!(!ops.volume_op_running("v", Some("b")), "another pod may go on");
+        assert!(ops.volume_op_running("v", None), "a node-wide one may not");
+        ops.finish(&key("v", Some("a")), "volume_mount", true);
+        assert!(ops.try_start(&key("v", None), "volume_mount"));
+        assert!(ops.volume_op_running("v", Some("b")), "nothing goes on beside it");
+        ops.finish(&key("v", None), "volume_mount", true);
+        assert!(!ops.volume_op_running("v", None) && !ops.busy());
     }
 
     #[test]

@@ -23,10 +23,23 @@ use crate::operations::{BackoffEntry, BackoffPolicy};
 
 /// True for a running pod with an exit to record, a restart pending, or containers still to start.
 fn has_work(pod: &Pod, rt: &super::PodRuntime, exited: bool) -> bool {
-    rt.state == PodState::Running
+    may_have_work(rt, exited)
         && (exited
             || rt.containers.iter().any(|c| c.restart_at.is_some())
             || !next_to_start(pod, &rt.containers).is_empty())
+}
+
+/// [`has_work`] from what the node keeps of the pod alone, so that a relist reads no pod object of a
+/// settled pod: true for every pod `has_work` picks (a container still to start has no report, or one
+/// without an ID), and for a few it does not (one whose init container runs).
+fn may_have_work(rt: &super::PodRuntime, exited: bool) -> bool {
+    rt.state == PodState::Running
+        && (exited
+            || rt.containers.len() < rt.containers_in_spec
+            || rt
+                .containers
+                .iter()
+                .any(|c| c.restart_at.is_some() || c.id.is_empty()))
 }
 
 /// How many log lines the report keeps per container.
@@ -64,6 +77,16 @@ impl Kubelet {
                 ended.entry(uid.clone()).or_default().push(container);
             }
         }
+        let candidates: std::collections::HashSet<String> = self
+            .pods
+            .lock()
+            .iter()
+            .filter(|(uid, rt)| may_have_work(rt, ended.contains_key(*uid)))
+            .map(|(uid, _)| uid.clone())
+            .collect();
+        if candidates.is_empty() {
+            return;
+        }
         // Only the pods `has_work` picks: upstream's relist syncs only the pods whose containers changed
         // (`pleg/generic.go`), so a node's relist does not grow with its settled pods. By name, each read
         // again when its turn comes: while a list of them is held across one pod's calls, a status write
@@ -74,7 +97,8 @@ impl Kubelet {
             pods.iter()
                 .filter(|pod| {
                     let uid = pod.metadata.uid.as_deref().unwrap_or_default();
-                    pod.metadata.deletion_timestamp.is_none()
+                    candidates.contains(uid)
+                        && pod.metadata.deletion_timestamp.is_none()
                         && runtimes
                             .get(uid)
                             .is_some_and(|rt| has_work(pod, rt, ended.contains_key(uid)))

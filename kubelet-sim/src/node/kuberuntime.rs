@@ -215,6 +215,7 @@ impl Kubelet {
             rt.state = PodState::Running;
             rt.sandbox_id = Some(sandbox_id);
             rt.containers = reports.clone();
+            rt.containers_in_spec = all_containers(&pod).count();
         }
         self.set_status_releasing(pod, &reports, false);
         true
@@ -494,10 +495,12 @@ impl Kubelet {
                     ..Default::default()
                 });
             }
+            let containers_in_spec = pods.get(&uid).map_or(0, |p| all_containers(p).count());
             let runtime_state = PodRuntime {
                 state: PodState::Running,
                 sandbox_id: Some(sandbox.id),
                 containers: reports,
+                containers_in_spec,
                 seen_at: Some(Instant::now()),
                 ..Default::default()
             };

@@ -23,7 +23,7 @@ use crate::operations::OpKey;
 /// with their futures and HTTP/2 streams: about 10 KB a pod, 1 GiB at once. A stop waits for its slot
 /// before it is made, in a few hundred bytes. Starts need no slots: each waits for its volumes first,
 /// which spreads them out (bench/RESULTS.md, issue #28's thirteenth pass).
-static STOP_SLOTS: Semaphore = Semaphore::const_new(16384);
+static STOP_SLOTS: std::sync::LazyLock<Semaphore> = std::sync::LazyLock::new(|| Semaphore::new(std::env::var("TRIAL_SSLOTS").ok().and_then(|v| v.parse().ok()).unwrap_or(16384)));
 
 /// Where a pod is in its life on the node.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
@@ -56,6 +56,8 @@ pub struct PodRuntime {
     pub pod_ip: Option<String>,
     /// Its containers, once created.
     pub containers: Vec<ContainerReport>,
+    /// How many containers its spec has, init containers included, once it runs.
+    pub containers_in_spec: usize,
     /// The pod object as it left the API without a graceful deletion, to stop it (only then: a reference
     /// held all along would make each change of the pod in the API a copy of it).
     pub pod: Option<Arc<ApiPod>>,

@@ -48,6 +48,8 @@ pub struct DesiredState {
     volumes: BTreeMap<String, DesiredVolume>,
     /// The unique names of each pod's volumes, so a pod's questions cost its own volumes, not the node's.
     by_pod: HashMap<String, BTreeSet<String>>,
+    /// How many pods' volumes are PVs: none, and a pass has no resize to look for.
+    persistent: usize,
 }
 
 impl DesiredState {
@@ -79,6 +81,9 @@ impl DesiredState {
             ));
         }
         volume.selinux.mount = entry.selinux.mount.clone();
+        if new_pod && matches!(volume.spec, Spec::Persistent { .. }) {
+            self.persistent += 1;
+        }
         self.by_pod
             .entry(volume.pod.uid.clone())
             .or_default()
@@ -87,16 +92,21 @@ impl DesiredState {
         Ok(())
     }
 
-    /// Removes every volume use of a pod; volumes no pod wants any more go.
-    pub fn remove_pod(&mut self, uid: &str) {
-        for unique in self.by_pod.remove(uid).unwrap_or_default() {
-            if let Some(volume) = self.volumes.get_mut(&unique) {
-                volume.pods.remove(uid);
+    /// Removes every volume use of a pod; volumes no pod wants any more go. Returns the pod's volumes.
+    pub fn remove_pod(&mut self, uid: &str) -> BTreeSet<String> {
+        let volumes = self.by_pod.remove(uid).unwrap_or_default();
+        for unique in &volumes {
+            if let Some(volume) = self.volumes.get_mut(unique) {
+                let removed = volume.pods.remove(uid);
+                if removed.is_some_and(|v| matches!(v.spec, Spec::Persistent { .. })) {
+                    self.persistent -= 1;
+                }
                 if volume.pods.is_empty() {
-                    self.volumes.remove(&unique);
+                    self.volumes.remove(unique);
                 }
             }
         }
+        volumes
     }
 
     /// The UIDs of the pods with volumes added.
@@ -123,6 +133,11 @@ impl DesiredState {
                 let volume = self.volumes.get(unique)?.pods.get(uid)?;
                 Some((unique.as_str(), volume))
             })
+    }
+
+    /// True when some pod's volume is a PV.
+    pub fn has_persistent(&self) -> bool {
+        self.persistent > 0
     }
 
     /// All wanted volumes.

@@ -32,6 +32,9 @@ impl VolumeManager {
     pub(super) fn expand_in_use_volumes(self: &Arc<Self>) {
         let mounted: Vec<(String, Arc<PodVolume>, PathBuf)> = {
             let (dsw, asw) = (self.dsw.lock(), self.asw.lock());
+            if !dsw.has_persistent() {
+                return;
+            }
             dsw.volumes()
                 .iter()
                 .flat_map(|(unique, desired)| {

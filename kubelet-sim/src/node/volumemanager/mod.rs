@@ -8,13 +8,15 @@
 //!   (`cache/desired_state_of_world.go`, `cache/actual_state_of_world.go`).
 //! - `populator.rs`: pods bound to this node -> desired state (`desired_state_of_world_populator.go`).
 //! - `reconciler.rs`: unmount what is unwanted, then attach-check, stage and mount what is missing
-//!   (`reconciler/reconciler.go`), each step an operation with backoff (`crate::operations`).
+//!   (`reconciler/reconciler.go`), each step an operation with backoff (`crate::operations`); `plan.rs`:
+//!   what a pass starts, found among the volumes whose state changed.
 //! - `reconstruct.rs`: after a restart, the actual state read back from disk (`reconstruct.go`).
 //! - `expand.rs`: mounted PVs expanded on the node after a resize (GenerateExpandInUseVolumeFunc).
 
 mod actual_state;
 mod desired_state;
 mod expand;
+mod plan;
 mod populator;
 mod reconciler;
 mod reconstruct;
@@ -89,6 +91,8 @@ pub struct VolumeManager {
     dsw: Mutex<DesiredState>,
     asw: Mutex<ActualState>,
     ops: Mutex<Operations>,
+    /// The volumes the reconciler's passes look at (`plan.rs`): taken after the other locks.
+    review: Mutex<plan::Review>,
     /// Pods whose volumes the populator added (upstream's `processedPods`), with the fingerprint of the
     /// labels and annotations they were added with: not looked at again until the pod workers forget the
     /// pod, or those change (upstream reprocesses a pod on each of its syncs, so the downward API sees them).
@@ -154,6 +158,7 @@ impl VolumeManager {
             dsw: Mutex::default(),
             asw: Mutex::default(),
             ops: Mutex::new(Operations::new(config.backoff)),
+            review: Mutex::default(),
             processed: Mutex::default(),
             reconstructed: AtomicBool::new(false),
             populator_has_added_pods: AtomicBool::new(false),
@@ -244,8 +249,11 @@ impl VolumeManager {
     /// True when nothing is wanted, nothing is attached, staged or mounted, and no operation runs (and
     /// what a previous kubelet left has been looked at).
     pub fn idle(&self) -> bool {
+        // One lock at a time: a guard in the first operand of `&&` lives to the end of the expression,
+        // and the reconciler takes dsw, asw, then ops.
+        let busy = self.ops.lock().busy();
         self.reconstructed.load(Ordering::Acquire)
-            && !self.ops.lock().busy()
+            && !busy
             && self.dsw.lock().volumes().is_empty()
             && self.asw.lock().volumes().is_empty()
     }

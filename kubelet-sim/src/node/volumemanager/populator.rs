@@ -34,7 +34,8 @@ impl VolumeManager {
                 .collect()
         };
         for uid in gone {
-            self.dsw.lock().remove_pod(&uid);
+            let removed = self.dsw.lock().remove_pod(&uid);
+            self.review_all(removed);
         }
         for pod in pods {
             let uid = pod.metadata.uid.as_deref().unwrap_or_default();
@@ -50,7 +51,9 @@ impl VolumeManager {
                 volumes
                     .into_iter()
                     .try_for_each(|(unique, attachable, mountable, volume)| {
-                        dsw.add(&unique, attachable, mountable, volume)
+                        dsw.add(&unique, attachable, mountable, volume)?;
+                        self.review(&unique);
+                        Ok(())
                     })
             });
             match added {

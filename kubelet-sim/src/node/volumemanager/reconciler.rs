@@ -2,20 +2,33 @@
 //! UnmountDevice once no pod uses the volume), then makes wanted volumes real (attach check, MountDevice,
 //! SetUp). Work is planned under the state locks and run as operations, one per volume at a time.
 
-use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
+
+use tokio::sync::Semaphore;
 
 use inlet_volume::{ErrorClass, MounterArgs, PodInfo, Spec, VolumeError};
 
 use super::VolumeManager;
 use super::actual_state::{MountState, MountedPod};
 use super::desired_state::PodVolume;
+use super::plan::Action;
 use crate::api::ApiPod;
 use crate::node::subpath;
 use crate::operations::OpKey;
+
+/// How many volume operations run at once in the process, over all its simulated nodes.
+///
+/// A real node's operation executor bounds nothing but one operation per volume (and per pod), and so
+/// does each simulated node's table: every pod's SetUp starts at once. But every simulated node shares
+/// this process's CPUs. When 10,000 pods land on 100 nodes at once, 20,000 NodePublishVolume calls wait
+/// for a CPU with their futures, HTTP/2 streams and the driver's side of the call: about 14 KB each, more
+/// than half the process at its peak (bench/RESULTS.md, issue #28's fifteenth pass). An operation started
+/// in the table waits for a slot before its future is made, in a few hundred bytes; 2,048 running keep
+/// both CPUs busy with calls to spare.
+static VOLUME_SLOTS: std::sync::LazyLock<Semaphore> = std::sync::LazyLock::new(|| Semaphore::new(std::env::var("TRIAL_VSLOTS").ok().and_then(|v| v.parse().ok()).unwrap_or(2048)));
 
 /// Upstream's name of an operation on `spec` (a metric label): the block one for a raw block volume.
 fn operation_name(spec: &Spec, fs: &'static str, block: &'static str) -> &'static str {
@@ -23,59 +36,6 @@ fn operation_name(spec: &Spec, fs: &'static str, block: &'static str) -> &'stati
         true => block,
         false => fs,
     }
-}
-
-/// Each entry of `a` with the entry of `b` under the same key, in one ordered walk of both: a pass pairs
-/// its node's desired and actual volumes without looking each up by its (long) unique name.
-fn paired<'a, A, B>(
-    a: &'a BTreeMap<String, A>,
-    b: &'a BTreeMap<String, B>,
-) -> impl Iterator<Item = (&'a String, &'a A, Option<&'a B>)> {
-    let mut others = b.iter().peekable();
-    a.iter().map(move |(key, value)| {
-        while others.next_if(|(other, _)| *other < key).is_some() {}
-        let other = others.next_if(|(other, _)| *other == key).map(|(_, v)| v);
-        (key, value, other)
-    })
-}
-
-/// One piece of work a pass decided on.
-enum Action {
-    TearDown {
-        unique: String,
-        /// Boxed: the largest action by far, and the rarest.
-        mount: Box<MountedPod>,
-        spec: Spec,
-    },
-    UnmountDevice {
-        unique: String,
-        spec: Spec,
-        path: PathBuf,
-    },
-    Forget {
-        unique: String,
-    },
-    CheckAttach {
-        unique: String,
-        volume: Arc<PodVolume>,
-    },
-    MarkAttached {
-        unique: String,
-        volume: Arc<PodVolume>,
-    },
-    MountDevice {
-        unique: String,
-        volume: Arc<PodVolume>,
-        waiting: Vec<Arc<PodVolume>>,
-    },
-    SetUp {
-        unique: String,
-        volume: Arc<PodVolume>,
-        /// One mount of the volume at a time, for every pod (`operation_executor.go` MountVolume keys an
-        /// attachable or device-mountable volume's mounts by the volume alone, so a ReadWriteOncePod check
-        /// sees the other pod's mount); else one per pod.
-        per_volume: bool,
-    },
 }
 
 /// How an operation counts in `storage_operation_duration_seconds`: its plugin and operation name, and
@@ -95,7 +55,7 @@ impl VolumeManager {
                 // Not while an operation runs on the volume (upstream's reconciler asks
                 // `IsOperationPending` first, `reconciler_common.go`), and only if it is still unused
                 // now: a SetUp that ended since the plan was made has recorded a mount, which must be
-                // torn down, not forgotten with the volume.
+                // torn down, not forgotten with the volume (that SetUp's end marked it for review).
                 Action::Forget { unique } => {
                     if !self.ops.lock().volume_busy(&unique) {
                         self.asw.lock().remove_if_unused(&unique);
@@ -104,6 +64,7 @@ impl VolumeManager {
                 Action::MarkAttached { unique, volume } => {
                     self.asw.lock().mark_attached(&unique, &volume.spec);
                     // Staging and SetUp of this volume are planned on the next pass: ask for it now.
+                    self.review(&unique);
                     self.kick.notify_one();
                 }
                 Action::CheckAttach { unique, volume } => {
@@ -119,6 +80,8 @@ impl VolumeManager {
                         self.asw.lock().mark_attached(&unique, &volume.spec);
                         self.kick.notify_one();
                     }
+                    // Attached: its staging or SetUp is next; else asked again on the next pass.
+                    self.review(&unique);
                 }
                 Action::TearDown {
                     unique,
@@ -167,119 +130,48 @@ impl VolumeManager {
                         false => OpKey::volume(&unique, &volume.pod.uid),
                     };
                     let operation = operation_name(&volume.spec, "volume_mount", "map_volume");
-                    // An operation in flight is planned again on every pass: nothing is built for it
-                    // before it is known to start.
                     if self.start(&key, operation) {
                         let plugin = self.metric_plugin(&volume.spec);
                         let named = Recorded::Always((plugin, operation));
-                        self.spawn_op(key, named, move |me| me.set_up(unique, volume));
+                        let counted = SetUpCounted::new(self, &volume.pod.uid);
+                        self.spawn_op(key, named, move |me| me.set_up(counted, unique, volume));
                     }
                 }
             }
         }
     }
 
-    fn plan(&self) -> Vec<Action> {
-        let dsw = self.dsw.lock();
-        let asw = self.asw.lock();
-        let mut actions = Vec::new();
-        // Unmount first: mounts no pod wants, then staging no pod uses, then forget what is gone. Not
-        // before the populator has added the API's pods: a volume reconstructed after a restart may
-        // belong to a pod not loaded yet, and tearing it down would delete an ephemeral volume's data
-        // (upstream's `readyToUnmount`, reconstruct.go).
-        let ready_to_unmount = self.populator_has_added_pods();
-        for (unique, actual, wanted) in paired(asw.volumes(), dsw.volumes()) {
-            if !ready_to_unmount {
-                break;
-            }
-            for (uid, mount) in &actual.pods {
-                if wanted.is_none_or(|w| !w.pods.contains_key(uid)) {
-                    actions.push(Action::TearDown {
-                        unique: unique.clone(),
-                        mount: mount.clone(),
-                        spec: actual.spec.clone(),
-                    });
-                }
-            }
-            if actual.pods.is_empty() && wanted.is_none() {
-                actions.push(match &actual.device {
-                    Some((path, _)) => Action::UnmountDevice {
-                        unique: unique.clone(),
-                        spec: actual.spec.clone(),
-                        path: path.clone(),
-                    },
-                    None => Action::Forget {
-                        unique: unique.clone(),
-                    },
-                });
-            }
-        }
-        // Then mount what is wanted.
-        for (unique, desired, actual) in paired(dsw.volumes(), asw.volumes()) {
-            let Some(first) = desired.pods.values().next() else {
-                continue;
-            };
-            let Some(actual) = actual else {
-                actions.push(match desired.attachable {
-                    true => Action::CheckAttach {
-                        unique: unique.clone(),
-                        volume: first.clone(),
-                    },
-                    false => Action::MarkAttached {
-                        unique: unique.clone(),
-                        volume: first.clone(),
-                    },
-                });
-                continue;
-            };
-            if desired.device_mountable
-                && actual.device.as_ref().map(|(_, s)| *s) != Some(MountState::Mounted)
-            {
-                let waiting = desired.pods.values().cloned().collect();
-                actions.push(Action::MountDevice {
-                    unique: unique.clone(),
-                    volume: first.clone(),
-                    waiting,
-                });
-                continue;
-            }
-            for (uid, volume) in &desired.pods {
-                let mounted = actual.mounted(uid);
-                let republish_due = mounted.is_some_and(|m| {
-                    volume.requires_republish && m.published_at.elapsed() >= self.republish_period
-                });
-                if mounted.is_none() || republish_due {
-                    actions.push(Action::SetUp {
-                        unique: unique.clone(),
-                        volume: volume.clone(),
-                        per_volume: desired.attachable || desired.device_mountable,
-                    });
-                }
-            }
-        }
-        actions
-    }
-
+    /// What to start on this pass. Upstream's reconciler asks the operation executor to start every
+    /// action it finds, and the executor refuses one whose operation is still running (`isExpectedError`,
+    /// `reconciler_common.go`); here the plan asks the table first, so a pass over a node whose volumes
+    /// are being mounted costs a lookup per volume, and nothing is built for what runs.
     /// Marks the operation of `key` started, unless one conflicts or backs off. Asked before anything is
-    /// prepared for it: the loop plans the same actions again on each pass while their operations run.
+    /// prepared for it. One refused is looked at again on the next pass (until its backoff ends).
     pub(super) fn start(&self, key: &OpKey, operation: &'static str) -> bool {
-        self.ops.lock().try_start(key, operation)
+        let started = self.ops.lock().try_start(key, operation);
+        if !started && let OpKey::Volume { name, .. } = key {
+            self.review(name);
+        }
+        started
     }
 
-    /// Runs an operation [`Self::start`] started; when it ends, records the outcome (and, as
-    /// `storage_operation_duration_seconds`, its duration under `named`) and wakes the loop.
+    /// Runs an operation [`Self::start`] started, once it has one of the process's [`VOLUME_SLOTS`];
+    /// when it ends, records the outcome (and, as `storage_operation_duration_seconds`, its duration
+    /// under `named`) and wakes the loop.
     pub(super) fn spawn_op<F, Fut>(self: &Arc<Self>, key: OpKey, named: Recorded, op: F)
     where
-        F: FnOnce(Arc<Self>) -> Fut,
+        F: FnOnce(Arc<Self>) -> Fut + Send + 'static,
         Fut: Future<Output = bool> + Send + 'static,
     {
         let me = Arc::clone(self);
-        // Boxed: a future awaited from inside the spawned block is kept twice in the task (once as
-        // captured, once as awaited), and a node mounts all its pods' volumes at once.
-        let run = Box::pin(op(Arc::clone(self)));
         tokio::spawn(async move {
+            // The slots are never closed, so one always comes.
+            let slot = VOLUME_SLOTS.acquire().await.ok();
             let started = std::time::Instant::now();
-            let ok = run.await;
+            // Made once it has its slot, so a waiting operation holds only `op`'s captures; boxed, so
+            // the future is not kept twice in the task (once as made, once as awaited).
+            let ok = Box::pin(op(Arc::clone(&me))).await;
+            drop(slot);
             let took = started.elapsed();
             let operation = match named {
                 Recorded::Always((plugin, operation)) => {
@@ -294,6 +186,10 @@ impl VolumeManager {
                 }
             };
             me.ops.lock().finish(&key, operation, ok);
+            // What it changed (or a retry after its backoff) is for the next pass to see.
+            if let OpKey::Volume { name, .. } = &key {
+                me.review(name);
+            }
             me.kick.notify_one();
         });
     }
@@ -311,29 +207,14 @@ impl VolumeManager {
         }
     }
 
-    /// SetUp of one pod's volume, counted as a possible mount of the pod from the moment it is started
-    /// until it ends (or its task is dropped): a pod deleted meanwhile keeps its directory, and the record
-    /// the driver's mount needs.
-    fn set_up(
+    /// SetUp of one pod's volume, counted (`counted`) as a possible mount of the pod.
+    async fn set_up(
         self: Arc<Self>,
+        counted: SetUpCounted,
         unique: String,
         volume: Arc<PodVolume>,
-    ) -> impl Future<Output = bool> + Send + 'static {
-        struct Counted(Arc<VolumeManager>, String);
-        impl Drop for Counted {
-            fn drop(&mut self) {
-                self.0.asw.lock().end_set_up(&self.1);
-            }
-        }
-        self.asw.lock().begin_set_up(&volume.pod.uid);
-        let counted = Counted(Arc::clone(&self), volume.pod.uid.clone());
-        async move {
-            let _counted = counted;
-            self.set_up_counted(unique, volume).await
-        }
-    }
-
-    async fn set_up_counted(self: Arc<Self>, unique: String, volume: Arc<PodVolume>) -> bool {
+    ) -> bool {
+        let _counted = counted;
         if self.read_write_once_pod_conflict(&unique, &volume) {
             let e = VolumeError::transient(
                 "volume uses the ReadWriteOncePod access mode and is already in use by another pod",
@@ -515,6 +396,24 @@ impl VolumeManager {
     }
 }
 
+/// A SetUp counted as a possible mount of its pod from the moment it is started (before it waits for its
+/// slot) until it ends or its task is dropped: a pod deleted meanwhile keeps its directory, and the record
+/// the driver's mount needs.
+struct SetUpCounted(Arc<VolumeManager>, String);
+
+impl SetUpCounted {
+    fn new(volumes: &Arc<VolumeManager>, uid: &str) -> Self {
+        volumes.asw.lock().begin_set_up(uid);
+        Self(Arc::clone(volumes), uid.to_string())
+    }
+}
+
+impl Drop for SetUpCounted {
+    fn drop(&mut self) {
+        self.0.asw.lock().end_set_up(&self.1);
+    }
+}
+
 fn mounted(volume: &PodVolume, path: PathBuf, state: MountState) -> MountedPod {
     MountedPod {
         pod: volume.pod.clone(),
@@ -524,29 +423,5 @@ fn mounted(volume: &PodVolume, path: PathBuf, state: MountState) -> MountedPod {
         state,
         published_at: Instant::now(),
         reconstructed: false,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn paired_gives_each_entry_its_match_or_none() {
-        let map = |keys: &[&str]| -> BTreeMap<String, usize> {
-            keys.iter()
-                .enumerate()
-                .map(|(i, k)| (k.to_string(), i))
-                .collect()
-        };
-        let (a, b) = (map(&["b", "c", "e", "f"]), map(&["a", "c", "d", "f", "g"]));
-        let pairs: Vec<(&str, Option<usize>)> = paired(&a, &b)
-            .map(|(k, _, other)| (k.as_str(), other.copied()))
-            .collect();
-        assert_eq!(
-            pairs,
-            [("b", None), ("c", Some(1)), ("e", None), ("f", Some(3))]
-        );
-        assert_eq!(paired(&a, &BTreeMap::<String, ()>::new()).count(), 4);
     }
 }

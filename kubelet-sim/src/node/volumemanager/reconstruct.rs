@@ -45,6 +45,9 @@ impl VolumeManager {
                 asw.set_device(&unique, Some((path, MountState::Uncertain)));
             }
         }
+        // Everything found is for the reconciler to look at.
+        let found: Vec<String> = self.asw.lock().volumes().keys().cloned().collect();
+        self.review_all(found);
         self.reconstructed.store(true, Ordering::Release);
     }
 
