@@ -277,11 +277,17 @@ mod tests {
         let mut ops = Operations::new(BackoffPolicy::default());
         assert!(ops.try_start(&key("v", Some("a")), "volume_mount"));
         assert!(ops.volume_op_running("v", Some("a")));
-        assert!(!ops.volume_op_running("v", Some("b")), "another pod may go on");
+        assert!(
+            !ops.volume_op_running("v", Some("b")),
+            "another pod may go on"
+        );
         assert!(ops.volume_op_running("v", None), "a node-wide one may not");
         ops.finish(&key("v", Some("a")), "volume_mount", true);
         assert!(ops.try_start(&key("v", None), "volume_mount"));
-        assert!(ops.volume_op_running("v", Some("b")), "nothing goes on beside it");
+        assert!(
+            ops.volume_op_running("v", Some("b")),
+            "nothing goes on beside it"
+        );
         ops.finish(&key("v", None), "volume_mount", true);
         assert!(!ops.volume_op_running("v", None) && !ops.busy());
     }

@@ -27,7 +27,6 @@ impl Kubelet {
             }
             let _ = std::fs::remove_dir_all(&dir);
         }
-        self.evict_pod_logs_dirs(&live);
     }
 
     /// A pod's container log dir, `<root>/logs/<namespace>_<name>_<uid>` (upstream's
@@ -45,10 +44,15 @@ impl Kubelet {
     /// `evictPodLogsDirectories` (`kuberuntime_gc.go`): the log dirs ([`Self::pod_log_dir`]) of
     /// pods that are gone, such as one force-deleted while this kubelet was down, whose pod worker never
     /// ran to remove them.
-    fn evict_pod_logs_dirs(&self, live: &std::collections::HashSet<&str>) {
+    pub(super) fn evict_pod_logs_dirs(&self) {
         let Ok(entries) = std::fs::read_dir(self.config.root.join("logs")) else {
             return;
         };
+        let pods = self.my_pods();
+        let live: std::collections::HashSet<&str> = pods
+            .iter()
+            .filter_map(|p| p.metadata.uid.as_deref())
+            .collect();
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
             let Some((_, uid)) = name.rsplit_once('_') else {

@@ -89,6 +89,10 @@ const SYNC_PERIOD: Duration = Duration::from_millis(100);
 /// node's pods dir, which every pass would read for nothing.
 const HOUSEKEEPING_PERIOD: Duration = Duration::from_secs(2);
 
+/// How often the log dirs of pods that are gone are looked for: with the containers' garbage collection
+/// (`ContainerGCPeriod`, kubelet.go: 1 min), first at the node's start (`StartGarbageCollection`).
+const CONTAINER_GC_PERIOD: Duration = Duration::from_secs(60);
+
 /// How a node is set up.
 #[derive(Debug, Clone)]
 pub struct NodeConfig {
@@ -223,6 +227,8 @@ pub struct Kubelet {
     last_relist: Mutex<Option<Instant>>,
     /// When orphaned pod directories were last looked for.
     last_housekeeping: Mutex<Option<Instant>>,
+    /// When the log dirs of pods that are gone were last looked for.
+    last_container_gc: Mutex<Option<Instant>>,
     /// The last volume stats, by pod UID and the pod's name for the volume.
     volume_stats: Mutex<HashMap<String, volume_stats::PodVolumeStats>>,
 }
@@ -350,6 +356,7 @@ impl Kubelet {
             sandboxes_adopted: AtomicBool::new(false),
             last_relist: Mutex::new(None),
             last_housekeeping: Mutex::new(None),
+            last_container_gc: Mutex::new(None),
             volume_stats: Mutex::default(),
         })
     }
@@ -442,6 +449,9 @@ impl Kubelet {
         self.relist().await;
         if ready && due(&self.last_housekeeping, HOUSEKEEPING_PERIOD) {
             self.clean_orphaned_pod_dirs();
+        }
+        if ready && due(&self.last_container_gc, CONTAINER_GC_PERIOD) {
+            self.evict_pod_logs_dirs();
         }
         self.report_volumes_in_use();
     }

@@ -22,8 +22,9 @@ use crate::operations::OpKey;
 /// once (100,000 pods deleted over 1,000 nodes), each stop makes its CRI calls, which then wait for a CPU
 /// with their futures and HTTP/2 streams: about 10 KB a pod, 1 GiB at once. A stop waits for its slot
 /// before it is made, in a few hundred bytes. Starts need no slots: each waits for its volumes first,
-/// which spreads them out (bench/RESULTS.md, issue #28's thirteenth pass).
-static STOP_SLOTS: std::sync::LazyLock<Semaphore> = std::sync::LazyLock::new(|| Semaphore::new(std::env::var("TRIAL_SSLOTS").ok().and_then(|v| v.parse().ok()).unwrap_or(16384)));
+/// which spreads them out; the volume operations have their own (bench/RESULTS.md, issue #28's thirteenth
+/// and fifteenth passes).
+static STOP_SLOTS: Semaphore = Semaphore::const_new(1024);
 
 /// Where a pod is in its life on the node.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]

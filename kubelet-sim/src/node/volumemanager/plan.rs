@@ -138,12 +138,14 @@ impl VolumeManager {
         #[cfg(debug_assertions)]
         {
             let mut everything = Planned::default();
-            let all: std::collections::BTreeSet<&String> = dsw.volumes().keys().chain(asw.volumes().keys()).collect();
+            let all: std::collections::BTreeSet<&String> =
+                dsw.volumes().keys().chain(asw.volumes().keys()).collect();
             for unique in all {
                 let (desired, actual) = (dsw.volume(unique), asw.volume(unique));
                 plan_volume(unique, desired, actual, &inputs, &mut everything);
             }
-            let seen: std::collections::BTreeSet<_> = planned.iter().map(Action::describe).collect();
+            let seen: std::collections::BTreeSet<_> =
+                planned.iter().map(Action::describe).collect();
             let missed: Vec<_> = everything
                 .iter()
                 .map(Action::describe)
@@ -217,8 +219,7 @@ fn plan_volume(
                     });
                 }
             }
-            if actual.pods.is_empty() && desired.is_none() && !ops.volume_op_running(unique, None)
-            {
+            if actual.pods.is_empty() && desired.is_none() && !ops.volume_op_running(unique, None) {
                 planned.unmounts.push(match &actual.device {
                     Some((path, _)) => Action::UnmountDevice {
                         unique: unique.to_string(),
@@ -296,7 +297,9 @@ mod tests {
         let mut review = Review::default();
         review.next.insert("a".into());
         review.at.insert((now, "due".into()));
-        review.at.insert((now + Duration::from_secs(60), "later".into()));
+        review
+            .at
+            .insert((now + Duration::from_secs(60), "later".into()));
         let due: Vec<String> = review.take_due(now).into_iter().collect();
         assert_eq!(due, ["a", "due"]);
         assert!(review.take_due(now).is_empty(), "taken");

@@ -1,6 +1,7 @@
 //! The reconciler (`reconciler.go`): each pass first unmounts what no pod wants (TearDown, then
 //! UnmountDevice once no pod uses the volume), then makes wanted volumes real (attach check, MountDevice,
-//! SetUp). Work is planned under the state locks and run as operations, one per volume at a time.
+//! SetUp). Work is planned under the state locks (`plan.rs`) and run as operations, one per volume at a
+//! time, each once it has one of the process's slots.
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -28,7 +29,7 @@ use crate::operations::OpKey;
 /// than half the process at its peak (bench/RESULTS.md, issue #28's fifteenth pass). An operation started
 /// in the table waits for a slot before its future is made, in a few hundred bytes; 2,048 running keep
 /// both CPUs busy with calls to spare.
-static VOLUME_SLOTS: std::sync::LazyLock<Semaphore> = std::sync::LazyLock::new(|| Semaphore::new(std::env::var("TRIAL_VSLOTS").ok().and_then(|v| v.parse().ok()).unwrap_or(2048)));
+static VOLUME_SLOTS: Semaphore = Semaphore::const_new(2048);
 
 /// Upstream's name of an operation on `spec` (a metric label): the block one for a raw block volume.
 fn operation_name(spec: &Spec, fs: &'static str, block: &'static str) -> &'static str {
@@ -141,10 +142,6 @@ impl VolumeManager {
         }
     }
 
-    /// What to start on this pass. Upstream's reconciler asks the operation executor to start every
-    /// action it finds, and the executor refuses one whose operation is still running (`isExpectedError`,
-    /// `reconciler_common.go`); here the plan asks the table first, so a pass over a node whose volumes
-    /// are being mounted costs a lookup per volume, and nothing is built for what runs.
     /// Marks the operation of `key` started, unless one conflicts or backs off. Asked before anything is
     /// prepared for it. One refused is looked at again on the next pass (until its backoff ends).
     pub(super) fn start(&self, key: &OpKey, operation: &'static str) -> bool {
