@@ -69,6 +69,8 @@ impl VolumeManager {
                     self.kick.notify_one();
                 }
                 Action::CheckAttach { unique, volume } => {
+                    // Attached: its staging or SetUp is next; else asked again on the next pass.
+                    self.review(&unique);
                     let owner = self.plugin_for(&volume.spec);
                     let Some(attacher) = owner.attachable().map(|a| a.new_attacher()) else {
                         continue;
@@ -81,8 +83,6 @@ impl VolumeManager {
                         self.asw.lock().mark_attached(&unique, &volume.spec);
                         self.kick.notify_one();
                     }
-                    // Attached: its staging or SetUp is next; else asked again on the next pass.
-                    self.review(&unique);
                 }
                 Action::TearDown {
                     unique,
@@ -182,11 +182,14 @@ impl VolumeManager {
                     operation
                 }
             };
-            me.ops.lock().finish(&key, operation, ok);
-            // What it changed (or a retry after its backoff) is for the next pass to see.
+            // What it changed (or a retry after its backoff) is for the next pass to see: marked before
+            // the table lets it go, so no pass finds it ended and not marked.
+            let mut ops = me.ops.lock();
+            ops.finish(&key, operation, ok);
             if let OpKey::Volume { name, .. } = &key {
                 me.review(name);
             }
+            drop(ops);
             me.kick.notify_one();
         });
     }
