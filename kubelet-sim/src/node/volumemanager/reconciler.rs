@@ -26,9 +26,9 @@ use crate::operations::OpKey;
 /// does each simulated node's table: every pod's SetUp starts at once. But every simulated node shares
 /// this process's CPUs. When 10,000 pods land on 100 nodes at once, 20,000 NodePublishVolume calls wait
 /// for a CPU with their futures, HTTP/2 streams and the driver's side of the call: about 14 KB each, more
-/// than half the process at its peak (bench/RESULTS.md, issue #28's fifteenth pass). An operation started
-/// in the table waits for a slot before its future is made, in a few hundred bytes; 2,048 running keep
-/// both CPUs busy with calls to spare.
+/// than half the process at its peak (bench/RESULTS.md, issue #28's fourteenth and fifteenth passes).
+/// An operation started in the table waits for a slot before its future is made, in a few hundred
+/// bytes; 2,048 running keep both CPUs busy with calls to spare.
 static VOLUME_SLOTS: Semaphore = Semaphore::const_new(2048);
 
 /// Upstream's name of an operation on `spec` (a metric label): the block one for a raw block volume.
