@@ -29,8 +29,8 @@ fn has_work(pod: &Pod, rt: &super::PodRuntime, exited: bool) -> bool {
             || !next_to_start(pod, &rt.containers).is_empty())
 }
 
-/// [`has_work`] from what the node keeps of the pod alone, so that a relist reads no pod object of a
-/// settled pod: true for every pod `has_work` picks (a container still to start has no report, or one
+/// [`has_work`] from what the node keeps of the pod alone, so that a relist of settled pods reads no
+/// pod object: true for every pod `has_work` picks (a container still to start has no report, or one
 /// without an ID), and for a few it does not (one whose init container runs).
 fn may_have_work(rt: &super::PodRuntime, exited: bool) -> bool {
     rt.state == PodState::Running
@@ -77,14 +77,12 @@ impl Kubelet {
                 ended.entry(uid.clone()).or_default().push(container);
             }
         }
-        let candidates: std::collections::HashSet<String> = self
+        let any_work = self
             .pods
             .lock()
             .iter()
-            .filter(|(uid, rt)| may_have_work(rt, ended.contains_key(*uid)))
-            .map(|(uid, _)| uid.clone())
-            .collect();
-        if candidates.is_empty() {
+            .any(|(uid, rt)| may_have_work(rt, ended.contains_key(uid)));
+        if !any_work {
             return;
         }
         // Only the pods `has_work` picks: upstream's relist syncs only the pods whose containers changed
@@ -97,8 +95,7 @@ impl Kubelet {
             pods.iter()
                 .filter(|pod| {
                     let uid = pod.metadata.uid.as_deref().unwrap_or_default();
-                    candidates.contains(uid)
-                        && pod.metadata.deletion_timestamp.is_none()
+                    pod.metadata.deletion_timestamp.is_none()
                         && runtimes
                             .get(uid)
                             .is_some_and(|rt| has_work(pod, rt, ended.contains_key(uid)))

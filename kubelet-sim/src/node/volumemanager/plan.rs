@@ -10,6 +10,7 @@
 //! where the last pass left it: done, or its operation running. What a pass starts is the same as
 //! upstream's: debug builds check on every pass that a walk of every volume finds nothing more.
 
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -64,14 +65,14 @@ pub(super) enum Action {
 #[derive(Debug, Default)]
 pub(super) struct Review {
     /// On the next pass.
-    next: std::collections::BTreeSet<String>,
+    next: BTreeSet<String>,
     /// Once their time comes: volumes whose driver asks to be published again, by when it is due.
-    at: std::collections::BTreeSet<(Instant, String)>,
+    at: BTreeSet<(Instant, String)>,
 }
 
 impl Review {
     /// The volumes to look at now, taken.
-    fn take_due(&mut self, now: Instant) -> std::collections::BTreeSet<String> {
+    fn take_due(&mut self, now: Instant) -> BTreeSet<String> {
         let mut due = std::mem::take(&mut self.next);
         while let Some(first) = self.at.first()
             && first.0 <= now
@@ -116,8 +117,9 @@ impl VolumeManager {
         let dsw = self.dsw.lock();
         let asw = self.asw.lock();
         let ops = self.ops.lock();
+        let mut review = self.review.lock();
         let now = Instant::now();
-        let reviewed = self.review.lock().take_due(now);
+        let reviewed = review.take_due(now);
         let inputs = Inputs {
             ops: &ops,
             // Not before the populator has added the API's pods: a volume reconstructed after a restart
@@ -128,24 +130,23 @@ impl VolumeManager {
             now,
         };
         let mut planned = Planned::default();
-        let mut again = Vec::new();
         for unique in reviewed {
             let (desired, actual) = (dsw.volume(&unique), asw.volume(&unique));
-            if let Some(at) = plan_volume(&unique, desired, actual, &inputs, &mut planned) {
-                again.push((at, unique));
-            }
+            match plan_volume(&unique, desired, actual, &inputs, &mut planned) {
+                Some(at) if at <= now => review.next.insert(unique),
+                Some(at) => review.at.insert((at, unique)),
+                None => false,
+            };
         }
         #[cfg(debug_assertions)]
         {
             let mut everything = Planned::default();
-            let all: std::collections::BTreeSet<&String> =
-                dsw.volumes().keys().chain(asw.volumes().keys()).collect();
+            let all: BTreeSet<&String> = dsw.volumes().keys().chain(asw.volumes().keys()).collect();
             for unique in all {
                 let (desired, actual) = (dsw.volume(unique), asw.volume(unique));
                 plan_volume(unique, desired, actual, &inputs, &mut everything);
             }
-            let seen: std::collections::BTreeSet<_> =
-                planned.iter().map(Action::describe).collect();
+            let seen: BTreeSet<_> = planned.iter().map(Action::describe).collect();
             let missed: Vec<_> = everything
                 .iter()
                 .map(Action::describe)
@@ -156,14 +157,6 @@ impl VolumeManager {
                 "a pass missed {missed:?}: a change was not marked for review"
             );
         }
-        let mut review = self.review.lock();
-        for (at, unique) in again {
-            match at <= now {
-                true => review.next.insert(unique),
-                false => review.at.insert((at, unique)),
-            };
-        }
-        drop(review);
         let mut actions = planned.unmounts;
         actions.append(&mut planned.mounts);
         actions

@@ -207,14 +207,13 @@ impl VolumeManager {
         }
     }
 
-    /// SetUp of one pod's volume, counted (`counted`) as a possible mount of the pod.
+    /// SetUp of one pod's volume, counted as a possible mount of the pod while `_counted` lives.
     async fn set_up(
         self: Arc<Self>,
-        counted: SetUpCounted,
+        _counted: SetUpCounted,
         unique: String,
         volume: Arc<PodVolume>,
     ) -> bool {
-        let _counted = counted;
         if self.read_write_once_pod_conflict(&unique, &volume) {
             let e = VolumeError::transient(
                 "volume uses the ReadWriteOncePod access mode and is already in use by another pod",
