@@ -327,10 +327,20 @@ impl LocalDriver {
         // An unknown volume, or a path it is not published or staged at (outside the kubelet dir
         // included), is NOT_FOUND: the CSI spec's answer, which csi-sanity checks.
         let volume = self.volume(id)?;
-        let path = self
-            .host_path("volume_path", &req.volume_path)
-            .map_err(|_| Error::not_found("volume path", format!("{id} at that path")))?;
-        if !volume.published.contains_key(&path) && volume.staged_at.as_ref() != Some(&path) {
+        let at = |path: &Path| {
+            volume.published.contains_key(path) || volume.staged_at.as_deref() == Some(path)
+        };
+        // The kubelet asks at the path it published at, which is recorded as given unless the kubelet dir
+        // is a symlink: found as is, it needs no walk (the stats read only the driver's own content).
+        // Any other spelling is checked as a publish checks its target.
+        let given = Path::new(&req.volume_path);
+        let path = match at(given) {
+            true => given.to_path_buf(),
+            false => self
+                .host_path("volume_path", &req.volume_path)
+                .map_err(|_| Error::not_found("volume path", format!("{id} at that path")))?,
+        };
+        if !at(&path) {
             return Err(Error::NotFound {
                 kind: "volume path",
                 id: format!("{id} at {}", path.display()),

@@ -1,7 +1,7 @@
 //! The local driver's tonic services: CSI Identity, Controller and Node.
 //!
-//! Each RPC runs its [`LocalDriver`] method on the blocking pool, so filesystem and mount work never stalls
-//! the async runtime. Node calls on different volumes run side by side, so the CPUs' syscalls overlap; calls
+//! Each RPC that touches the host runs its [`LocalDriver`] method on the blocking pool, so filesystem and
+//! mount work never stalls the async runtime; those that read only the config are answered at once. Node calls on different volumes run side by side, so the CPUs' syscalls overlap; calls
 //! on one volume wait for each other, as the CSI spec asks a driver to keep one operation per volume in
 //! flight (csi-driver-host-path serializes everything behind one lock instead). Controller calls read or
 //! change many volumes, and run alone. Requests are never logged whole: CSI `secrets` fields would reach the
@@ -33,7 +33,7 @@ pub struct LocalService {
 enum Access {
     /// Nothing: it reads or changes many volumes (controller calls).
     Alone,
-    /// Anything but controller calls: it reads only the config.
+    /// Anything but controller calls: it reads no volume.
     Shared,
     /// Calls on other volumes and other paths: the volume's id, and the path the call mounts or unmounts
     /// (two volumes published at one target must not both find it free).
@@ -66,6 +66,17 @@ impl LocalService {
         F: FnOnce(&LocalDriver) -> Result<T> + Send + 'static,
     {
         self.run_as(call, Access::Alone, f).await
+    }
+
+    /// Answers a call that reads only the driver's config, which never changes: on the caller's task, with
+    /// no lock and no trip to the blocking pool. The kubelet asks NodeGetCapabilities before every publish
+    /// and every volume stats call (`csi_client.go`, `NodeSupportsVolumeStats`), so this is most calls.
+    fn answer<T>(
+        &self,
+        call: &'static str,
+        f: impl FnOnce(&LocalDriver) -> T,
+    ) -> Result<Response<T>, Status> {
+        crate::server::reply(call, Ok(f(&self.driver)))
     }
 
     /// Runs one driver method off the async runtime once `access` allows, and maps its error to a gRPC
@@ -112,14 +123,11 @@ impl Identity for LocalService {
         &self,
         _: Request<csi::GetPluginInfoRequest>,
     ) -> Result<Response<csi::GetPluginInfoResponse>, Status> {
-        self.run_as("GetPluginInfo", Access::Shared, |d| {
-            Ok(csi::GetPluginInfoResponse {
-                name: d.config().name.clone(),
-                vendor_version: env!("CARGO_PKG_VERSION").to_string(),
-                manifest: Default::default(),
-            })
+        self.answer("GetPluginInfo", |d| csi::GetPluginInfoResponse {
+            name: d.config().name.clone(),
+            vendor_version: env!("CARGO_PKG_VERSION").to_string(),
+            manifest: Default::default(),
         })
-        .await
     }
 
     /// The controller service and online expansion; no state changes.
@@ -235,12 +243,11 @@ impl Controller for LocalService {
         &self,
         _: Request<csi::ControllerGetCapabilitiesRequest>,
     ) -> Result<Response<csi::ControllerGetCapabilitiesResponse>, Status> {
-        self.run("ControllerGetCapabilities", |d| {
-            Ok(csi::ControllerGetCapabilitiesResponse {
+        self.answer("ControllerGetCapabilities", |d| {
+            csi::ControllerGetCapabilitiesResponse {
                 capabilities: d.controller_capabilities(),
-            })
+            }
         })
-        .await
     }
 
     /// Idempotent by name.
@@ -372,12 +379,11 @@ impl Node for LocalService {
         &self,
         _: Request<csi::NodeGetCapabilitiesRequest>,
     ) -> Result<Response<csi::NodeGetCapabilitiesResponse>, Status> {
-        self.run_as("NodeGetCapabilities", Access::Shared, |d| {
-            Ok(csi::NodeGetCapabilitiesResponse {
+        self.answer("NodeGetCapabilities", |d| {
+            csi::NodeGetCapabilitiesResponse {
                 capabilities: d.node_capabilities(),
-            })
+            }
         })
-        .await
     }
 
     /// Read-only.
@@ -385,8 +391,7 @@ impl Node for LocalService {
         &self,
         _: Request<csi::NodeGetInfoRequest>,
     ) -> Result<Response<csi::NodeGetInfoResponse>, Status> {
-        self.run_as("NodeGetInfo", Access::Shared, |d| Ok(d.node_info()))
-            .await
+        self.answer("NodeGetInfo", LocalDriver::node_info)
     }
 }
 

@@ -353,12 +353,19 @@ async fn volume_stats_report_usage_at_published_paths_only() {
     assert!(inodes.used >= 2, "the directory and the file: {inodes:?}");
     assert!(!reply.volume_condition.unwrap().abnormal);
 
+    // At the staging path too, and at the target however its separators are spelled.
+    for path in [staging.clone(), target.replace("/pods/", "//pods/") + "/"] {
+        let reply = f.node.node_get_volume_stats(stats(&path)).await;
+        assert!(reply.is_ok(), "{path}: {reply:?}");
+    }
     let elsewhere = f.kubelet_path("pods/other/volumes/v/mount");
-    assert_status(
-        f.node.node_get_volume_stats(stats(&elsewhere)).await,
-        Code::NotFound,
-        "at",
-    );
+    for path in [elsewhere.as_str(), "/tmp/outside", "relative/path"] {
+        assert_status(
+            f.node.node_get_volume_stats(stats(path)).await,
+            Code::NotFound,
+            "at",
+        );
+    }
     let unknown = csi::NodeGetVolumeStatsRequest {
         volume_id: "nope".into(),
         ..stats(&target)
