@@ -7,7 +7,6 @@
 //! operation doubles the old wait; here that one starts at the initial wait). Each node's volume manager
 //! and pod workers keep one, and so does the attach/detach controller.
 
-use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 /// The kubelet's backoff: 500 ms, doubling, at most 2 min 2 s.
@@ -107,10 +106,10 @@ pub struct Operations {
     policy: BackoffPolicy,
     /// Running volume operations by volume name. Looked up by a borrowed name, so asking whether one
     /// runs (every pass asks it of every volume not mounted yet) builds nothing.
-    volumes: HashMap<String, Running>,
+    volumes: foldhash::HashMap<String, Running>,
     /// Every other running operation: each excludes only itself.
-    others: HashSet<OpKey>,
-    backoff: HashMap<OpKey, Failed>,
+    others: foldhash::HashSet<OpKey>,
+    backoff: foldhash::HashMap<OpKey, Failed>,
 }
 
 /// What runs on one volume: one node-wide operation, or per-pod ones (mostly one).

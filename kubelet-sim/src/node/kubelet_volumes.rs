@@ -12,7 +12,7 @@ impl Kubelet {
             return;
         };
         let pods = self.my_pods();
-        let live: std::collections::HashSet<&str> = pods
+        let live: foldhash::HashSet<&str> = pods
             .iter()
             .filter_map(|p| p.metadata.uid.as_deref())
             .collect();
@@ -49,7 +49,7 @@ impl Kubelet {
             return;
         };
         let pods = self.my_pods();
-        let live: std::collections::HashSet<&str> = pods
+        let live: foldhash::HashSet<&str> = pods
             .iter()
             .filter_map(|p| p.metadata.uid.as_deref())
             .collect();

@@ -215,8 +215,10 @@ pub struct Kubelet {
     image_gc: image_gc::ImageGc,
     /// The image manager's puller is an engine's, which settled the pull intents at its start.
     puller_settled: bool,
-    /// What the pod workers know of each pod, by UID.
-    pods: Mutex<HashMap<String, PodRuntime>>,
+    /// What the pod workers know of each pod, by UID. Looked up for every pod on every pass, as are the
+    /// volume manager's maps by pod UID: foldhash rather than SipHash, which took 4 % of the 100,000-pod
+    /// settle (bench/RESULTS.md, issue #28's sixteenth pass). The keys are UIDs the API server made.
+    pods: Mutex<foldhash::HashMap<String, PodRuntime>>,
     /// The pod workers' operations (start, stop), one at a time per pod, with backoff.
     pod_ops: Mutex<Operations>,
     /// Wakes the node's loop: an operation ended, a driver registered.
@@ -427,17 +429,18 @@ impl Kubelet {
     async fn sync(self: &Arc<Self>) {
         // Read before listing pods: a pass that began before the sources were ready may have missed some.
         let sources_ready = self.api.sources_ready();
-        let terminated = |uid: &str| {
-            self.pods
-                .lock()
-                .get(uid)
-                .is_some_and(PodRuntime::terminated)
-        };
+        let terminated: foldhash::HashSet<String> = self
+            .pods
+            .lock()
+            .iter()
+            .filter(|(_, rt)| rt.terminated())
+            .map(|(uid, _)| uid.clone())
+            .collect();
         // The list is let go as soon as the populator is done with it: a pod held past an await makes
         // the API copy it (7 KB or more) on each status write meanwhile (see `Api::update`).
         let pods = self.my_pods();
         self.volumes
-            .populate(sources_ready, &pods, terminated)
+            .populate(sources_ready, &pods, &terminated)
             .await;
         drop(pods);
         let ready = self.volumes.populator_has_added_pods();

@@ -78,20 +78,32 @@ impl Kubelet {
         self.note_removed_pods();
         let pods = self.my_pods();
         self.stop_removed_pods(&pods);
-        for pod in pods {
+        // Every pod is visited on every pass, with one look at the pod workers' table (which makes the
+        // entries of new pods); nothing is copied for one already known, and a running pod with nothing
+        // to do is left there.
+        let visits: Vec<(Arc<ApiPod>, PodState, Instant, bool)> = {
+            let mut table = self.pods.lock();
+            pods.into_iter()
+                .filter_map(|pod| {
+                    let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+                    if !table.contains_key(uid) {
+                        table.insert(uid.to_string(), PodRuntime::default());
+                    }
+                    let rt = table.get_mut(uid)?;
+                    let seen = *rt.seen_at.get_or_insert_with(Instant::now);
+                    let gated = || {
+                        let gates = pod.spec.as_ref().and_then(|s| s.readiness_gates.as_ref());
+                        gates.is_some_and(|g| !g.is_empty())
+                    };
+                    let visit = pod.metadata.deletion_timestamp.is_some()
+                        || rt.state == PodState::Waiting
+                        || (rt.state == PodState::Running && gated());
+                    visit.then_some((pod, rt.state, seen, rt.warned))
+                })
+                .collect()
+        };
+        for (pod, state, seen_at, warned) in visits {
             let uid = pod.metadata.uid.as_deref().unwrap_or_default();
-            // Every pod is visited on every pass: nothing is copied for one already known.
-            let (state, seen_at, warned) = {
-                let mut pods = self.pods.lock();
-                if !pods.contains_key(uid) {
-                    pods.insert(uid.to_string(), PodRuntime::default());
-                }
-                let Some(rt) = pods.get_mut(uid) else {
-                    continue;
-                };
-                let seen = *rt.seen_at.get_or_insert_with(Instant::now);
-                (rt.state, seen, rt.warned)
-            };
             if pod.metadata.deletion_timestamp.is_some() {
                 match state {
                     PodState::Waiting | PodState::Running => {
@@ -102,8 +114,7 @@ impl Kubelet {
                 }
                 continue;
             }
-            let gated = pod.spec.as_ref().and_then(|s| s.readiness_gates.as_ref());
-            if state == PodState::Running && gated.is_some_and(|g| !g.is_empty()) {
+            if state == PodState::Running {
                 let containers = self
                     .pod_runtime(uid)
                     .map(|r| r.containers)
@@ -137,7 +148,7 @@ impl Kubelet {
         if !self.api.sources_ready() {
             return;
         }
-        let present: std::collections::HashSet<&str> = present
+        let present: foldhash::HashSet<&str> = present
             .iter()
             .filter_map(|p| p.metadata.uid.as_deref())
             .collect();

@@ -1,7 +1,7 @@
 //! Actual state of world: what is attached, staged and mounted on this node, including what may be
 //! mounted after an uncertain failure (`actual_state_of_world.go`). Changed only by finished operations.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
@@ -67,7 +67,10 @@ pub struct ActualState {
     volumes: BTreeMap<String, ActualVolume>,
     /// How many volumes are (possibly) mounted for each pod, SetUps in flight included, so asking costs
     /// nothing per volume.
-    mounts_by_pod: HashMap<String, usize>,
+    mounts_by_pod: foldhash::HashMap<String, usize>,
+    /// Pods found waiting for a mount that nothing of theirs changed since (see
+    /// [`Self::known_not_mounted`]).
+    not_mounted: foldhash::HashSet<String>,
 }
 
 impl ActualState {
@@ -95,6 +98,7 @@ impl ActualState {
     pub fn set_pod(&mut self, unique: &str, mount: MountedPod) {
         if let Some(v) = self.volumes.get_mut(unique) {
             let uid = mount.pod.uid.clone();
+            self.not_mounted.remove(&uid);
             if v.pods.insert(uid.clone(), Box::new(mount)).is_none() {
                 *self.mounts_by_pod.entry(uid).or_default() += 1;
             }
@@ -108,6 +112,24 @@ impl ActualState {
         {
             self.forget_mount(uid);
         }
+        self.not_mounted.remove(uid);
+    }
+
+    /// True when the pod was found waiting for a mount ([`Self::note_not_mounted`]) and none of its
+    /// mounts, nor its wanted volumes ([`Self::pod_changed`]), changed since: the pod workers ask for
+    /// every waiting pod on every pass, and the answer can turn only when one of those does.
+    pub fn known_not_mounted(&self, uid: &str) -> bool {
+        self.not_mounted.contains(uid)
+    }
+
+    /// The pod waits for a mount (see [`Self::known_not_mounted`]).
+    pub fn note_not_mounted(&mut self, uid: &str) {
+        self.not_mounted.insert(uid.to_string());
+    }
+
+    /// What the pod wants changed: it is looked at again.
+    pub fn pod_changed(&mut self, uid: &str) {
+        self.not_mounted.remove(uid);
     }
 
     /// Forgets a volume that no pod has mounted and that is not staged.

@@ -1,7 +1,7 @@
 //! Desired state of world: the volumes this node's pods want, by unique volume name, with the pods that
 //! want each (`pkg/kubelet/volumemanager/cache/desired_state_of_world.go`). Filled by the populator.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use inlet_volume::selinux::Labels;
@@ -47,7 +47,7 @@ pub struct DesiredVolume {
 pub struct DesiredState {
     volumes: BTreeMap<String, DesiredVolume>,
     /// The unique names of each pod's volumes, so a pod's questions cost its own volumes, not the node's.
-    by_pod: HashMap<String, BTreeSet<String>>,
+    by_pod: foldhash::HashMap<String, BTreeSet<String>>,
     /// How many pods' volumes are PVs: none, and a pass has no resize to look for.
     persistent: usize,
 }

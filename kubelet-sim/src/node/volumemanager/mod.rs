@@ -96,7 +96,7 @@ pub struct VolumeManager {
     /// Pods whose volumes the populator added (upstream's `processedPods`), with the fingerprint of the
     /// labels and annotations they were added with: not looked at again until the pod workers forget the
     /// pod, or those change (upstream reprocesses a pod on each of its syncs, so the downward API sees them).
-    processed: Mutex<HashMap<String, u64>>,
+    processed: Mutex<foldhash::HashMap<String, u64>>,
     /// Set once the state left by a previous kubelet is reconstructed; the node is not idle before.
     reconstructed: AtomicBool,
     /// Set by the first populator pass after the API's sources are ready (upstream's `HasAddedPods`):
@@ -174,9 +174,20 @@ impl VolumeManager {
             return false;
         }
         let dsw = self.dsw.lock();
-        let asw = self.asw.lock();
-        dsw.pod_volumes(uid)
-            .all(|(unique, _)| asw.mounted(unique, uid).is_some())
+        let mut asw = self.asw.lock();
+        let all_mounted = |asw: &ActualState| {
+            dsw.pod_volumes(uid)
+                .all(|(unique, _)| asw.mounted(unique, uid).is_some())
+        };
+        if asw.known_not_mounted(uid) {
+            debug_assert!(!all_mounted(&asw), "pod {uid} was mounted unnoticed");
+            return false;
+        }
+        let mounted = all_mounted(&asw);
+        if !mounted {
+            asw.note_not_mounted(uid);
+        }
+        mounted
     }
 
     /// The pod's volumes that are not mounted or not attached, by the pod's names for them.
@@ -244,6 +255,7 @@ impl VolumeManager {
     /// Forgets that the populator added the pod's volumes: the pod workers are done with it.
     pub fn forget_pod(&self, uid: &str) {
         self.processed.lock().remove(uid);
+        self.asw.lock().pod_changed(uid);
     }
 
     /// True when nothing is wanted, nothing is attached, staged or mounted, and no operation runs (and

@@ -15,37 +15,42 @@ use crate::specs::{Reads, volume_spec};
 impl VolumeManager {
     /// One pass: removes the volumes of pods gone from the API or whose containers are gone while they
     /// terminate (`terminated`, the pod workers' answer, as upstream's `podStateProvider`), then adds the
-    /// volumes of `pods` (this node's, listed after `sources_ready` was read) not added yet.
+    /// volumes of `pods` (this node's, listed after `sources_ready` was read) not added yet. Every pod is
+    /// looked at on every pass, as upstream's `findAndAddNewPods`, so each lock is taken once a pass.
     pub async fn populate(
         &self,
         sources_ready: bool,
         pods: &[Arc<ApiPod>],
-        terminated: impl Fn(&str) -> bool,
+        terminated: &foldhash::HashSet<String>,
     ) {
-        let known: std::collections::HashSet<&str> = pods
+        let known: foldhash::HashSet<&str> = pods
             .iter()
             .filter_map(|p| p.metadata.uid.as_deref())
             .collect();
         let gone: Vec<String> = {
             let dsw = self.dsw.lock();
             dsw.pods()
-                .filter(|uid| !known.contains(uid.as_str()) || terminated(uid))
+                .filter(|uid| !known.contains(uid.as_str()) || terminated.contains(*uid))
                 .cloned()
                 .collect()
         };
         for uid in gone {
             let removed = self.dsw.lock().remove_pod(&uid);
+            self.asw.lock().pod_changed(&uid);
             self.review_all(removed);
         }
-        for pod in pods {
-            let uid = pod.metadata.uid.as_deref().unwrap_or_default();
-            if pod.metadata.deletion_timestamp.is_some() {
-                continue;
-            }
-            let fingerprint = metadata_fingerprint(pod);
-            if self.processed.lock().get(uid) == Some(&fingerprint) {
-                continue;
-            }
+        let unprocessed: Vec<(&ApiPod, &str, u64)> = {
+            let processed = self.processed.lock();
+            pods.iter()
+                .filter(|pod| pod.metadata.deletion_timestamp.is_none())
+                .filter_map(|pod| {
+                    let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+                    let fingerprint = metadata_fingerprint(pod);
+                    (processed.get(uid) != Some(&fingerprint)).then_some((&**pod, uid, fingerprint))
+                })
+                .collect()
+        };
+        for (pod, uid, fingerprint) in unprocessed {
             let added = self.pod_volumes(pod).await.and_then(|volumes| {
                 let mut dsw = self.dsw.lock();
                 volumes
@@ -59,6 +64,7 @@ impl VolumeManager {
             match added {
                 Ok(()) => {
                     self.processed.lock().insert(uid.to_string(), fingerprint);
+                    self.asw.lock().pod_changed(uid);
                 }
                 Err(message) => self
                     .api
@@ -149,9 +155,8 @@ impl VolumeManager {
 
 /// A hash of the pod's labels and annotations: what the downward API reads of a pod that may change.
 fn metadata_fingerprint(pod: &Pod) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    pod.metadata.labels.hash(&mut hasher);
-    pod.metadata.annotations.hash(&mut hasher);
-    hasher.finish()
+    use std::hash::BuildHasher;
+    // Compared within this process only, on every pass for every pod: a fast hash with a fixed seed.
+    foldhash::fast::FixedState::default()
+        .hash_one((&pod.metadata.labels, &pod.metadata.annotations))
 }
