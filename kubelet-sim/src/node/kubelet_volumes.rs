@@ -11,14 +11,16 @@ impl Kubelet {
         let Ok(entries) = std::fs::read_dir(&pods_dir) else {
             return;
         };
-        let pods = self.my_pods();
-        let live: foldhash::HashSet<&str> = pods
-            .iter()
-            .filter_map(|p| p.metadata.uid.as_deref())
-            .collect();
+        // A pod with volumes keeps its dir whatever the API says: the API's pods are listed only once a
+        // dir without volumes is found, which a settled node, every 2 s, does not have.
+        let mut pods = None;
         for entry in entries.flatten() {
             let uid = entry.file_name().to_string_lossy().into_owned();
-            if live.contains(uid.as_str()) || self.volumes.pod_volumes_exist(&uid) {
+            if self.volumes.pod_volumes_exist(&uid) {
+                continue;
+            }
+            let pods = pods.get_or_insert_with(|| self.my_pods());
+            if pods.iter().any(|p| p.metadata.uid.as_deref() == Some(&uid)) {
                 continue;
             }
             let dir = entry.path();

@@ -483,14 +483,14 @@ impl Kubelet {
     /// `node.status.volumesInUse` from the volume manager, written only when it changes, so the node does
     /// not wake itself.
     fn report_volumes_in_use(&self) {
-        let current = self
-            .api
-            .peek::<Node>("", &self.config.name)
-            .and_then(|n| n.status.clone())
-            .and_then(|s| s.volumes_in_use)
-            .unwrap_or_default();
-        let in_use = self.volumes.volumes_in_use(&current);
-        if current != in_use {
+        let in_use = {
+            let node = self.api.peek::<Node>("", &self.config.name);
+            let status = node.as_ref().and_then(|n| n.status.as_ref());
+            let current = status.and_then(|s| s.volumes_in_use.as_deref());
+            let in_use = self.volumes.volumes_in_use(current.unwrap_or_default());
+            (current.unwrap_or_default() != in_use).then_some(in_use)
+        };
+        if let Some(in_use) = in_use {
             self.api.update::<Node>("", &self.config.name, |n| {
                 n.status
                     .get_or_insert_with(NodeStatus::default)

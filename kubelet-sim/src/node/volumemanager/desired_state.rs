@@ -50,6 +50,8 @@ pub struct DesiredState {
     by_pod: foldhash::HashMap<String, BTreeSet<String>>,
     /// How many pods' volumes are PVs: none, and a pass has no resize to look for.
     persistent: usize,
+    /// The volumes that must be attached: what `node.status.volumesInUse` reports, asked on every pass.
+    attachable: BTreeSet<String>,
 }
 
 impl DesiredState {
@@ -62,6 +64,9 @@ impl DesiredState {
         device_mountable: bool,
         mut volume: PodVolume,
     ) -> Result<(), String> {
+        if attachable && !self.volumes.contains_key(unique) {
+            self.attachable.insert(unique.to_string());
+        }
         let entry = self
             .volumes
             .entry(unique.to_string())
@@ -103,10 +108,16 @@ impl DesiredState {
                 }
                 if volume.pods.is_empty() {
                     self.volumes.remove(unique);
+                    self.attachable.remove(unique);
                 }
             }
         }
         volumes
+    }
+
+    /// The volumes that must be attached, by unique name.
+    pub fn attachable(&self) -> &BTreeSet<String> {
+        &self.attachable
     }
 
     /// The UIDs of the pods with volumes added.

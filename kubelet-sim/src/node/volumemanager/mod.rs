@@ -21,7 +21,7 @@ mod populator;
 mod reconciler;
 mod reconstruct;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -230,14 +230,7 @@ impl VolumeManager {
     /// volumes, as upstream's `GetVolumesInUse`: those the desired state wants attached, and, until they
     /// are unmounted, those of `reported` (what the node reported last) the actual state still holds.
     pub fn volumes_in_use(&self, reported: &[String]) -> Vec<String> {
-        let mut in_use: BTreeSet<String> = self
-            .dsw
-            .lock()
-            .volumes()
-            .iter()
-            .filter(|(_, v)| v.attachable)
-            .map(|(unique, _)| unique.clone())
-            .collect();
+        let mut in_use = self.dsw.lock().attachable().clone();
         let asw = self.asw.lock();
         in_use.extend(reported.iter().filter(|v| asw.volume(v).is_some()).cloned());
         in_use.into_iter().collect()

@@ -1,11 +1,12 @@
 //! The local driver's tonic services: CSI Identity, Controller and Node.
 //!
 //! Each RPC that touches the host runs its [`LocalDriver`] method on the blocking pool, so filesystem and
-//! mount work never stalls the async runtime; those that read only the config are answered at once. Node calls on different volumes run side by side, so the CPUs' syscalls overlap; calls
-//! on one volume wait for each other, as the CSI spec asks a driver to keep one operation per volume in
-//! flight (csi-driver-host-path serializes everything behind one lock instead). Controller calls read or
-//! change many volumes, and run alone. Requests are never logged whole: CSI `secrets` fields would reach the
-//! log. Only the call name, its outcome and ids are.
+//! mount work never stalls the async runtime; those that read only the config are answered at once. Node
+//! calls on different volumes run side by side, so the CPUs' syscalls overlap; calls on one volume wait
+//! for each other, as the CSI spec asks a driver to keep one operation per volume in flight
+//! (csi-driver-host-path serializes everything behind one lock instead). Controller calls read or change
+//! many volumes, and run alone. Requests are never logged whole: CSI `secrets` fields would reach the log.
+//! Only the call name, its outcome and ids are.
 
 use std::sync::Arc;
 
