@@ -1,5 +1,6 @@
 //! Actual state of world: what is attached, staged and mounted on this node, including what may be
-//! mounted after an uncertain failure (`actual_state_of_world.go`). Changed only by finished operations.
+//! mounted after an uncertain failure (`actual_state_of_world.go`). Changed only by finished operations,
+//! but for the notes of pods found waiting for a mount, which the populator clears too.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

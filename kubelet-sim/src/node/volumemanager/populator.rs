@@ -156,7 +156,7 @@ impl VolumeManager {
 /// A hash of the pod's labels and annotations: what the downward API reads of a pod that may change.
 fn metadata_fingerprint(pod: &Pod) -> u64 {
     use std::hash::BuildHasher;
-    // Compared within this process only, on every pass for every pod: a fast hash with a fixed seed.
-    foldhash::fast::FixedState::default()
+    // Compared within this process only, on every pass for every pod: foldhash with a fixed seed.
+    foldhash::quality::FixedState::default()
         .hash_one((&pod.metadata.labels, &pod.metadata.annotations))
 }
