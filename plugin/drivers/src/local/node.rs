@@ -333,18 +333,16 @@ impl LocalDriver {
         // The kubelet asks at the path it published at, which is recorded as given unless the kubelet dir
         // is a symlink: found as is, it needs no walk (the stats read only the driver's own content).
         // Any other spelling is checked as a publish checks its target.
-        let given = Path::new(&req.volume_path);
-        let path = match at(given) {
-            true => given.to_path_buf(),
-            false => self
+        if !at(Path::new(&req.volume_path)) {
+            let path = self
                 .host_path("volume_path", &req.volume_path)
-                .map_err(|_| Error::not_found("volume path", format!("{id} at that path")))?,
-        };
-        if !at(&path) {
-            return Err(Error::NotFound {
-                kind: "volume path",
-                id: format!("{id} at {}", path.display()),
-            });
+                .map_err(|_| Error::not_found("volume path", format!("{id} at that path")))?;
+            if !at(&path) {
+                return Err(Error::NotFound {
+                    kind: "volume path",
+                    id: format!("{id} at {}", path.display()),
+                });
+            }
         }
         let data = self.store.volume_data(id, volume.access_type);
         let total = i64::try_from(volume.capacity_bytes).unwrap_or(i64::MAX);
