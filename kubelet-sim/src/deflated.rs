@@ -1,10 +1,11 @@
-//! An append-only log of text lines kept deflated: the report's records of a whole run (every CSI call,
+//! An append-only log of JSON lines kept deflated: the report's records of a whole run (every CSI call,
 //! every recorded API read), which are written once, read back whole only for a report, and at 100,000
 //! pods number in the hundreds of thousands (issue #28: the call log alone was about 1 KB a call).
 //!
-//! Lines are gathered in blocks of [`BLOCK_LINES`]; the push that fills a block deflates it, outside the
-//! lock, so writers on other threads are not held up by the compression. Until its deflated bytes replace
-//! it, the full block stays readable as it was, so a reader always sees every line, in push order.
+//! Each record is serialized straight into the open block, which gathers [`BLOCK_LINES`] lines; the push
+//! that fills a block deflates it, outside the lock, so writers on other threads are not held up by the
+//! compression. Until its deflated bytes replace it, the full block stays readable as it was, so a reader
+//! always sees every line, in push order.
 
 use std::io::{Read, Write};
 use std::sync::Arc;
@@ -18,38 +19,51 @@ use parking_lot::Mutex;
 /// (about 10× here), few enough that the open block stays small.
 pub const BLOCK_LINES: usize = 128;
 
-/// A block of lines, full or deflated.
+/// A block of lines, each ended by `\n`, full or deflated.
 #[derive(Clone)]
 enum Block {
     /// Full and being deflated by the push that filled it.
-    Full(Arc<[Box<str>]>),
-    /// The lines joined by `\n`, deflated.
+    Full(Arc<[u8]>),
+    /// Deflated.
     Deflated(Arc<[u8]>),
 }
 
 #[derive(Default)]
 struct Inner {
     blocks: Vec<Block>,
-    open: Vec<Box<str>>,
+    /// The open block's lines, each ended by `\n`: written in place, with no allocation of their own.
+    open: Vec<u8>,
+    open_lines: usize,
     len: usize,
 }
 
-/// The log. Lines must not contain `\n` (JSON lines never do).
+/// The log of JSON lines.
 #[derive(Default)]
 pub struct DeflatedLines(Mutex<Inner>);
 
 impl DeflatedLines {
-    /// Appends a line; the push that fills a block deflates it.
-    pub fn push(&self, line: String) {
-        debug_assert!(!line.contains('\n'));
+    /// Appends `value` as a line of JSON, written straight into the open block.
+    pub fn push_json<T: serde::Serialize>(&self, value: &T) {
+        // Into a Vec, serializing fails only for a map with keys that are not strings, which no record
+        // has: the line is then empty.
+        self.append(|open| _ = serde_json::to_writer(open, value));
+    }
+
+    /// Appends the line `write` writes; the push that fills a block deflates it, outside the lock.
+    fn append(&self, write: impl FnOnce(&mut Vec<u8>)) {
         let full = {
             let mut inner = self.0.lock();
             inner.len += 1;
-            inner.open.push(line.into_boxed_str());
-            if inner.open.len() < BLOCK_LINES {
+            write(&mut inner.open);
+            inner.open.push(b'\n');
+            inner.open_lines += 1;
+            if inner.open_lines < BLOCK_LINES {
                 return;
             }
-            let lines: Arc<[Box<str>]> = std::mem::take(&mut inner.open).into();
+            let capacity = inner.open.len();
+            let lines: Arc<[u8]> =
+                std::mem::replace(&mut inner.open, Vec::with_capacity(capacity)).into();
+            inner.open_lines = 0;
             inner.blocks.push(Block::Full(Arc::clone(&lines)));
             (inner.blocks.len() - 1, lines)
         };
@@ -74,32 +88,33 @@ impl DeflatedLines {
             let inner = self.0.lock();
             (inner.blocks.clone(), inner.open.clone())
         };
-        let mut lines = Vec::with_capacity(blocks.len() * BLOCK_LINES + open.len());
+        let mut lines = Vec::with_capacity(blocks.len() * BLOCK_LINES + BLOCK_LINES);
+        let mut take = |text: &[u8]| {
+            let text = String::from_utf8_lossy(text);
+            lines.extend(text.lines().map(String::from));
+        };
         for block in blocks {
             match block {
-                Block::Full(full) => lines.extend(full.iter().map(|l| l.to_string())),
-                Block::Deflated(bytes) => lines.extend(inflate(&bytes).lines().map(String::from)),
+                Block::Full(text) => take(&text),
+                Block::Deflated(bytes) => take(&inflate(&bytes)),
             }
         }
-        lines.extend(open.into_iter().map(String::from));
+        take(&open);
         lines
     }
 }
 
-fn deflate(lines: &[Box<str>]) -> Vec<u8> {
+fn deflate(text: &[u8]) -> Vec<u8> {
     let mut encoder = DeflateEncoder::new(Vec::new(), Compression::fast());
-    for line in lines {
-        // Writing to a Vec cannot fail.
-        let _ = encoder.write_all(line.as_bytes());
-        let _ = encoder.write_all(b"\n");
-    }
+    // Writing to a Vec cannot fail.
+    let _ = encoder.write_all(text);
     encoder.finish().unwrap_or_default()
 }
 
-fn inflate(bytes: &[u8]) -> String {
-    let mut text = String::new();
-    // Bytes this module deflated from UTF-8 lines: they inflate.
-    let _ = DeflateDecoder::new(bytes).read_to_string(&mut text);
+fn inflate(bytes: &[u8]) -> Vec<u8> {
+    let mut text = Vec::new();
+    // Bytes this module deflated: they inflate.
+    let _ = DeflateDecoder::new(bytes).read_to_end(&mut text);
     text
 }
 
@@ -111,23 +126,28 @@ mod tests {
     fn keeps_every_line_in_order_across_blocks_and_compresses() {
         let log = DeflatedLines::default();
         let count = BLOCK_LINES * 3 + 5;
-        let line = |i: usize| {
-            format!(r#"{{"driver":"local.inlet.dev","method":"NodePublishVolume","n":{i}}}"#)
-        };
+        let line = |i: usize| serde_json::json!({"driver": "local.inlet.dev", "method": "NodePublishVolume", "n": i});
         for i in 0..count {
-            log.push(line(i));
+            log.push_json(&line(i));
         }
         assert_eq!(log.len(), count);
         let lines = log.lines();
         assert_eq!(lines.len(), count);
-        assert!(lines.iter().enumerate().all(|(i, l)| *l == line(i)));
+        assert!(
+            lines
+                .iter()
+                .enumerate()
+                .all(|(i, l)| *l == line(i).to_string())
+        );
         let inner = log.0.lock();
         assert_eq!(inner.blocks.len(), 3);
-        assert_eq!(inner.open.len(), 5);
+        assert_eq!(inner.open_lines, 5);
         let Block::Deflated(bytes) = &inner.blocks[0] else {
             panic!("a full block is deflated by the push that filled it")
         };
-        let raw: usize = (0..BLOCK_LINES).map(|i| line(i).len() + 1).sum();
+        let raw: usize = (0..BLOCK_LINES)
+            .map(|i| line(i).to_string().len() + 1)
+            .sum();
         assert!(bytes.len() * 4 < raw, "{} of {raw} bytes", bytes.len());
     }
 
@@ -137,7 +157,9 @@ mod tests {
         let threads: Vec<_> = (0..4)
             .map(|t| {
                 let log = Arc::clone(&log);
-                std::thread::spawn(move || (0..1000).for_each(|i| log.push(format!("{t}-{i}"))))
+                std::thread::spawn(move || {
+                    (0..1000).for_each(|i| log.push_json(&format!("{t}-{i}")))
+                })
             })
             .collect();
         threads.into_iter().for_each(|t| t.join().unwrap());

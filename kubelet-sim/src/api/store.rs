@@ -337,9 +337,7 @@ impl Api {
             name: name.into(),
         };
         // Kept as its JSON line, deflated with the others: a run of 100,000 pods records several a pod.
-        // Four strings always serialize.
-        self.reads
-            .push(serde_json::to_string(&read).unwrap_or_default());
+        self.reads.push_json(&read);
         self.peek(namespace, name)
     }
 

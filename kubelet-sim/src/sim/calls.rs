@@ -38,9 +38,7 @@ impl CsiObserver for ReportedCalls {
         };
         call.answered(answer.failure, answer.publish_context);
         crate::metrics::METRICS.csi_call(&call, answer.elapsed);
-        // A CsiCall is plain strings and maps: it always serializes.
-        self.returned
-            .push(serde_json::to_string(&call).unwrap_or_default());
+        self.returned.push_json(&call);
         let mut counts = self.counts.lock();
         let by_code = counts.entry(call.method).or_default();
         *by_code.entry(call.code).or_default() += 1;

@@ -98,9 +98,7 @@ pub fn host_path(
         .context(|| format!("resolving the kubelet dir {}", kubelet_dir.display()))?
         .ok_or_else(outside)?;
     let resolved = root.join(&relative);
-    let state = state_dir
-        .canonicalize()
-        .unwrap_or_else(|_| state_dir.to_path_buf());
+    let state = host_path::canonical(state_dir).unwrap_or_else(|_| state_dir.to_path_buf());
     if resolved.starts_with(&state) {
         return Err(Error::invalid(
             field,

@@ -8,6 +8,7 @@
 //! Where the kernel has `openat2`, it does that walk in one call first, and the walk here runs only to name
 //! what it refused.
 
+use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Component, Path, PathBuf};
@@ -40,7 +41,7 @@ impl std::fmt::Display for Refused {
 /// `path` as the same path under `root`'s canonical form: `root` itself may be reached through a symlink
 /// (a kubelet dir on another disk), what lies below it may not. None when `path` is not below `root`.
 pub fn below(root: &Path, path: &Path) -> io::Result<Option<(PathBuf, PathBuf)>> {
-    let canonical = root.canonicalize()?;
+    let canonical = canonical(root)?;
     let relative = path
         .strip_prefix(root)
         .or_else(|_| path.strip_prefix(&canonical))
@@ -48,6 +49,33 @@ pub fn below(root: &Path, path: &Path) -> io::Result<Option<(PathBuf, PathBuf)>>
         .filter(|r| r.components().next().is_some())
         .map(Path::to_path_buf);
     Ok(relative.map(|r| (canonical, r)))
+}
+
+/// `root.canonicalize()`, remembered for as long as `root` names the same directory (its device and
+/// inode, which `stat` reads through any symlink on the way): `realpath` reads every component as a link,
+/// five calls or more, and a driver or kubelet asks for its own root dir on every call (1.7 % of the
+/// 100,000-pod settle, bench/RESULTS.md). A root replaced or re-pointed meanwhile is another directory and
+/// is resolved again; the directory it names is what every walk below opens.
+pub fn canonical(root: &Path) -> io::Result<PathBuf> {
+    use std::os::unix::fs::MetadataExt;
+    /// Roots are a process's few kubelet and state dirs; a test's many temporary ones are let go.
+    const KEPT: usize = 4096;
+    static KNOWN: std::sync::LazyLock<parking_lot::Mutex<HashMap<PathBuf, (u64, u64, PathBuf)>>> =
+        std::sync::LazyLock::new(Default::default);
+    let meta = std::fs::metadata(root)?;
+    let id = (meta.dev(), meta.ino());
+    if let Some((dev, ino, canonical)) = KNOWN.lock().get(root)
+        && (*dev, *ino) == id
+    {
+        return Ok(canonical.clone());
+    }
+    let canonical = root.canonicalize()?;
+    let mut known = KNOWN.lock();
+    if known.len() >= KEPT {
+        known.clear();
+    }
+    known.insert(root.to_path_buf(), (id.0, id.1, canonical.clone()));
+    Ok(canonical)
 }
 
 /// Checks `relative` below `root` (canonical) without following symlinks: each component that exists must be
@@ -215,6 +243,30 @@ mod tests {
     use std::fs;
     use std::os::fd::AsRawFd;
     use std::os::unix::fs::symlink;
+
+    #[test]
+    fn a_root_pointed_elsewhere_is_resolved_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+        fs::create_dir(&a).unwrap();
+        fs::create_dir(&b).unwrap();
+        let link = dir.path().join("root");
+        std::os::unix::fs::symlink(&a, &link).unwrap();
+        assert_eq!(canonical(&link).unwrap(), a.canonicalize().unwrap());
+        assert_eq!(
+            canonical(&link).unwrap(),
+            a.canonicalize().unwrap(),
+            "remembered"
+        );
+        fs::remove_file(&link).unwrap();
+        std::os::unix::fs::symlink(&b, &link).unwrap();
+        assert_eq!(canonical(&link).unwrap(), b.canonicalize().unwrap());
+        fs::remove_file(&link).unwrap();
+        assert!(
+            canonical(&link).is_err(),
+            "a root gone is an error, not a memory"
+        );
+    }
 
     #[test]
     fn walks_and_creates_without_following_symlinks() {

@@ -246,7 +246,10 @@ fn write_payload(
 ) -> Result<(), WriteError> {
     for (path, file) in payload {
         let full = dir.join(path);
-        if let Some(parent) = full.parent() {
+        // A file at the top of the payload (a token, `ca.crt`) goes in `dir`, just made.
+        if let Some(parent) = full.parent()
+            && parent != dir
+        {
             std::fs::create_dir_all(parent).map_err(io("creating a directory"))?;
         }
         // Permission bits only: a payload never makes a setuid, setgid or sticky file.

@@ -126,8 +126,12 @@ impl CsiMounter {
             false => dir.parent().unwrap_or(dir).to_path_buf(),
         };
         let parent = target.parent().unwrap_or(&target);
+        // A filesystem volume's record dir is the target's parent: made once.
         std::fs::create_dir_all(parent)
-            .and_then(|()| std::fs::create_dir_all(&record_dir))
+            .and_then(|()| match record_dir == parent {
+                true => Ok(()),
+                false => std::fs::create_dir_all(&record_dir),
+            })
             .map_err(|e| {
                 VolumeError::transient(log(format!(
                     "mounter.SetUpAt failed to create dir {:?}:  {e}",
