@@ -23,7 +23,7 @@ pub const BLOCK_LINES: usize = 128;
 #[derive(Clone)]
 enum Block {
     /// Full and being deflated by the push that filled it.
-    Full(Arc<[u8]>),
+    Full(Arc<Vec<u8>>),
     /// Deflated.
     Deflated(Arc<[u8]>),
 }
@@ -61,8 +61,10 @@ impl DeflatedLines {
                 return;
             }
             let capacity = inner.open.len();
-            let lines: Arc<[u8]> =
-                std::mem::replace(&mut inner.open, Vec::with_capacity(capacity)).into();
+            let lines = Arc::new(std::mem::replace(
+                &mut inner.open,
+                Vec::with_capacity(capacity),
+            ));
             inner.open_lines = 0;
             inner.blocks.push(Block::Full(Arc::clone(&lines)));
             (inner.blocks.len() - 1, lines)

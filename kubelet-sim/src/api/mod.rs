@@ -8,6 +8,7 @@ mod inline_grant;
 pub mod inline_profile;
 pub mod manifest;
 mod pod;
+mod pod_index;
 pub mod service_account;
 pub mod store;
 pub mod tokens;

@@ -149,8 +149,8 @@ kinds!(
 pub struct Api {
     objects: RwLock<HashMap<TypeId, Box<dyn Any + Send + Sync>>>,
     reads: crate::deflated::DeflatedLines,
-    /// The pods by node name (`spec.nodeName`), maintained on every Pod change.
-    pods_by_node: RwLock<HashMap<String, BTreeMap<Key, Arc<ApiPod>>>>,
+    /// The pods by node name (`spec.nodeName`), and which joined or left each node (`pod_index.rs`).
+    pods_by_node: RwLock<super::pod_index::PodIndex>,
     /// Pods that left the API (removed, or replaced by one of another UID), by the node they were on, as
     /// a watch's DELETE carries the object's last state: a node stops what it ran of them (see
     /// [`Api::take_removed_pods`]) without keeping a reference to every pod it runs, which would make
@@ -379,7 +379,7 @@ impl Api {
                     // back under the same lock, so no reader of `pods_on` misses the pod meanwhile.
                     Some(node) => {
                         let mut index = self.pods_by_node.write();
-                        let pods = index.entry(node.clone()).or_default();
+                        let pods = index.pods_mut(node);
                         pods.remove(&key);
                         f(Arc::make_mut(object));
                         pods.extend(as_pod(object).map(|pod| (key.clone(), pod)));
@@ -416,11 +416,13 @@ impl Api {
     /// The pods bound to a node (`spec.nodeName`), from the index (which holds them): a node's work does
     /// not grow with the number of pods elsewhere.
     pub fn pods_on(&self, node: &str) -> Vec<Arc<ApiPod>> {
-        self.pods_by_node
-            .read()
-            .get(node)
-            .map(|pods| pods.values().cloned().collect())
-            .unwrap_or_default()
+        self.pods_by_node.read().pods_on(node)
+    }
+
+    /// How many times a pod (by UID) joined or left `node`: unchanged, the node's pods are the same pods,
+    /// whatever their changes, so a node need not look again for the ones that left.
+    pub fn pod_membership(&self, node: &str) -> u64 {
+        self.pods_by_node.read().membership(node)
     }
 
     /// After `old` was replaced by `new` (or removed): [`Self::after_change`], and a pod that left the API
@@ -472,12 +474,10 @@ impl Api {
         self.pod_feeds.feed(key);
         let mut index = self.pods_by_node.write();
         if let Some(node) = before.filter(|b| Some(b) != after.as_ref()) {
-            if let Some(pods) = index.get_mut(&node) {
-                pods.remove(key);
-            }
+            index.remove(&node, key);
         }
         if let (Some(node), Some(pod)) = (after, new.and_then(as_pod)) {
-            index.entry(node).or_default().insert(key.clone(), pod);
+            index.insert(node, key, pod);
         }
     }
 
@@ -621,6 +621,11 @@ mod tests {
             api.take_removed_pods("n1").is_empty(),
             "changes are no removal"
         );
+        assert_eq!(
+            api.pod_membership("n1"),
+            1,
+            "one pod joined; changes are no membership"
+        );
 
         api.put(ApiPod::from(pod("a", "2", "n1")));
         api.remove::<ApiPod>("ns", "a");
@@ -630,6 +635,11 @@ mod tests {
             .map(|p| p.metadata.uid.clone().unwrap())
             .collect();
         assert_eq!(uids, ["1", "2"], "replaced by another UID, then removed");
+        assert_eq!(
+            api.pod_membership("n1"),
+            3,
+            "a pod of another UID joined, then left"
+        );
         api.put(ApiPod::from(pod("b", "3", "n1")));
         api.remove_finished_pod("ns", "b", "3");
         assert!(

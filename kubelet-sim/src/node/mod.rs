@@ -231,6 +231,9 @@ pub struct Kubelet {
     last_housekeeping: Mutex<Option<Instant>>,
     /// When the log dirs of pods that are gone were last looked for.
     last_container_gc: Mutex<Option<Instant>>,
+    /// The node's pod membership when the pod workers last found no pod that left the API
+    /// (`stop_removed_pods`).
+    removed_looked: Mutex<Option<u64>>,
     /// The last volume stats, by pod UID and the pod's name for the volume.
     volume_stats: Mutex<HashMap<String, volume_stats::PodVolumeStats>>,
 }
@@ -359,6 +362,7 @@ impl Kubelet {
             last_relist: Mutex::new(None),
             last_housekeeping: Mutex::new(None),
             last_container_gc: Mutex::new(None),
+            removed_looked: Mutex::new(None),
             volume_stats: Mutex::default(),
         })
     }
@@ -427,8 +431,10 @@ impl Kubelet {
     }
 
     async fn sync(self: &Arc<Self>) {
-        // Read before listing pods: a pass that began before the sources were ready may have missed some.
+        // Read before listing pods: a pass that began before the sources were ready may have missed some,
+        // and one that read the membership before a pod left sees it change at the next.
         let sources_ready = self.api.sources_ready();
+        let membership = self.api.pod_membership(&self.config.name);
         let terminated: foldhash::HashSet<String> = self
             .pods
             .lock()
@@ -440,7 +446,7 @@ impl Kubelet {
         // the API copy it (7 KB or more) on each status write meanwhile (see `Api::update`).
         let pods = self.my_pods();
         self.volumes
-            .populate(sources_ready, &pods, &terminated)
+            .populate(sources_ready, (&pods, membership), &terminated)
             .await;
         drop(pods);
         let ready = self.volumes.populator_has_added_pods();

@@ -73,11 +73,13 @@ impl PodRuntime {
 
 impl Kubelet {
     pub(super) async fn sync_pods(self: &Arc<Self>) {
-        // The pods that left the API, taken before the list: one that leaves after it is taken on the
-        // next pass, by when this pass has made its runtime entry.
+        // The membership, then the pods that left the API, taken before the list: one that leaves after
+        // it is taken on the next pass, by when this pass has made its runtime entry, and the membership
+        // has changed.
+        let membership = self.api.pod_membership(&self.config.name);
         self.note_removed_pods();
         let pods = self.my_pods();
-        self.stop_removed_pods(&pods);
+        self.stop_removed_pods(&pods, membership);
         // Every pod is visited on every pass, with one look at the pod workers' table (which makes the
         // entries of new pods); nothing is copied for one already known, and a running pod with nothing
         // to do is left there.
@@ -144,21 +146,24 @@ impl Kubelet {
     /// `HandlePodRemoves`: their containers and sandbox are stopped, and their directory goes once their
     /// volumes are torn down (the populator already dropped them). Only after the API's sources are ready:
     /// before, a missing pod may just not be loaded yet.
-    fn stop_removed_pods(self: &Arc<Self>, present: &[Arc<ApiPod>]) {
+    ///
+    /// Looked for only when the node's pods changed (`membership`, read before anything else of the API)
+    /// since a look found none: a pod that left stays among them until its termination is finished.
+    fn stop_removed_pods(self: &Arc<Self>, present: &[Arc<ApiPod>], membership: u64) {
         if !self.api.sources_ready() {
             return;
         }
-        let present: foldhash::HashSet<&str> = present
-            .iter()
-            .filter_map(|p| p.metadata.uid.as_deref())
-            .collect();
-        let removed: Vec<(String, Arc<ApiPod>, PodState)> = self
-            .pods
-            .lock()
-            .iter()
-            .filter(|(uid, _)| !present.contains(uid.as_str()))
-            .filter_map(|(uid, rt)| Some((uid.clone(), rt.pod.clone()?, rt.state)))
-            .collect();
+        if *self.removed_looked.lock() == Some(membership) {
+            debug_assert!(
+                self.removed_pods(present).is_empty(),
+                "a pod left unnoticed"
+            );
+            return;
+        }
+        let removed = self.removed_pods(present);
+        if removed.is_empty() {
+            *self.removed_looked.lock() = Some(membership);
+        }
         for (uid, pod, state) in removed {
             match state {
                 PodState::Waiting | PodState::Running => self.spawn_kill(&uid, state, pod),
@@ -166,6 +171,20 @@ impl Kubelet {
                 PodState::Starting | PodState::Killing => {}
             }
         }
+    }
+
+    /// The pods the workers know that are not among `present`, with their state.
+    fn removed_pods(&self, present: &[Arc<ApiPod>]) -> Vec<(String, Arc<ApiPod>, PodState)> {
+        let present: foldhash::HashSet<&str> = present
+            .iter()
+            .filter_map(|p| p.metadata.uid.as_deref())
+            .collect();
+        self.pods
+            .lock()
+            .iter()
+            .filter(|(uid, _)| !present.contains(uid.as_str()))
+            .filter_map(|(uid, rt)| Some((uid.clone(), rt.pod.clone()?, rt.state)))
+            .collect()
     }
 
     /// The last state of the pods that left the API, as a watch's DELETE carries it, kept for those this

@@ -97,6 +97,9 @@ pub struct VolumeManager {
     /// labels and annotations they were added with: not looked at again until the pod workers forget the
     /// pod, or those change (upstream reprocesses a pod on each of its syncs, so the downward API sees them).
     processed: Mutex<foldhash::HashMap<String, u64>>,
+    /// The node's pod membership and the terminated pods at the populator's last look for pods that are
+    /// gone (`populator.rs`).
+    gone_looked: Mutex<Option<(u64, foldhash::HashSet<String>)>>,
     /// Set once the state left by a previous kubelet is reconstructed; the node is not idle before.
     reconstructed: AtomicBool,
     /// Set by the first populator pass after the API's sources are ready (upstream's `HasAddedPods`):
@@ -160,6 +163,7 @@ impl VolumeManager {
             ops: Mutex::new(Operations::new(config.backoff)),
             review: Mutex::default(),
             processed: Mutex::default(),
+            gone_looked: Mutex::default(),
             reconstructed: AtomicBool::new(false),
             populator_has_added_pods: AtomicBool::new(false),
             kick,

@@ -15,29 +15,37 @@ use crate::specs::{Reads, volume_spec};
 impl VolumeManager {
     /// One pass: removes the volumes of pods gone from the API or whose containers are gone while they
     /// terminate (`terminated`, the pod workers' answer, as upstream's `podStateProvider`), then adds the
-    /// volumes of `pods` (this node's, listed after `sources_ready` was read) not added yet. Every pod is
-    /// looked at on every pass, as upstream's `findAndAddNewPods`, so each lock is taken once a pass.
+    /// volumes of `pods` (this node's, listed after `sources_ready` and `membership` were read) not added
+    /// yet. Every pod is looked at on every pass, as upstream's `findAndAddNewPods`, so each lock is taken
+    /// once a pass.
+    ///
+    /// The pods that are gone are looked for only when the node's pods (`membership`, see
+    /// [`Api::pod_membership`](crate::api::Api::pod_membership)) or the terminated ones changed since the
+    /// last look: most passes come of a pod's change or an operation's end, and the look hashed every
+    /// pod's UID into a set (bench/RESULTS.md, issue #28's seventeenth pass).
     pub async fn populate(
         &self,
         sources_ready: bool,
-        pods: &[Arc<ApiPod>],
+        (pods, membership): (&[Arc<ApiPod>], u64),
         terminated: &foldhash::HashSet<String>,
     ) {
-        let known: foldhash::HashSet<&str> = pods
-            .iter()
-            .filter_map(|p| p.metadata.uid.as_deref())
-            .collect();
-        let gone: Vec<String> = {
-            let dsw = self.dsw.lock();
-            dsw.pods()
-                .filter(|uid| !known.contains(uid.as_str()) || terminated.contains(*uid))
-                .cloned()
-                .collect()
-        };
-        for uid in gone {
-            let removed = self.dsw.lock().remove_pod(&uid);
-            self.asw.lock().pod_changed(&uid);
-            self.review_all(removed);
+        let looked = self
+            .gone_looked
+            .lock()
+            .as_ref()
+            .is_some_and(|(m, t)| *m == membership && t == terminated);
+        if looked {
+            debug_assert!(
+                self.gone_pods(pods, terminated).is_empty(),
+                "a pod left unnoticed"
+            );
+        } else {
+            for uid in self.gone_pods(pods, terminated) {
+                let removed = self.dsw.lock().remove_pod(&uid);
+                self.asw.lock().pod_changed(&uid);
+                self.review_all(removed);
+            }
+            *self.gone_looked.lock() = Some((membership, terminated.clone()));
         }
         let unprocessed: Vec<(&ApiPod, &str, u64)> = {
             let processed = self.processed.lock();
@@ -65,6 +73,10 @@ impl VolumeManager {
                 Ok(()) => {
                     self.processed.lock().insert(uid.to_string(), fingerprint);
                     self.asw.lock().pod_changed(uid);
+                    // A terminated pod added again is gone at the next look, which must come.
+                    if terminated.contains(uid) {
+                        *self.gone_looked.lock() = None;
+                    }
                 }
                 Err(message) => self
                     .api
@@ -75,6 +87,23 @@ impl VolumeManager {
             self.populator_has_added_pods
                 .store(true, std::sync::atomic::Ordering::Release);
         }
+    }
+
+    /// The pods in the desired state that are not among `pods` any more, or that terminated.
+    fn gone_pods(
+        &self,
+        pods: &[Arc<ApiPod>],
+        terminated: &foldhash::HashSet<String>,
+    ) -> Vec<String> {
+        let known: foldhash::HashSet<&str> = pods
+            .iter()
+            .filter_map(|p| p.metadata.uid.as_deref())
+            .collect();
+        let dsw = self.dsw.lock();
+        dsw.pods()
+            .filter(|uid| !known.contains(uid.as_str()) || terminated.contains(*uid))
+            .cloned()
+            .collect()
     }
 
     /// Every volume of a pod with its plugin's answers; the first error names the volume.
