@@ -44,8 +44,7 @@ pub struct DeflatedLines(Mutex<Inner>);
 impl DeflatedLines {
     /// Appends `value` as a line of JSON, written straight into the open block.
     pub fn push_json<T: serde::Serialize>(&self, value: &T) {
-        // Into a Vec, serializing fails only for a map with keys that are not strings, which no record
-        // has: the line is then empty.
+        // Into a Vec, serializing fails only for a map whose keys are not strings, which no record has.
         self.append(|open| _ = serde_json::to_writer(open, value));
     }
 
@@ -139,7 +138,7 @@ mod tests {
             lines
                 .iter()
                 .enumerate()
-                .all(|(i, l)| *l == line(i).to_string())
+                .all(|(i, l)| serde_json::from_str::<serde_json::Value>(l).unwrap() == line(i))
         );
         let inner = log.0.lock();
         assert_eq!(inner.blocks.len(), 3);

@@ -60,7 +60,9 @@ pub fn canonical(root: &Path) -> io::Result<PathBuf> {
     use std::os::unix::fs::MetadataExt;
     /// Roots are a process's few kubelet and state dirs; a test's many temporary ones are let go.
     const KEPT: usize = 4096;
-    static KNOWN: std::sync::LazyLock<parking_lot::Mutex<HashMap<PathBuf, (u64, u64, PathBuf)>>> =
+    /// Each root's device, inode and canonical form.
+    type Known = HashMap<PathBuf, (u64, u64, PathBuf)>;
+    static KNOWN: std::sync::LazyLock<parking_lot::Mutex<Known>> =
         std::sync::LazyLock::new(Default::default);
     let meta = std::fs::metadata(root)?;
     let id = (meta.dev(), meta.ino());
