@@ -446,7 +446,7 @@ impl Kubelet {
         // the API copy it (7 KB or more) on each status write meanwhile (see `Api::update`).
         let pods = self.my_pods();
         self.volumes
-            .populate(sources_ready, (&pods, membership), &terminated)
+            .populate(sources_ready, &pods, membership, &terminated)
             .await;
         drop(pods);
         let ready = self.volumes.populator_has_added_pods();

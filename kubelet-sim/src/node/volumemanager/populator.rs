@@ -26,7 +26,8 @@ impl VolumeManager {
     pub async fn populate(
         &self,
         sources_ready: bool,
-        (pods, membership): (&[Arc<ApiPod>], u64),
+        pods: &[Arc<ApiPod>],
+        membership: u64,
         terminated: &foldhash::HashSet<String>,
     ) {
         let looked = self
